@@ -1,0 +1,35 @@
+# draind — run `make help` for the targets.
+GO       ?= go
+BIN      ?= bin
+KERNELS  ?= 5.10 6.1 6.12
+PKGS     ?= ./...
+VMPKGS   ?= ./internal/conntrack ./internal/agent
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+build: ## build draind and envoysim into ./bin
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/draind ./cmd/draind
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/envoysim ./internal/envoy/envoysim/cmd/envoysim
+
+test: ## run every test (as root for the kernel tests)
+	$(GO) test -count=1 -p 1 $(PKGS)
+
+vet: ## go vet
+	$(GO) vet ./...
+
+bench: ## run the benchmarks (see docs/benchmarks.md)
+	bash scripts/bench.sh
+
+generate: ## regenerate the eBPF objects (needs clang, llvm, libbpf-dev, bpftool)
+	$(GO) generate ./...
+
+vmtest: ## run the privileged packages in VMs: make vmtest KERNELS="6.1"
+	bash scripts/vmtest.sh --kernels "$(KERNELS)" $(VMPKGS)
+
+demo: ## a self-contained drain on this machine, as root
+	bash scripts/demo.sh
+
+.PHONY: help build test vet bench generate vmtest demo
