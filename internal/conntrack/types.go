@@ -108,25 +108,25 @@ func (m StateMask) Has(s State) bool { return m&(1<<s) != 0 }
 
 // Socket is one TCP socket as the kernel reports it.
 type Socket struct {
-	Family uint8 // unix.AF_INET or unix.AF_INET6
-	State  State
-	Local  netip.AddrPort
-	Remote netip.AddrPort
-	UID    uint32
-	Inode  uint32
+	Family uint8          `json:"family"` // unix.AF_INET or unix.AF_INET6
+	State  State          `json:"state"`
+	Local  netip.AddrPort `json:"local"`
+	Remote netip.AddrPort `json:"remote"`
+	UID    uint32         `json:"uid"`
+	Inode  uint32         `json:"inode"`
 	// Cookie is the kernel's socket cookie (sock_diag idiag_cookie; the same
 	// value bpf_get_socket_cookie returns). It is the table's key.
-	Cookie uint64
+	Cookie uint64 `json:"cookie"`
 	// CgroupID is the socket's cgroup v2 id, when the kernel sends it
 	// (INET_DIAG_CGROUP_ID, full sockets, 5.8+); 0 otherwise.
-	CgroupID uint64
+	CgroupID uint64 `json:"cgroup_id,omitempty"`
 	// HasInfo is set when tcp_info came with the socket (not for
 	// TIME_WAIT and request sockets); the two durations below are only
 	// meaningful then.
-	HasInfo bool
+	HasInfo bool `json:"-"`
 	// Time since the last data was sent / received on the flow.
-	LastDataSent time.Duration
-	LastDataRecv time.Duration
+	LastDataSent time.Duration `json:"-"`
+	LastDataRecv time.Duration `json:"-"`
 }
 
 // Idle is how long the flow has carried no data in either direction, or 0
