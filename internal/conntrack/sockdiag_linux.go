@@ -20,6 +20,10 @@ var ErrNoInetDiag = errors.New("kernel has no inet_diag for tcp (load the inet_d
 // [DiagConn] retries.
 var ErrDumpInterrupted = errors.New("sock_diag dump interrupted too often")
 
+// dumpTap, when set (by tests capturing fixtures), sees every raw
+// inet_diag message.
+var dumpTap func(data []byte)
+
 // dumpRetries bounds the retries of an interrupted dump.
 const dumpRetries = 5
 
@@ -120,6 +124,9 @@ func (d *DiagConn) dumpFamily(dst []Socket, family uint8, mask StateMask) ([]Soc
 		}
 		if m.Header.Type != sockDiagByFamily {
 			continue
+		}
+		if dumpTap != nil {
+			dumpTap(m.Data)
 		}
 		dst = append(dst, Socket{})
 		if err := ParseDiagMsg(m.Data, &dst[len(dst)-1]); err != nil {

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// flagSet is a flag.FlagSet whose flags have environment twins:
+// --min-drain ↔ DRAIND_MIN_DRAIN, plus aliases (Istio's names) where they
+// mean the same. A flag on the command line beats its env twin, which beats
+// an alias, which beats the default.
+type flagSet struct {
+	*flag.FlagSet
+	aliases    map[string][]string // flag name → alias env vars
+	stdout     io.Writer
+	printUsage func()
+}
+
+func newFlagSet(name, synopsis string, stdout io.Writer) *flagSet {
+	fs := &flagSet{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), aliases: map[string][]string{}, stdout: stdout}
+	fs.SetOutput(io.Discard)
+	// flag calls Usage on every parse error; print it only for -h.
+	fs.FlagSet.Usage = func() {}
+	fs.printUsage = func() {
+		fmt.Fprintf(stdout, "usage: draind %s\n\nflags (environment twin in brackets):\n", synopsis)
+		fs.VisitAll(func(f *flag.Flag) {
+			dash, env := "--", ""
+			if len(f.Name) == 1 {
+				dash = "-"
+			} else {
+				env = " [" + strings.Join(append([]string{envName(f.Name)}, fs.aliases[f.Name]...), ", ") + "]"
+			}
+			def := ""
+			if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" {
+				def = " (default " + f.DefValue + ")"
+			}
+			fmt.Fprintf(stdout, "  %s%-16s %s%s%s\n", dash, f.Name, f.Usage, def, env)
+		})
+	}
+	return fs
+}
+
+// alias adds env vars that also set flag name.
+func (fs *flagSet) alias(name string, envs ...string) { fs.aliases[name] = append(fs.aliases[name], envs...) }
+
+func envName(flagName string) string {
+	return "DRAIND_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// errHelp is returned by parse after printing the usage for -h.
+var errHelp = errors.New("help requested")
+
+// parse parses args then fills unset flags from the environment. Errors
+// name the flag or variable and are usage errors (exit 2).
+func (fs *flagSet) parse(args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.printUsage()
+			return errHelp
+		}
+		return usageErr("%s: %v (see draind %s -h)", fs.Name(), err, fs.Name())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] || err != nil || len(f.Name) == 1 {
+			return
+		}
+		for _, env := range append([]string{envName(f.Name)}, fs.aliases[f.Name]...) {
+			v, ok := os.LookupEnv(env)
+			if !ok || v == "" {
+				continue
+			}
+			if e := fs.Set(f.Name, v); e != nil {
+				err = usageErr("%s: %s=%q (for --%s): %v", fs.Name(), env, v, f.Name, e)
+			}
+			return
+		}
+	})
+	return err
+}
+
+// portList is a comma-separated list of TCP ports.
+type portList []uint16
+
+func (p *portList) String() string {
+	s := make([]string, len(*p))
+	for i, v := range *p {
+		s[i] = strconv.Itoa(int(v))
+	}
+	return strings.Join(s, ",")
+}
+
+func (p *portList) Set(v string) error {
+	*p = (*p)[:0]
+	for f := range strings.SplitSeq(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := strconv.ParseUint(f, 10, 16)
+		if err != nil || n == 0 {
+			return fmt.Errorf("%q is not a port (1-65535)", f)
+		}
+		*p = append(*p, uint16(n))
+	}
+	return nil
+}
+
+// oneOf is a string flag limited to fixed words.
+type oneOf struct {
+	val   string
+	words []string
+}
+
+func (o *oneOf) String() string { return o.val }
+func (o *oneOf) Set(v string) error {
+	for _, w := range o.words {
+		if v == w {
+			o.val = v
+			return nil
+		}
+	}
+	return fmt.Errorf("must be one of %s", strings.Join(o.words, "|"))
+}
+
+// durationFlag is a time.Duration flag whose parse errors say what is wrong
+// (the standard one says only "parse error").
+type durationFlag struct{ d *time.Duration }
+
+func (f durationFlag) String() string {
+	if f.d == nil {
+		return "0s"
+	}
+	return f.d.String()
+}
+
+func (f durationFlag) Set(v string) error {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		// Istio's variables sometimes carry bare seconds ("5").
+		if n, nerr := strconv.ParseUint(v, 10, 32); nerr == nil {
+			*f.d = time.Duration(n) * time.Second
+			return nil
+		}
+		return fmt.Errorf("%q is not a duration (e.g. 500ms, 5s, 1m)", v)
+	}
+	if d < 0 {
+		return fmt.Errorf("%q is negative", v)
+	}
+	*f.d = d
+	return nil
+}
+
+// durationVar defines a duration flag with a helpful parse error.
+func (fs *flagSet) durationVar(p *time.Duration, name string, def time.Duration, usage string) {
+	*p = def
+	fs.Var(durationFlag{p}, name, usage)
+}

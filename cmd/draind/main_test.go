@@ -1,0 +1,92 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/draind/draind/internal/testutil"
+)
+
+func TestConnsJSONInNamespace(t *testing.T) {
+	ns := testutil.NewNetNS(t)
+	var ln net.Listener
+	var err error
+	ns.Do(t, func() { ln, err = net.Listen("tcp4", "127.0.0.1:8080") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var c net.Conn
+	ns.Do(t, func() { c, err = net.Dial("tcp4", "127.0.0.1:8080") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+
+	var out, errb bytes.Buffer
+	if err := run(context.Background(), []string{"conns", "--netns", ns.Path(), "-o", "json"}, &out, &errb); err != nil {
+		t.Fatalf("conns: %v (%s)", err, errb.String())
+	}
+	var got struct {
+		Summary map[string]int `json:"summary"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("json: %v\n%s", err, out.String())
+	}
+	want := map[string]int{"app_listeners": 1, "app_inbound": 1, "app_outbound": 1, "proxy_listeners": 0, "proxy_flows": 0}
+	for k, v := range want {
+		if n, ok := got.Summary[k]; !ok || n != v {
+			t.Errorf("summary[%s] = %d (present %v), want %d", k, n, ok, v)
+		}
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"conns", "--netns", ns.Path()}, &out, &errb); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "127.0.0.1:8080") || !strings.Contains(out.String(), "app_inbound=1") {
+		t.Errorf("table:\n%s", out.String())
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	tests := []struct {
+		args []string
+		env  map[string]string
+		code int
+		want string
+	}{
+		{[]string{"conns", "--bogus"}, nil, 2, "flag provided but not defined: -bogus"},
+		{[]string{"conns", "-o", "yaml"}, nil, 2, "must be one of table|json"},
+		{[]string{"conns", "--netns", "/x", "--pid", "1"}, nil, 2, "--netns and --pid are exclusive"},
+		{[]string{"conns"}, map[string]string{"DRAIND_IDLE_TIMEOUT": "abc"}, 2, `DRAIND_IDLE_TIMEOUT="abc"`},
+		{[]string{"conns", "--proxy-ports", "80,x"}, nil, 2, `"x" is not a port`},
+		{[]string{"conns", "--netns", "/nonexistent"}, nil, 1, "netns /nonexistent: no such file or directory"},
+		{[]string{"conns", "--pid", "1073741824"}, nil, 1, "pid 1073741824: no such process"},
+		{[]string{"frobnicate"}, nil, 2, `unknown command "frobnicate"`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			var out, errb bytes.Buffer
+			err := run(context.Background(), tt.args, &out, &errb)
+			code := exitCode(err, &errb)
+			if code != tt.code || !strings.Contains(errb.String(), tt.want) {
+				t.Fatalf("exit %d, stderr %q; want exit %d and %q", code, errb.String(), tt.code, tt.want)
+			}
+			if strings.Count(strings.TrimSpace(errb.String()), "\n") != 0 {
+				t.Errorf("error is not one line: %q", errb.String())
+			}
+		})
+	}
+}

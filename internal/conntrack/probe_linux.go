@@ -1,0 +1,403 @@
+package conntrack
+
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -tags linux -target bpfel -type event tcpstate ../../bpf/tcpstate.c -- -I../../bpf -O2 -g -Wall -Werror
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+)
+
+// Probe delivers the TCP state changes of one network namespace, seen by the
+// tp_btf/inet_sock_set_state program in bpf/tcpstate.c.
+//
+// One goroutine reads (ReadEvent); SetDeadline, Lost, UsesCookie and Close
+// may be called from any goroutine.
+type Probe struct {
+	objs       tcpstateLoaded
+	link       link.Link
+	rd         *ringbuf.Reader
+	usesCookie bool
+
+	readMu  sync.Mutex // serialises ReadEvent: rec is reused
+	rec     ringbuf.Record
+	rdDl    int64        // deadline last given to rd (UnixNano, 0: none); under readMu
+	dl      atomic.Int64 // deadline asked by SetDeadline (UnixNano, 0: none)
+	closed  atomic.Bool
+	lostMu  sync.Mutex
+	lostBuf []uint64
+	lost    uint64 // last value read, returned if a lookup fails
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// tcpstateLoaded is what OpenProbe loads from the spec: the generated
+// program and map sets, without the variables (the .bss holding the unused
+// pointer that only exists to make clang emit struct event).
+type tcpstateLoaded struct {
+	tcpstatePrograms
+	tcpstateMaps
+}
+
+// eventSize is sizeof(struct event) in bpf/tcpstate.c; probe_linux_test.go
+// checks it against the generated tcpstateEvent.
+const eventSize = 72
+
+// Offsets of struct event's fields (little-endian).
+const (
+	evTs       = 0
+	evCookie   = 8
+	evSkaddr   = 16
+	evSaddr    = 24
+	evDaddr    = 40
+	evUID      = 56
+	evSport    = 60
+	evDport    = 62
+	evFamily   = 64
+	evOldState = 66
+	evNewState = 67
+)
+
+// cookieUnsupported remembers that this kernel's tracing programs cannot
+// call bpf_get_socket_cookie (before 5.12), so later OpenProbe calls skip
+// the failing first load.
+var cookieUnsupported atomic.Bool
+
+// OpenProbe loads bpf/tcpstate.c filtered to the namespace whose inode is
+// netnsInode (see NetNS.Inode) and attaches it. Events flow from the moment
+// it returns. Everything opened is closed on any failure.
+//
+// A *ProbeUnavailableError says the probe cannot run on this host (no
+// capability, no BTF, kernel too old, verifier refusal): fall back to
+// polling. Other errors are the caller's (bad options).
+func OpenProbe(netnsInode uint64, opts ProbeOptions) (*Probe, error) {
+	return openProbe(netnsInode, opts, false)
+}
+
+// openProbe is OpenProbe; forceNoCookie loads the pre-5.12 variant (tests).
+func openProbe(netnsInode uint64, opts ProbeOptions, forceNoCookie bool) (*Probe, error) {
+	if netnsInode == 0 {
+		return nil, errors.New("open tcpstate probe: netns inode 0")
+	}
+	ringSize := opts.RingSize
+	if ringSize == 0 {
+		ringSize = DefaultRingSize
+	}
+	if ringSize < os.Getpagesize() || ringSize&(ringSize-1) != 0 || ringSize > 1<<30 {
+		return nil, fmt.Errorf("open tcpstate probe: ring size %d is not a power of two between the page size and 1 GiB", ringSize)
+	}
+	// tp_btf attaches by BTF id and CO-RE relocates against the kernel's
+	// own BTF: both need /sys/kernel/btf/vmlinux (CONFIG_DEBUG_INFO_BTF).
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
+		return nil, &ProbeUnavailableError{Reason: "kernel has no BTF", Err: err}
+	}
+	raiseMemlock()
+
+	useCookie := !forceNoCookie && !cookieUnsupported.Load()
+	p, err := loadProbe(netnsInode, uint32(ringSize), useCookie)
+	if err != nil && useCookie && isCookieRefused(err) {
+		cookieUnsupported.Store(true)
+		useCookie = false
+		p, err = loadProbe(netnsInode, uint32(ringSize), false)
+	}
+	if err != nil {
+		return nil, classifyLoadError(err)
+	}
+	p.usesCookie = useCookie
+	return p, nil
+}
+
+func loadProbe(netnsInode uint64, ringSize uint32, useCookie bool) (_ *Probe, err error) {
+	spec, err := loadTcpstate()
+	if err != nil {
+		return nil, err
+	}
+	if err := spec.Variables[tcpstateVarTargetNetns].Set(netnsInode); err != nil {
+		return nil, err
+	}
+	var uc uint8
+	if useCookie {
+		uc = 1
+	}
+	if err := spec.Variables[tcpstateVarUseCookie].Set(uc); err != nil {
+		return nil, err
+	}
+	spec.Maps[tcpstateMapEvents].MaxEntries = ringSize
+
+	p := &Probe{}
+	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			p.Close()
+		}
+	}()
+	p.link, err = link.AttachTracing(link.TracingOptions{
+		Program:    p.objs.OnSetState,
+		AttachType: ebpf.AttachTraceRawTp,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("attach tp_btf/inet_sock_set_state: %w", err)
+	}
+	p.rd, err = ringbuf.NewReader(p.objs.Events)
+	if err != nil {
+		return nil, fmt.Errorf("ring buffer reader: %w", err)
+	}
+	return p, nil
+}
+
+// isCookieRefused reports whether the verifier refused the program only
+// because tracing programs cannot call bpf_get_socket_cookie here (< 5.12).
+func isCookieRefused(err error) bool {
+	var ve *ebpf.VerifierError
+	return errors.As(err, &ve) && cookieRefusedLog(ve.Log)
+}
+
+func cookieRefusedLog(log []string) bool {
+	tag := "#" + strconv.Itoa(int(asm.FnGetSocketCookie))
+	for _, l := range log {
+		if (strings.Contains(l, "bpf_get_socket_cookie") || strings.Contains(l, tag)) &&
+			(strings.Contains(l, "unknown func") || strings.Contains(l, "cannot use helper") ||
+				strings.Contains(l, "invalid func")) {
+			return true
+		}
+	}
+	return false
+}
+
+// classifyLoadError turns a load or attach failure into a
+// *ProbeUnavailableError with a one-line Reason.
+func classifyLoadError(err error) error {
+	var ve *ebpf.VerifierError
+	switch {
+	case errors.Is(err, unix.EPERM) || errors.Is(err, os.ErrPermission):
+		return &ProbeUnavailableError{Reason: "no CAP_BPF/CAP_PERFMON (or CAP_SYS_ADMIN)", Err: err}
+	case errors.As(err, &ve):
+		return &ProbeUnavailableError{Reason: "verifier: " + verifierSummary(ve.Log), Err: err}
+	}
+	// Tell an old kernel from anything else. The probes are only run on
+	// this failure path; their results are cached by the features package.
+	if errors.Is(features.HaveProgramType(ebpf.Tracing), ebpf.ErrNotSupported) {
+		return &ProbeUnavailableError{Reason: "kernel too old (needs 5.5 for tp_btf)", Err: err}
+	}
+	if errors.Is(features.HaveMapType(ebpf.RingBuf), ebpf.ErrNotSupported) {
+		return &ProbeUnavailableError{Reason: "kernel too old (needs 5.8 for the BPF ring buffer)", Err: err}
+	}
+	return &ProbeUnavailableError{Reason: "load: " + oneLine(err.Error()), Err: err}
+}
+
+// verifierSummary keeps the lines that say what went wrong: the last
+// three of the log, without the statistics the verifier prints at the end.
+func verifierSummary(log []string) string {
+	var keep []string
+	for i := len(log) - 1; i >= 0 && len(keep) < 3; i-- {
+		l := strings.TrimSpace(log[i])
+		if l == "" || strings.HasPrefix(l, "processed ") || strings.HasPrefix(l, "verification time") ||
+			strings.HasPrefix(l, "stack depth") {
+			continue
+		}
+		keep = append(keep, l)
+	}
+	if len(keep) == 0 {
+		return "program rejected (no log)"
+	}
+	for i, j := 0, len(keep)-1; i < j; i, j = i+1, j-1 {
+		keep[i], keep[j] = keep[j], keep[i]
+	}
+	return oneLine(strings.Join(keep, " | "))
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// raiseMemlock lifts RLIMIT_MEMLOCK on kernels before 5.11, which charge
+// BPF memory to it (later ones charge the memory cgroup). It needs
+// CAP_SYS_RESOURCE; without it the load fails with EPERM if the limit is
+// too low, reported as a capability problem. Not done through
+// cilium/ebpf/rlimit, whose init runs a BPF syscall in every process that
+// links it.
+func raiseMemlock() {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return
+	}
+	if kernelAtLeast(unix.ByteSliceToString(u.Release[:]), 5, 11) {
+		return
+	}
+	inf := unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY}
+	_ = unix.Prlimit(0, unix.RLIMIT_MEMLOCK, &inf, nil)
+}
+
+// kernelAtLeast parses "6.18.44-foo" style releases.
+func kernelAtLeast(release string, major, minor int) bool {
+	parts := strings.SplitN(release, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	ma, err1 := strconv.Atoi(parts[0])
+	mi := 0
+	for _, c := range parts[1] {
+		if c < '0' || c > '9' {
+			break
+		}
+		mi = mi*10 + int(c-'0')
+	}
+	if err1 != nil {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
+}
+
+// ReadEvent blocks until the next state change and decodes it into ev. It
+// returns os.ErrDeadlineExceeded once the deadline (SetDeadline) has passed
+// and the events already in the ring have been read, and an error wrapping
+// os.ErrClosed (== ringbuf.ErrClosed) after Close. It allocates nothing.
+func (p *Probe) ReadEvent(ev *Event) error {
+	p.readMu.Lock()
+	defer p.readMu.Unlock()
+	for {
+		dl := p.dl.Load()
+		if dl != p.rdDl {
+			p.rd.SetDeadline(unixNanoTime(dl))
+			p.rdDl = dl
+		}
+		err := p.rd.ReadInto(&p.rec)
+		switch {
+		case err == nil:
+			if err := decodeEvent(p.rec.RawSample, ev); err != nil {
+				return err
+			}
+			return nil
+		case errors.Is(err, ringbuf.ErrFlushed):
+			// SetDeadline woke us to look at a new deadline.
+			if dl := p.dl.Load(); dl != 0 && time.Now().UnixNano() >= dl {
+				return os.ErrDeadlineExceeded
+			}
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			// Retry if the deadline was moved meanwhile.
+			if dl := p.dl.Load(); dl == 0 || time.Now().UnixNano() < dl {
+				continue
+			}
+			return os.ErrDeadlineExceeded
+		default:
+			return fmt.Errorf("read tcpstate event: %w", err)
+		}
+	}
+}
+
+func unixNanoTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// SetDeadline sets when a blocked or future ReadEvent gives up with
+// os.ErrDeadlineExceeded; the zero time removes the deadline. It may be
+// called while ReadEvent blocks, from another goroutine.
+func (p *Probe) SetDeadline(t time.Time) {
+	var ns int64
+	if !t.IsZero() {
+		ns = t.UnixNano()
+		if ns == 0 { // the epoch itself: still a deadline, long past
+			ns = 1
+		}
+	}
+	p.dl.Store(ns)
+	if !p.closed.Load() {
+		_ = p.rd.Flush() // wake a blocked ReadEvent; an error means closed
+	}
+}
+
+// Lost is the number of events the kernel could not put in the ring buffer
+// (it was full) since OpenProbe, summed over CPUs. When it grows, the
+// caller's view is incomplete: resync from a sock_diag snapshot.
+func (p *Probe) Lost() uint64 {
+	p.lostMu.Lock()
+	defer p.lostMu.Unlock()
+	if p.closed.Load() {
+		return p.lost
+	}
+	if err := p.objs.LostEvents.Lookup(uint32(0), &p.lostBuf); err != nil {
+		return p.lost
+	}
+	var n uint64
+	for _, v := range p.lostBuf {
+		n += v
+	}
+	p.lost = n
+	return n
+}
+
+// UsesCookie is false when the kernel's tracing programs cannot read socket
+// cookies (before 5.12): events then carry Cookie 0, and SkAddr with the
+// 5-tuple is the key.
+func (p *Probe) UsesCookie() bool { return p.usesCookie }
+
+// Close detaches the program and frees everything; a blocked ReadEvent
+// returns an error wrapping os.ErrClosed. It is safe to call twice.
+func (p *Probe) Close() error {
+	p.closeOnce.Do(func() {
+		p.lostMu.Lock()
+		p.closed.Store(true)
+		p.lostMu.Unlock()
+		var errs []error
+		if p.link != nil {
+			errs = append(errs, p.link.Close())
+		}
+		if p.rd != nil {
+			errs = append(errs, p.rd.Close())
+		}
+		errs = append(errs, p.objs.OnSetState.Close(), p.objs.Events.Close(), p.objs.LostEvents.Close())
+		p.closeErr = errors.Join(errs...)
+	})
+	return p.closeErr
+}
+
+// decodeEvent reads a struct event (bpf/tcpstate.c) without reflection or
+// allocation.
+//
+// An AF_INET6 socket talking IPv4 (IPv4-mapped addresses) is reported as the
+// kernel holds it: an IPv6 address ::ffff:a.b.c.d. Callers matching against
+// IPv4 listeners Unmap.
+func decodeEvent(b []byte, ev *Event) error {
+	if len(b) < eventSize {
+		return fmt.Errorf("tcpstate event: %d bytes, want %d", len(b), eventSize)
+	}
+	le := binary.LittleEndian
+	ev.Time = time.Duration(le.Uint64(b[evTs:]))
+	ev.Cookie = le.Uint64(b[evCookie:])
+	ev.SkAddr = le.Uint64(b[evSkaddr:])
+	ev.UID = le.Uint32(b[evUID:])
+	ev.OldState = State(b[evOldState])
+	ev.NewState = State(b[evNewState])
+	family := le.Uint16(b[evFamily:])
+	ev.Family = uint8(family)
+	sport, dport := le.Uint16(b[evSport:]), le.Uint16(b[evDport:])
+	var local, remote netip.Addr
+	if family == unix.AF_INET6 {
+		local = netip.AddrFrom16([16]byte(b[evSaddr : evSaddr+16]))
+		remote = netip.AddrFrom16([16]byte(b[evDaddr : evDaddr+16]))
+	} else {
+		local = netip.AddrFrom4([4]byte(b[evSaddr : evSaddr+4]))
+		remote = netip.AddrFrom4([4]byte(b[evDaddr : evDaddr+4]))
+	}
+	ev.Local = netip.AddrPortFrom(local, sport)
+	ev.Remote = netip.AddrPortFrom(remote, dport)
+	return nil
+}

@@ -1,0 +1,322 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// This file is the init (PID 1) inside the VM: the same binary as the host
+// runner, copied into the initramfs as /init.
+
+const ninePOptions = "trans=virtio,version=9p2000.L,msize=262144,cache=mmap,access=any"
+
+// guestMain never returns: it runs the job, reports its status on the control
+// port and powers the VM off.
+func guestMain() {
+	var g guest
+	status := g.run()
+	if g.control != nil {
+		// A write to a virtio port returns once the host has taken the data,
+		// so the status is out before the power goes.
+		fmt.Fprintln(g.control, status)
+	}
+	// The kernel console (ttyS0) keeps a copy for post-mortems.
+	fmt.Fprintln(os.Stdout, "vmexec init:", status)
+	unix.Sync()
+	if err := unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF); err != nil {
+		fmt.Fprintln(os.Stdout, "vmexec init: power off:", err)
+	}
+	// PID 1 must not exit; the host's timeout ends the VM if the power-off failed.
+	select {}
+}
+
+type guest struct {
+	control *os.File
+	stdout  *os.File
+	stderr  *os.File
+}
+
+// run returns the status line sent to the host: "exit N", "signal NAME" or
+// "error MESSAGE".
+func (g *guest) run() string {
+	j, err := g.boot()
+	if err != nil {
+		return "error " + oneLine(err.Error())
+	}
+	return g.execute(j)
+}
+
+func (g *guest) boot() (*job, error) {
+	raw, err := os.ReadFile(jobPath)
+	if err != nil {
+		return nil, fmt.Errorf("read job: %w", err)
+	}
+	var j job
+	if err := json.Unmarshal(raw, &j); err != nil {
+		return nil, fmt.Errorf("decode job: %w", err)
+	}
+
+	early := []mountPoint{
+		{"devtmpfs", "/dev", "devtmpfs", "mode=0755", unix.MS_NOSUID, true},
+		{"proc", "/proc", "proc", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, true},
+		{"sysfs", "/sys", "sysfs", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, true},
+	}
+	if err := mountAll(early); err != nil {
+		return nil, err
+	}
+	for _, m := range j.Modules {
+		if err := loadModule(m); err != nil {
+			return nil, err
+		}
+	}
+	if err := g.openPorts(10 * time.Second); err != nil {
+		return nil, err
+	}
+	if err := switchRoot(); err != nil {
+		return nil, err
+	}
+
+	late := []mountPoint{
+		{"tmpfs", "/tmp", "tmpfs", "mode=1777", unix.MS_NOSUID | unix.MS_NODEV, true},
+		{"tmpfs", "/run", "tmpfs", "mode=0755", unix.MS_NOSUID | unix.MS_NODEV, true},
+		{"tmpfs", "/dev/shm", "tmpfs", "mode=1777", unix.MS_NOSUID | unix.MS_NODEV, true},
+		{"devpts", "/dev/pts", "devpts", "gid=5,mode=0620,ptmxmode=0666", unix.MS_NOSUID | unix.MS_NOEXEC, false},
+		{"bpf", "/sys/fs/bpf", "bpf", "mode=0700", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, true},
+		{"cgroup2", "/sys/fs/cgroup", "cgroup2", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, true},
+		{"securityfs", "/sys/kernel/security", "securityfs", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, false},
+		{"debugfs", "/sys/kernel/debug", "debugfs", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, false},
+		{"tracefs", "/sys/kernel/tracing", "tracefs", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, false},
+	}
+	if err := mountAll(late); err != nil {
+		return nil, err
+	}
+	for _, s := range j.Shares {
+		if err := os.MkdirAll(s.GuestPath, 0o755); err != nil {
+			return nil, fmt.Errorf("share %s: %w", s.GuestPath, err)
+		}
+		var flags uintptr
+		if s.ReadOnly {
+			flags = unix.MS_RDONLY
+		}
+		if err := unix.Mount(s.Tag, s.GuestPath, "9p", flags, ninePOptions); err != nil {
+			return nil, fmt.Errorf("mount share %s on %s: %w", s.Tag, s.GuestPath, err)
+		}
+	}
+	if j.Hostname != "" {
+		if err := unix.Sethostname([]byte(j.Hostname)); err != nil {
+			return nil, fmt.Errorf("set hostname: %w", err)
+		}
+	}
+	if err := loopbackUp(); err != nil {
+		return nil, err
+	}
+	// eBPF before 5.11 charges maps to RLIMIT_MEMLOCK.
+	inf := &unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY}
+	if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, inf); err != nil {
+		return nil, fmt.Errorf("raise memlock limit: %w", err)
+	}
+	return &j, nil
+}
+
+// execute runs the test binary with the ports as stdout and stderr.
+func (g *guest) execute(j *job) string {
+	if len(j.Args) == 0 {
+		return "error empty command line"
+	}
+	cmd := exec.Command(j.Args[0], j.Args[1:]...)
+	cmd.Dir = j.Dir
+	cmd.Env = j.Env
+	cmd.Stdout = g.stdout
+	cmd.Stderr = g.stderr
+	if err := cmd.Start(); err != nil {
+		return "error " + oneLine(err.Error())
+	}
+
+	// The host asks for a goroutine dump (go test's timeout sends SIGQUIT to
+	// the -exec program) by writing "quit" on the control port.
+	go func() {
+		sc := bufio.NewScanner(g.control)
+		for sc.Scan() {
+			if strings.TrimSpace(sc.Text()) == "quit" {
+				_ = cmd.Process.Signal(unix.SIGQUIT)
+			}
+		}
+	}()
+
+	err := cmd.Wait()
+	var exitErr *exec.ExitError
+	switch {
+	case err == nil:
+		return "exit 0"
+	case errors.As(err, &exitErr):
+		if ws, ok := exitErr.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return "signal " + ws.Signal().String()
+		}
+		return fmt.Sprintf("exit %d", exitErr.ExitCode())
+	default:
+		return "error " + oneLine(err.Error())
+	}
+}
+
+type mountPoint struct {
+	source, target, fstype, data string
+	flags                        uintptr
+	required                     bool
+}
+
+func mountAll(mps []mountPoint) error {
+	for _, mp := range mps {
+		if err := os.MkdirAll(mp.target, 0o755); err != nil && mp.required {
+			return fmt.Errorf("mount %s: %w", mp.target, err)
+		}
+		err := unix.Mount(mp.source, mp.target, mp.fstype, mp.flags, mp.data)
+		if err != nil && mp.required {
+			return fmt.Errorf("mount %s on %s: %w", mp.fstype, mp.target, err)
+		}
+	}
+	return nil
+}
+
+func loadModule(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("load module: %w", err)
+	}
+	defer f.Close()
+	if err := unix.FinitModule(int(f.Fd()), "", 0); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("load module %s: %w", filepath.Base(path), err)
+	}
+	return nil
+}
+
+// openPorts finds the virtio-serial ports by name. They appear shortly after
+// virtio_console binds, when the host has answered the device's hello.
+func (g *guest) openPorts(wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		ports, err := virtioPorts()
+		if err == nil && ports[portControl] != "" && ports[portStdout] != "" && ports[portStderr] != "" {
+			open := func(name string) (*os.File, error) {
+				f, err := os.OpenFile(ports[name], os.O_RDWR, 0)
+				if err != nil {
+					return nil, fmt.Errorf("open port %s: %w", name, err)
+				}
+				return f, nil
+			}
+			if g.control, err = open(portControl); err != nil {
+				return err
+			}
+			if g.stdout, err = open(portStdout); err != nil {
+				return err
+			}
+			g.stderr, err = open(portStderr)
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("virtio ports did not appear (found %v, err %v)", ports, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func virtioPorts() (map[string]string, error) {
+	const base = "/sys/class/virtio-ports"
+	entries, err := os.ReadDir(base)
+	if err != nil {
+		return nil, err
+	}
+	ports := make(map[string]string)
+	for _, e := range entries {
+		name, err := os.ReadFile(filepath.Join(base, e.Name(), "name"))
+		if err != nil {
+			continue
+		}
+		ports[strings.TrimSpace(string(name))] = filepath.Join("/dev", e.Name())
+	}
+	return ports, nil
+}
+
+// switchRoot makes an overlay of the host's root (read-only 9p) and a tmpfs
+// the new root, and moves /dev, /proc and /sys into it.
+func switchRoot() error {
+	const (
+		host   = "/mnt/host"
+		rw     = "/mnt/rw"
+		merged = "/mnt/root"
+	)
+	for _, d := range []string{host, rw, merged} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("switch root: %w", err)
+		}
+	}
+	if err := unix.Mount(tagHostRoot, host, "9p", unix.MS_RDONLY, ninePOptions); err != nil {
+		return fmt.Errorf("mount host root: %w", err)
+	}
+	if err := unix.Mount("tmpfs", rw, "tmpfs", 0, "mode=0755"); err != nil {
+		return fmt.Errorf("mount overlay tmpfs: %w", err)
+	}
+	for _, d := range []string{rw + "/upper", rw + "/work"} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return fmt.Errorf("switch root: %w", err)
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s/upper,workdir=%s/work", host, rw, rw)
+	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount root overlay: %w", err)
+	}
+	for _, d := range []string{"/dev", "/proc", "/sys"} {
+		if err := os.MkdirAll(merged+d, 0o755); err != nil {
+			return fmt.Errorf("switch root: %w", err)
+		}
+		if err := unix.Mount(d, merged+d, "", unix.MS_MOVE, ""); err != nil {
+			return fmt.Errorf("move %s: %w", d, err)
+		}
+	}
+	if err := unix.Chdir(merged); err != nil {
+		return fmt.Errorf("switch root: %w", err)
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move root: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("chroot: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return fmt.Errorf("switch root: %w", err)
+	}
+	return nil
+}
+
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("bring up lo: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return fmt.Errorf("bring up lo: %w", err)
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring up lo: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring up lo: %w", err)
+	}
+	return nil
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
