@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"time"
@@ -93,9 +92,8 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	snap.Taken = time.Now()
 	snap.Namespace = ns.Name()
 	if out.val == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(&snap)
+		_, err := stdout.Write(conntrack.AppendJSON(make([]byte, 0, 256*(len(socks)+1)), &snap))
+		return err
 	}
 	return conntrack.WriteTable(stdout, &snap)
 }

@@ -47,7 +47,9 @@ func newFlagSet(name, synopsis string, stdout io.Writer) *flagSet {
 }
 
 // alias adds env vars that also set flag name.
-func (fs *flagSet) alias(name string, envs ...string) { fs.aliases[name] = append(fs.aliases[name], envs...) }
+func (fs *flagSet) alias(name string, envs ...string) {
+	fs.aliases[name] = append(fs.aliases[name], envs...)
+}
 
 func envName(flagName string) string {
 	return "DRAIND_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"text/tabwriter"
 	"time"
 )
@@ -59,4 +60,84 @@ func sorted(fs []Flow) []Flow {
 		return out[i].Remote.Compare(out[j].Remote) < 0
 	})
 	return out
+}
+
+// AppendJSON appends snap as compact JSON, one flow per line, with the same
+// keys and values encoding/json gives Snapshot. It exists for speed: a
+// reflective encoder spends more time on 100k flows than the kernel dump.
+func AppendJSON(b []byte, snap *Snapshot) []byte {
+	b = append(b, `{"taken":`...)
+	b = strconv.AppendQuote(b, snap.Taken.Format(time.RFC3339Nano))
+	b = append(b, `,"namespace":`...)
+	b = strconv.AppendQuote(b, snap.Namespace)
+	s := &snap.Summary
+	b = append(b, `,"summary":{"app_listeners":`...)
+	b = strconv.AppendInt(b, int64(s.AppListeners), 10)
+	b = append(b, `,"app_inbound":`...)
+	b = strconv.AppendInt(b, int64(s.AppInbound), 10)
+	b = append(b, `,"app_outbound":`...)
+	b = strconv.AppendInt(b, int64(s.AppOutbound), 10)
+	b = append(b, `,"app_idle":`...)
+	b = strconv.AppendInt(b, int64(s.AppIdle), 10)
+	b = append(b, `,"proxy_listeners":`...)
+	b = strconv.AppendInt(b, int64(s.ProxyListeners), 10)
+	b = append(b, `,"proxy_flows":`...)
+	b = strconv.AppendInt(b, int64(s.ProxyFlows), 10)
+	b = append(b, `,"proxy_idle":`...)
+	b = strconv.AppendInt(b, int64(s.ProxyIdle), 10)
+	b = append(b, `,"closing":`...)
+	b = strconv.AppendInt(b, int64(s.Closing), 10)
+	b = append(b, "},\n\"listeners\":"...)
+	b = appendFlows(b, snap.Listeners)
+	b = append(b, ",\n\"flows\":"...)
+	b = appendFlows(b, snap.Flows)
+	return append(b, "}\n"...)
+}
+
+func appendFlows(b []byte, fs []Flow) []byte {
+	if fs == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '[')
+	for i := range fs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '\n')
+		b = appendFlow(b, &fs[i])
+	}
+	return append(b, ']')
+}
+
+func appendFlow(b []byte, f *Flow) []byte {
+	b = append(b, `{"family":`...)
+	b = strconv.AppendUint(b, uint64(f.Family), 10)
+	b = append(b, `,"state":"`...)
+	b = append(b, f.State.String()...)
+	b = append(b, `","local":"`...)
+	b = f.Local.AppendTo(b)
+	b = append(b, `","remote":"`...)
+	b = f.Remote.AppendTo(b)
+	b = append(b, `","uid":`...)
+	b = strconv.AppendUint(b, uint64(f.UID), 10)
+	b = append(b, `,"inode":`...)
+	b = strconv.AppendUint(b, uint64(f.Inode), 10)
+	b = append(b, `,"cookie":`...)
+	b = strconv.AppendUint(b, f.Cookie, 10)
+	if f.CgroupID != 0 {
+		b = append(b, `,"cgroup_id":`...)
+		b = strconv.AppendUint(b, f.CgroupID, 10)
+	}
+	b = append(b, `,"owner":"`...)
+	b = append(b, f.Owner.String()...)
+	b = append(b, `","direction":"`...)
+	b = append(b, f.Direction.String()...)
+	b = append(b, `","holds":`...)
+	b = strconv.AppendBool(b, f.Holds)
+	if f.IdleExpired {
+		b = append(b, `,"idle_expired":true`...)
+	}
+	b = append(b, `,"idle_ms":`...)
+	b = strconv.AppendInt(b, f.IdleMS, 10)
+	return append(b, '}')
 }

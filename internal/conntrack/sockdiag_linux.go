@@ -24,6 +24,9 @@ var ErrDumpInterrupted = errors.New("sock_diag dump interrupted too often")
 // inet_diag message.
 var dumpTap func(data []byte)
 
+// diagBufferSize is the receive buffer for one dump batch.
+const diagBufferSize = 64 << 10
+
 // dumpRetries bounds the retries of an interrupted dump.
 const dumpRetries = 5
 
@@ -39,7 +42,10 @@ type DiagConn struct {
 // DialDiag opens a sock_diag socket in ns (nil: the caller's namespace).
 // The caller's thread never changes namespace.
 func DialDiag(ns *NetNS) (*DiagConn, error) {
-	cfg := &netlink.Config{}
+	// A large fixed receive buffer lets the kernel fill 32 KiB dump skbs
+	// (it sizes them from the largest recvmsg seen), and saves the peek
+	// that a pool-less Conn makes before every read: 4–8× fewer syscalls.
+	cfg := &netlink.Config{MessageBufferSize: diagBufferSize}
 	name := "current netns"
 	if ns != nil {
 		cfg.NetNS = ns.Fd()

@@ -1,0 +1,216 @@
+package conntrack
+
+import (
+	"net/netip"
+	"time"
+)
+
+// TableMask is what a FlowTable tracks. TIME_WAIT sockets are left out
+// because the kernel sends no event when they go (they would linger until
+// the next snapshot), and request sockets (SYN_RECV) because their
+// established child arrives under a new identity; neither can hold a drain
+// for more than a moment.
+var TableMask = AllStates &^ Mask(TimeWait, SynRecv, NewSynRecv)
+
+// Change is one state change of one socket, as the table saw it.
+type Change struct {
+	Time time.Time `json:"time"`
+	// Flow is the socket after the change (for a socket that went away,
+	// as it was, with State set to CLOSE).
+	Flow     Flow    `json:"flow"`
+	OldState State   `json:"old_state"`
+	NewState State   `json:"new_state"`
+	Summary  Summary `json:"summary"`
+}
+
+type flowKey struct {
+	cookie uint64
+	tuple  FiveTuple
+}
+
+type tableEntry struct {
+	flow      Flow
+	firstSeen time.Time
+}
+
+// FlowTable is the live socket table: one entry per socket, keyed by the
+// socket cookie (or by the 5-tuple on kernels whose tracing programs cannot
+// read cookies), with the per-class counts kept as entries change. It is not
+// safe for concurrent use; Tracker guards it.
+type FlowTable struct {
+	cls       *Classifier
+	useCookie bool
+	m         map[flowKey]*tableEntry
+	sum       Summary
+}
+
+// NewFlowTable returns an empty table attributing under p.
+func NewFlowTable(p Policy, useCookie bool) *FlowTable {
+	return &FlowTable{cls: NewClassifier(p), useCookie: useCookie, m: map[flowKey]*tableEntry{}}
+}
+
+func (t *FlowTable) key(cookie uint64, tuple FiveTuple) flowKey {
+	if t.useCookie {
+		return flowKey{cookie: cookie}
+	}
+	return flowKey{tuple: tuple}
+}
+
+func (t *FlowTable) keyOf(s *Socket) flowKey {
+	return t.key(s.Cookie, FiveTuple{Local: s.Local, Remote: s.Remote})
+}
+
+// Summary returns the current counts.
+func (t *FlowTable) Summary() Summary { return t.sum }
+
+// Len is the number of sockets in the table.
+func (t *FlowTable) Len() int { return len(t.m) }
+
+// Replace makes the table equal to a snapshot (sockets outside TableMask
+// are ignored), keeping first-seen times of sockets it already had, and
+// returns what changed.
+func (t *FlowTable) Replace(socks []Socket, now time.Time) []Change {
+	old := t.m
+	t.m = make(map[flowKey]*tableEntry, len(socks))
+	t.cls.Reset()
+	for i := range socks {
+		if socks[i].State == Listen {
+			t.cls.AddListener(&socks[i])
+		}
+	}
+	t.sum = Summary{}
+	var changes []Change
+	for i := range socks {
+		s := &socks[i]
+		if !TableMask.Has(s.State) {
+			continue
+		}
+		k := t.keyOf(s)
+		e := &tableEntry{flow: t.cls.Flow(s), firstSeen: now}
+		prev, had := old[k]
+		if had {
+			e.firstSeen = prev.firstSeen
+			delete(old, k)
+		}
+		t.m[k] = e
+		t.sum.Count(&e.flow)
+		if !had || prev.flow.State != s.State {
+			oldState := Close
+			if had {
+				oldState = prev.flow.State
+			}
+			changes = append(changes, Change{Time: now, Flow: e.flow, OldState: oldState, NewState: s.State})
+		}
+	}
+	for _, e := range old {
+		gone := e.flow
+		gone.State = Close
+		changes = append(changes, Change{Time: now, Flow: gone, OldState: e.flow.State, NewState: Close})
+	}
+	for i := range changes {
+		changes[i].Summary = t.sum
+	}
+	return changes
+}
+
+// Apply applies one probe event. It reports the change, or false when the
+// event changes nothing the table tracks.
+func (t *FlowTable) Apply(ev *Event, now time.Time) (Change, bool) {
+	if ev.OldState == Listen && ev.NewState == SynRecv {
+		// Fired on the new child while it still carries the listener's
+		// identity (NOTES-kernel.md): the child shows up on its own
+		// SYN_RECV→ESTABLISHED.
+		return Change{}, false
+	}
+	local, remote := unmapPort(ev.Local), unmapPort(ev.Remote)
+	k := t.key(ev.Cookie, FiveTuple{Local: local, Remote: remote})
+	e, had := t.m[k]
+	ch := Change{Time: now, OldState: ev.OldState, NewState: ev.NewState}
+	if had {
+		ch.OldState = e.flow.State
+	}
+	switch {
+	case !TableMask.Has(ev.NewState):
+		if !had {
+			return Change{}, false
+		}
+		t.sum.Uncount(&e.flow)
+		delete(t.m, k)
+		if e.flow.State == Listen {
+			t.cls.RemoveListener(&e.flow.Socket)
+			t.reclassifyPort(e.flow.Local.Port())
+		}
+		ch.Flow = e.flow
+		ch.Flow.State = ev.NewState
+	case had:
+		t.sum.Uncount(&e.flow)
+		s := e.flow.Socket
+		s.State = ev.NewState
+		e.flow = t.cls.Flow(&s)
+		t.sum.Count(&e.flow)
+		ch.Flow = e.flow
+	default:
+		s := Socket{Family: ev.Family, State: ev.NewState, Local: local, Remote: remote, UID: ev.UID, Cookie: ev.Cookie}
+		e = &tableEntry{firstSeen: now}
+		if s.State == Listen {
+			t.cls.AddListener(&s)
+		}
+		e.flow = t.cls.Flow(&s)
+		t.m[k] = e
+		t.sum.Count(&e.flow)
+		if s.State == Listen {
+			t.reclassifyPort(s.Local.Port())
+		}
+		ch.Flow = e.flow
+	}
+	ch.Summary = t.sum
+	return ch, true
+}
+
+// reclassifyPort re-attributes the flows on a local port whose listener set
+// changed (a flow's direction depends on it).
+func (t *FlowTable) reclassifyPort(port uint16) {
+	for _, e := range t.m {
+		if e.flow.State == Listen || e.flow.Local.Port() != port {
+			continue
+		}
+		t.sum.Uncount(&e.flow)
+		e.flow = t.cls.Flow(&e.flow.Socket)
+		t.sum.Count(&e.flow)
+	}
+}
+
+// TrackedFlow is a table entry with how long the table has known it.
+type TrackedFlow struct {
+	Flow
+	Age time.Duration `json:"age_ns"`
+}
+
+// Flows returns the entries (listeners included) for which keep returns
+// true (nil: all), with their ages at now.
+func (t *FlowTable) Flows(now time.Time, keep func(*Flow) bool) []TrackedFlow {
+	var out []TrackedFlow
+	for _, e := range t.m {
+		if keep == nil || keep(&e.flow) {
+			out = append(out, TrackedFlow{Flow: e.flow, Age: now.Sub(e.firstSeen)})
+		}
+	}
+	return out
+}
+
+// Snapshot renders the table as a Snapshot.
+func (t *FlowTable) Snapshot(now time.Time) Snapshot {
+	snap := Snapshot{Taken: now, Summary: t.sum}
+	for _, e := range t.m {
+		if e.flow.State == Listen {
+			snap.Listeners = append(snap.Listeners, e.flow)
+		} else {
+			snap.Flows = append(snap.Flows, e.flow)
+		}
+	}
+	return snap
+}
+
+func unmapPort(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
