@@ -5,83 +5,11 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"io"
 	"os"
+
+	"github.com/draind/draind/internal/cli"
 )
 
 func main() {
-	err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr)
-	os.Exit(exitCode(err, os.Stderr))
-}
-
-// exitError carries a process exit code (with or without a message).
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string {
-	if e.err == nil {
-		return fmt.Sprintf("exit status %d", e.code)
-	}
-	return e.err.Error()
-}
-func (e *exitError) Unwrap() error { return e.err }
-
-// usageErr is a bad flag or argument: exit 2 with one line naming it.
-func usageErr(format string, args ...any) error {
-	return &exitError{code: 2, err: fmt.Errorf(format, args...)}
-}
-
-func exitCode(err error, stderr io.Writer) int {
-	if err == nil {
-		return 0
-	}
-	var ee *exitError
-	if errors.As(err, &ee) {
-		if ee.err != nil {
-			fmt.Fprintln(stderr, "draind:", ee.err)
-		}
-		return ee.code
-	}
-	fmt.Fprintln(stderr, "draind:", err)
-	return 1
-}
-
-const usage = `usage: draind COMMAND [flags]
-
-commands:
-  run [flags] -- COMMAND [ARGS...]  supervise the proxy; the container entrypoint
-  wait [flags]                      block until the proxy is ready (postStart hook)
-  prestop [flags]                   block until the app has finished its flows (preStop hook)
-  conns [flags]                     one snapshot of listeners and flows, attributed
-  watch [flags]                     live TCP state changes, attributed
-  version                           print the version
-
-"draind COMMAND -h" lists a command's flags and their environment twins.
-`
-
-// version is set at build time (-ldflags "-X main.version=...").
-var version = "dev"
-
-// run is draind: main only maps its error to an exit code.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return &exitError{code: 2}
-	}
-	cmd, rest := args[0], args[1:]
-	switch cmd {
-	case "conns":
-		return runConns(ctx, rest, stdout, stderr)
-	case "version", "--version", "-version":
-		_, err := fmt.Fprintln(stdout, "draind", version)
-		return err
-	case "help", "-h", "--help":
-		_, err := fmt.Fprint(stdout, usage)
-		return err
-	}
-	return usageErr("unknown command %q (see draind help)", cmd)
+	os.Exit(cli.Main(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }

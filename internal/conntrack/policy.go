@@ -15,6 +15,11 @@ type Policy struct {
 	// ProxyPorts are local ports whose sockets are the proxy's whatever
 	// their uid (e.g. an Envoy not running as ProxyUID).
 	ProxyPorts []uint16
+	// ProxyRemotePorts: a flow whose peer is a loopback address on one of
+	// these ports is the proxy's (Envoy's admin API: draind's own calls to
+	// it must not count as the app's outbound flows, whatever uid draind
+	// runs under).
+	ProxyRemotePorts []uint16
 	// OwnInodes are the socket inodes of draind itself (its status
 	// listener, its admin API connections): they count as the proxy's.
 	OwnInodes map[uint32]struct{}
@@ -70,6 +75,7 @@ func (s Summary) ProxyHolding() int { return s.ProxyFlows - s.ProxyIdle }
 type Classifier struct {
 	p          Policy
 	proxyPorts map[uint16]struct{}
+	peerPorts  map[uint16]struct{}
 	// listenPorts counts listeners per (owner, port): a port can have
 	// several (IPv4 and IPv6, or SO_REUSEPORT).
 	listenPorts map[listenKey]int
@@ -82,9 +88,12 @@ type listenKey struct {
 
 // NewClassifier returns a Classifier for p.
 func NewClassifier(p Policy) *Classifier {
-	c := &Classifier{p: p, proxyPorts: map[uint16]struct{}{}, listenPorts: map[listenKey]int{}}
+	c := &Classifier{p: p, proxyPorts: map[uint16]struct{}{}, peerPorts: map[uint16]struct{}{}, listenPorts: map[listenKey]int{}}
 	for _, port := range p.ProxyPorts {
 		c.proxyPorts[port] = struct{}{}
+	}
+	for _, port := range p.ProxyRemotePorts {
+		c.peerPorts[port] = struct{}{}
 	}
 	return c
 }
@@ -122,6 +131,9 @@ func (c *Classifier) owner(s *Socket) Owner {
 		return OwnerProxy
 	}
 	if _, ok := c.proxyPorts[s.Local.Port()]; ok {
+		return OwnerProxy
+	}
+	if _, ok := c.peerPorts[s.Remote.Port()]; ok && s.State != Listen && s.Remote.Addr().IsLoopback() {
 		return OwnerProxy
 	}
 	if s.Inode == 0 && s.UID == 0 && s.State != Listen {

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -33,7 +33,7 @@ func TestConnsJSONInNamespace(t *testing.T) {
 	defer s.Close()
 
 	var out, errb bytes.Buffer
-	if err := run(context.Background(), []string{"conns", "--netns", ns.Path(), "-o", "json"}, &out, &errb); err != nil {
+	if err := Run(context.Background(), []string{"conns", "--netns", ns.Path(), "-o", "json"}, &out, &errb); err != nil {
 		t.Fatalf("conns: %v (%s)", err, errb.String())
 	}
 	var got struct {
@@ -49,7 +49,7 @@ func TestConnsJSONInNamespace(t *testing.T) {
 		}
 	}
 	out.Reset()
-	if err := run(context.Background(), []string{"conns", "--netns", ns.Path()}, &out, &errb); err != nil {
+	if err := Run(context.Background(), []string{"conns", "--netns", ns.Path()}, &out, &errb); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "127.0.0.1:8080") || !strings.Contains(out.String(), "app_inbound=1") {
@@ -79,7 +79,7 @@ func TestUsageErrors(t *testing.T) {
 				t.Setenv(k, v)
 			}
 			var out, errb bytes.Buffer
-			err := run(context.Background(), tt.args, &out, &errb)
+			err := Run(context.Background(), tt.args, &out, &errb)
 			code := exitCode(err, &errb)
 			if code != tt.code || !strings.Contains(errb.String(), tt.want) {
 				t.Fatalf("exit %d, stderr %q; want exit %d and %q", code, errb.String(), tt.code, tt.want)

@@ -1,0 +1,96 @@
+// Package cli is draind's command line: it parses flags (with their
+// environment twins), builds the parts and runs them. cmd/draind only calls
+// Main; tests call Run.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// exitError carries a process exit code (with or without a message).
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+func (e *exitError) Unwrap() error { return e.err }
+
+// usageErr is a bad flag or argument: exit 2 with one line naming it.
+func usageErr(format string, args ...any) error {
+	return &exitError{code: 2, err: fmt.Errorf(format, args...)}
+}
+
+// Main runs draind and maps the outcome to an exit code, printing a
+// one-line error to stderr.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return exitCode(Run(ctx, args, stdout, stderr), stderr)
+}
+
+func exitCode(err error, stderr io.Writer) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintln(stderr, "draind:", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintln(stderr, "draind:", err)
+	return 1
+}
+
+const usage = `usage: draind COMMAND [flags]
+
+commands:
+  run [flags] -- COMMAND [ARGS...]  supervise the proxy; the container entrypoint
+  wait [flags]                      block until the proxy is ready (postStart hook)
+  prestop [flags]                   block until the app has finished its flows (preStop hook)
+  conns [flags]                     one snapshot of listeners and flows, attributed
+  watch [flags]                     live TCP state changes, attributed
+  version                           print the version
+
+"draind COMMAND -h" lists a command's flags and their environment twins.
+`
+
+// Version is set at build time (-ldflags "-X .../internal/cli.Version=...").
+var Version = "dev"
+
+// Run is draind: it returns nil for exit 0, or an error that Main maps to
+// an exit code.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return &exitError{code: 2}
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "run":
+		return runRun(ctx, rest, stdout, stderr)
+	case "wait":
+		return runWait(ctx, rest, stdout, stderr)
+	case "prestop":
+		return runPrestop(ctx, rest, stdout, stderr)
+	case "conns":
+		return runConns(ctx, rest, stdout, stderr)
+	case "watch":
+		return runWatch(ctx, rest, stdout, stderr)
+	case "version", "--version", "-version":
+		_, err := fmt.Fprintln(stdout, "draind", Version)
+		return err
+	case "help", "-h", "--help":
+		_, err := fmt.Fprint(stdout, usage)
+		return err
+	}
+	return usageErr("unknown command %q (see draind help)", cmd)
+}

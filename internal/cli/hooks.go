@@ -1,0 +1,181 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/draind/draind/internal/agent"
+	"github.com/draind/draind/internal/conntrack"
+	"go.uber.org/zap"
+)
+
+func runWait(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("wait", "wait [--url URL] [--timeout D] [--period D]", stdout)
+	url := fs.String("url", "http://localhost:15020/healthz/ready", "readiness URL to poll")
+	var timeout, period time.Duration
+	fs.durationVar(&timeout, "timeout", 60*time.Second, "give up after this long (exit 1)")
+	fs.durationVar(&period, "period", 500*time.Millisecond, "poll period")
+	if err := fs.parse(args); err != nil {
+		if errors.Is(err, errHelp) {
+			return nil
+		}
+		return err
+	}
+	if period <= 0 || timeout <= 0 {
+		return usageErr("wait: --period and --timeout must be positive")
+	}
+	if err := agent.WaitReady(ctx, *url, period, timeout); err != nil {
+		return fmt.Errorf("wait: %w", err)
+	}
+	return nil
+}
+
+func runPrestop(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("prestop", "prestop [--timeout D] [--app-ports P,...] [--wait-listeners] [--idle-timeout D]", stdout)
+	var nf nsFlags
+	nf.register(fs, true)
+	var timeout time.Duration
+	fs.durationVar(&timeout, "timeout", 25*time.Second, "return (exit 0) after this long even with flows open")
+	appPorts := portList{}
+	fs.Var(&appPorts, "app-ports", "with --wait-listeners: the app ports whose listeners must close")
+	waitListeners := fs.Bool("wait-listeners", false, "also wait for the app's listeners to close")
+	tracker := &oneOf{val: "auto", words: []string{"auto", "ebpf", "sockdiag"}}
+	fs.Var(tracker, "tracker", "auto|ebpf|sockdiag")
+	logFormat := &oneOf{val: "json", words: []string{"json", "console"}}
+	fs.Var(logFormat, "log-format", "json|console")
+	if err := fs.parse(args); err != nil {
+		if errors.Is(err, errHelp) {
+			return nil
+		}
+		return err
+	}
+	if err := nf.validate("prestop"); err != nil {
+		return err
+	}
+	if timeout <= 0 {
+		return usageErr("prestop: --timeout must be positive")
+	}
+	log, err := newLogger(logFormat.val, stderr)
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+	ns, err := nf.open()
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	// The kubelet kills a hook at the grace period; a signal ends us too.
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	_, err = agent.Prestop(ctx, ns, agent.PrestopConfig{
+		Tracker:       conntrack.TrackerConfig{Mode: tracker.val, Policy: nf.policy(), Logger: log},
+		Timeout:       timeout,
+		WaitListeners: *waitListeners,
+		AppPorts:      appPorts,
+		Logger:        log,
+	})
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("watch", "watch [--netns PATH | --pid PID] [--tracker auto|ebpf|sockdiag] [-o table|json]", stdout)
+	var nf nsFlags
+	nf.register(fs, true)
+	tracker := &oneOf{val: "auto", words: []string{"auto", "ebpf", "sockdiag"}}
+	fs.Var(tracker, "tracker", "auto|ebpf|sockdiag")
+	var period time.Duration
+	fs.durationVar(&period, "poll-period", conntrack.DefaultPollPeriod, "sockdiag mode's polling period")
+	out := &oneOf{val: "table", words: []string{"table", "json"}}
+	fs.Var(out, "o", "output format: table|json (JSON lines)")
+	if err := fs.parse(args); err != nil {
+		if errors.Is(err, errHelp) {
+			return nil
+		}
+		return err
+	}
+	if err := nf.validate("watch"); err != nil {
+		return err
+	}
+	ns, err := nf.open()
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	tr, err := conntrack.OpenTracker(ns, conntrack.TrackerConfig{Mode: tracker.val, Policy: nf.policy(), PollPeriod: period, Logger: zap.NewNop()})
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	changes, cancel := tr.Watch(4096)
+	defer cancel()
+	mode, why := tr.Mode()
+	sum := tr.Summary()
+	if out.val == "json" {
+		json.NewEncoder(stdout).Encode(map[string]any{"time": time.Now(), "namespace": ns.Name(), "mode": mode, "reason": why, "summary": sum})
+	} else {
+		poll := ""
+		if mode == conntrack.ModeSockDiag {
+			poll = fmt.Sprintf(", polling every %s: changes between polls are reported at the next poll", period)
+		}
+		fmt.Fprintf(stdout, "watching %s: %s mode (%s%s)\n%s\n", ns.Name(), mode, why, poll, summaryLine(sum))
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- tr.Run(ctx) }()
+	enc := json.NewEncoder(stdout)
+	for {
+		select {
+		case <-ctx.Done():
+			return <-errc
+		case err := <-errc:
+			return err
+		case c := <-changes:
+			if out.val == "json" {
+				if err := enc.Encode(watchLine(c)); err != nil {
+					return err
+				}
+				continue
+			}
+			f := c.Flow
+			if _, err := fmt.Fprintf(stdout, "%s %-11s → %-11s %-5s %-8s %s → %s uid=%d  %s\n",
+				c.Time.Format("15:04:05.000000"), c.OldState, c.NewState, f.Owner, f.Direction, f.Local, f.Remote, f.UID, summaryLine(c.Summary)); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+type watchJSON struct {
+	Time      time.Time           `json:"time"`
+	Cookie    uint64              `json:"cookie"`
+	Owner     conntrack.Owner     `json:"owner"`
+	Direction conntrack.Direction `json:"direction"`
+	OldState  conntrack.State     `json:"old_state"`
+	NewState  conntrack.State     `json:"new_state"`
+	Local     string              `json:"local"`
+	Remote    string              `json:"remote"`
+	UID       uint32              `json:"uid"`
+	Summary   conntrack.Summary   `json:"summary"`
+}
+
+func watchLine(c conntrack.Change) watchJSON {
+	return watchJSON{Time: c.Time, Cookie: c.Flow.Cookie, Owner: c.Flow.Owner, Direction: c.Flow.Direction,
+		OldState: c.OldState, NewState: c.NewState, Local: c.Flow.Local.String(), Remote: c.Flow.Remote.String(),
+		UID: c.Flow.UID, Summary: c.Summary}
+}
+
+func summaryLine(s conntrack.Summary) string {
+	return fmt.Sprintf("[app listeners %d inbound %d outbound %d idle %d | proxy listeners %d flows %d]",
+		s.AppListeners, s.AppInbound, s.AppOutbound, s.AppIdle, s.ProxyListeners, s.ProxyFlows)
+}

@@ -1,0 +1,104 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/draind/draind/internal/agent"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// istioAliases are Istio's variables honoured where they mean the same
+// (README.md, "Configuration"): flag name → variables.
+var istioAliases = map[string][]string{
+	"min-drain":      {"MINIMUM_DRAIN_DURATION"},
+	"drain-deadline": {"TERMINATION_DRAIN_DURATION"},
+}
+
+func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg := agent.DefaultConfig()
+	fs := newFlagSet("run", "run [flags] -- COMMAND [ARGS...]", stdout)
+	for name, envs := range istioAliases {
+		fs.alias(name, envs...)
+	}
+	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "Envoy's admin API address")
+	fs.StringVar(&cfg.StatusAddr, "status-addr", cfg.StatusAddr, "address of draind's status server (/healthz/ready, /metrics)")
+	var nf nsFlags
+	nf.register(fs, false)
+	appPorts := portList{}
+	fs.Var(&appPorts, "app-ports", "ports the app must listen on before the pod is ready (comma-separated)")
+	exclude := portList(append([]uint16(nil), agent.DefaultExcludePorts...))
+	fs.Var(&exclude, "exclude-ports", "Envoy listener ports that carry no traffic (status, metrics)")
+	fs.durationVar(&cfg.MinDrain, "min-drain", cfg.MinDrain, "wait this long after draining starts (endpoint propagation)")
+	fs.durationVar(&cfg.Settle, "settle", 0, "the gate must stay open this long before the proxy is stopped")
+	appExit := &oneOf{val: cfg.AppExit, words: []string{agent.AppExitWait, agent.AppExitFlows}}
+	fs.Var(appExit, "app-exit", "when the app is done: wait (for its processes, else its sockets) | flows")
+	fs.durationVar(&cfg.DrainDeadline, "drain-deadline", cfg.DrainDeadline, "stop the proxy anyway this long after the drain began")
+	fs.durationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "time the proxy gets after /quitquitquit, then after SIGTERM, before SIGKILL")
+	fs.BoolVar(&cfg.Gateway, "gateway", false, "drain every listener, and wait for no app")
+	tracker := &oneOf{val: "auto", words: []string{"auto", "ebpf", "sockdiag"}}
+	fs.Var(tracker, "tracker", "how sockets are followed: auto|ebpf|sockdiag")
+	procs := &oneOf{val: "auto", words: []string{"auto", "ebpf", "proc", "off"}}
+	fs.Var(procs, "app-procs", "how the app's processes are followed: auto|ebpf|proc|off (off: by its sockets)")
+	logFormat := &oneOf{val: "json", words: []string{"json", "console"}}
+	fs.Var(logFormat, "log-format", "json|console")
+	if err := fs.parse(args); err != nil {
+		if errors.Is(err, errHelp) {
+			return nil
+		}
+		return err
+	}
+	if err := nf.validate("run"); err != nil {
+		return err
+	}
+	cfg.ProxyUID = uint32(nf.proxyUID)
+	cfg.ProxyPorts = nf.proxyPorts
+	cfg.IdleTimeout = nf.idleTimeout
+	cfg.AppPorts = appPorts
+	cfg.ExcludePorts = exclude
+	cfg.AppExit = appExit.val
+	cfg.Tracker = tracker.val
+	cfg.AppProcs = procs.val
+	cfg.Command = fs.Args()
+	cfg.Proxy.ReapAll = os.Getpid() == 1
+	log, err := newLogger(logFormat.val, stderr)
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+	cfg.Logger = log
+	if err := cfg.Validate(); err != nil {
+		return usageErr("run: %v", err)
+	}
+	res, err := agent.Run(ctx, cfg)
+	if err != nil {
+		var ce *agent.ConfigError
+		if errors.As(err, &ce) {
+			return usageErr("run: %v", err)
+		}
+		return fmt.Errorf("run: %w", err)
+	}
+	if res.ExitCode != 0 {
+		return &exitError{code: res.ExitCode, err: errors.New(res.Reason)}
+	}
+	return nil
+}
+
+// newLogger builds the zap logger: JSON lines by default, or console.
+func newLogger(format string, w io.Writer) (*zap.Logger, error) {
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	enc.EncodeDuration = zapcore.StringDurationEncoder
+	var e zapcore.Encoder
+	if format == "console" {
+		enc.EncodeLevel = zapcore.CapitalLevelEncoder
+		e = zapcore.NewConsoleEncoder(enc)
+	} else {
+		e = zapcore.NewJSONEncoder(enc)
+	}
+	return zap.New(zapcore.NewCore(e, zapcore.AddSync(w), zap.InfoLevel)), nil
+}
