@@ -162,6 +162,9 @@ func (c *Client) do(ctx context.Context, r request) (int, []byte, error) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			if perr := parent.Err(); perr != nil {
+				return code, body, fmt.Errorf("envoy admin: %s %s: %w (after: %v)", r.method, r.path, perr, err)
+			}
 			return code, body, err
 		case <-t.C:
 		}

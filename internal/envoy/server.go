@@ -203,8 +203,11 @@ func (c *Client) HealthcheckOK(ctx context.Context) error {
 
 // QuitQuitQuit POSTs /quitquitquit: Envoy answers 200 and exits at once,
 // resetting open connections. A reset or cut answer is not retried (the
-// request may have been acted on); only a failed dial is.
+// request may have been acted on); only a failed dial is. It goes on a new
+// connection (idle keep-alive connections are closed first), so that a
+// stale one cannot fail it.
 func (c *Client) QuitQuitQuit(ctx context.Context) error {
+	c.hc.CloseIdleConnections()
 	_, _, err := c.do(ctx, request{method: "POST", path: "/quitquitquit"})
 	return err
 }

@@ -11,9 +11,13 @@
 package testutil
 
 import (
+	"context"
 	"errors"
+	"net"
 	"os"
+	"path/filepath"
 	"runtime"
+	"sync"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -147,4 +151,130 @@ func itoa(i int) string {
 		b[n] = '-'
 	}
 	return string(b[n:])
+}
+
+// Link joins two namespaces with a veth pair, addressing each end with a
+// /24 CIDR (e.g. "192.0.2.1/24" and "192.0.2.2/24": TEST-NET-1, never a
+// real host), both up. The pair goes with the namespaces.
+func Link(tb testing.TB, a, b *NetNS, cidrA, cidrB string) {
+	tb.Helper()
+	ha, err := netlink.NewHandleAt(a.Handle)
+	if err != nil {
+		tb.Fatalf("netlink in netns a: %v", err)
+	}
+	defer ha.Close()
+	hb, err := netlink.NewHandleAt(b.Handle)
+	if err != nil {
+		tb.Fatalf("netlink in netns b: %v", err)
+	}
+	defer hb.Close()
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "veth-a"}, PeerName: "veth-b", PeerNamespace: netlink.NsFd(b.Handle)}
+	if err := ha.LinkAdd(veth); err != nil {
+		tb.Fatalf("add veth: %v", err)
+	}
+	for _, side := range []struct {
+		h    *netlink.Handle
+		name string
+		cidr string
+	}{{ha, "veth-a", cidrA}, {hb, "veth-b", cidrB}} {
+		l, err := side.h.LinkByName(side.name)
+		if err != nil {
+			tb.Fatalf("find %s: %v", side.name, err)
+		}
+		addr, err := netlink.ParseAddr(side.cidr)
+		if err != nil {
+			tb.Fatalf("parse %s: %v", side.cidr, err)
+		}
+		if err := side.h.AddrAdd(l, addr); err != nil {
+			tb.Fatalf("address %s: %v", side.name, err)
+		}
+		if err := side.h.LinkSetUp(l); err != nil {
+			tb.Fatalf("up %s: %v", side.name, err)
+		}
+	}
+}
+
+// Dialer returns a DialContext that connects from inside the namespace:
+// the socket is created on a thread switched into it.
+func (n *NetNS) Dialer() func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		type result struct {
+			c   net.Conn
+			err error
+		}
+		ch := make(chan result, 1)
+		go func() {
+			runtime.LockOSThread()
+			orig, err := netns.Get()
+			if err != nil {
+				ch <- result{nil, err}
+				return
+			}
+			defer orig.Close()
+			if err := netns.Set(n.Handle); err != nil {
+				ch <- result{nil, err}
+				return
+			}
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if serr := netns.Set(orig); serr == nil {
+				runtime.UnlockOSThread()
+			}
+			ch <- result{c, err}
+		}()
+		r := <-ch
+		return r.c, r.err
+	}
+}
+
+// Listen listens inside the namespace.
+func (n *NetNS) Listen(tb testing.TB, network, addr string) net.Listener {
+	tb.Helper()
+	var ln net.Listener
+	var err error
+	n.Do(tb, func() { ln, err = net.Listen(network, addr) })
+	if err != nil {
+		tb.Fatalf("listen %s in netns: %v", addr, err)
+	}
+	tb.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+var selfCopy struct {
+	sync.Once
+	path string
+	err  error
+}
+
+// SelfCopy returns a copy of the running test binary that any uid can
+// execute (go test's build directory is private to root), for tests that
+// re-exec themselves as helper processes under other uids. The copy is
+// removed by RemoveSelfCopy, which TestMain should call.
+func SelfCopy(tb testing.TB) string {
+	tb.Helper()
+	selfCopy.Do(func() {
+		dir, err := os.MkdirTemp("", "draind-test-")
+		if err != nil {
+			selfCopy.err = err
+			return
+		}
+		os.Chmod(dir, 0o755)
+		src, err := os.ReadFile("/proc/self/exe")
+		if err != nil {
+			selfCopy.err = err
+			return
+		}
+		selfCopy.path = filepath.Join(dir, filepath.Base(os.Args[0]))
+		selfCopy.err = os.WriteFile(selfCopy.path, src, 0o755)
+	})
+	if selfCopy.err != nil {
+		tb.Fatalf("copy test binary: %v", selfCopy.err)
+	}
+	return selfCopy.path
+}
+
+// RemoveSelfCopy removes what SelfCopy made.
+func RemoveSelfCopy() {
+	if selfCopy.path != "" {
+		os.RemoveAll(filepath.Dir(selfCopy.path))
+	}
 }

@@ -1,0 +1,429 @@
+package envoysim
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// adminEndpoint is one admin API path. Matching is on the exact path; the
+// query string plays no part, as in Envoy.
+type adminEndpoint struct {
+	path   string
+	help   string
+	post   bool // mutates the server: POST only
+	params []string
+	h      func(*Sim, http.ResponseWriter, *http.Request)
+}
+
+// adminEndpoints are listed as Envoy's help lists them, by path. They are
+// set in init: the help handler lists them.
+var adminEndpoints []adminEndpoint
+
+func init() {
+	adminEndpoints = []adminEndpoint{
+		{path: "/", help: "Admin home page", h: (*Sim).handleHelp},
+		{path: "/drain_listeners", help: "drain listeners", post: true, params: []string{
+			"graceful: When draining listeners, enter a graceful drain period prior to closing listeners. This behaviour and duration is configurable via server options or CLI",
+			"skip_exit: When draining listeners, do not exit after the drain period. This must be used with graceful",
+			"inboundonly: Drains all inbound listeners. traffic_direction field in envoy_v3_api_msg_config.listener.v3.Listener is used to determine whether a listener is inbound or outbound.",
+		}, h: (*Sim).handleDrainListeners},
+		{path: "/envoysim/fault", help: "envoysim test hook: set the fault in force (admin=hang|500|garbage, crash_after=DURATION, crash_exit_code=N)", post: true, h: (*Sim).handleFault},
+		{path: "/healthcheck/fail", help: "cause the server to fail health checks", post: true, h: healthcheckHandler(true)},
+		{path: "/healthcheck/ok", help: "cause the server to pass health checks", post: true, h: healthcheckHandler(false)},
+		{path: "/help", help: "print out list of admin commands", h: (*Sim).handleHelp},
+		{path: "/listeners", help: "print listener info", params: []string{"format: File format to use"}, h: (*Sim).handleListeners},
+		{path: "/quitquitquit", help: "exit the server", post: true, h: (*Sim).handleQuit},
+		{path: "/ready", help: "print server state, return 200 if LIVE, otherwise return 503", h: (*Sim).handleReady},
+		{path: "/reset_counters", help: "reset all counters to zero", post: true, h: (*Sim).handleResetCounters},
+		{path: "/server_info", help: "print server version/status information", h: (*Sim).handleServerInfo},
+		{path: "/stats", help: "print server stats", params: []string{
+			"usedonly: Only include stats that have been written by system since restart",
+			"filter: Regular expression (Google re2) for filtering stats",
+			"format: Format to use",
+			"type: Stat types to include.",
+		}, h: (*Sim).handleStats},
+		{path: "/stats/prometheus", help: "print server stats in prometheus format", h: (*Sim).handlePrometheus},
+	}
+}
+
+func helpText() string {
+	var b strings.Builder
+	b.WriteString("admin commands are:\n")
+	for _, e := range adminEndpoints {
+		post := ""
+		if e.post {
+			post = " (POST)"
+		}
+		fmt.Fprintf(&b, "  %s%s: %s\n", e.path, post, e.help)
+		for _, p := range e.params {
+			fmt.Fprintf(&b, "      %s\n", p)
+		}
+	}
+	return b.String()
+}
+
+// garbage is the body of the garbage fault: neither stats text, nor JSON,
+// nor a state name.
+const garbage = "\x00\x1f\x8b<html><body>502 Bad Gateway</body></html>\n{\"stats\":[{\"name\":\n"
+
+const textPlain = "text/plain; charset=UTF-8"
+
+func (s *Sim) reply(w http.ResponseWriter, code int, ctype, body string) {
+	h := w.Header()
+	h.Set("Content-Type", ctype)
+	h.Set("Cache-Control", "no-cache, max-age=0")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Server", "envoy")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(code)
+	io.WriteString(w, body)
+	switch code / 100 {
+	case 2:
+		s.admin.rq2xx.inc()
+	case 4:
+		s.admin.rq4xx.inc()
+	case 5:
+		s.admin.rq5xx.inc()
+	}
+}
+
+func (s *Sim) serveAdmin(w http.ResponseWriter, r *http.Request) {
+	if !s.enter() {
+		panic(http.ErrAbortHandler) // stopping: drop the connection, no answer
+	}
+	defer s.leave()
+	s.admin.rqTotal.inc()
+	s.admin.rqActive.inc()
+	defer s.admin.rqActive.dec()
+
+	if r.URL.Path != "/envoysim/fault" {
+		switch s.currentFault().Admin {
+		case AdminHang:
+			s.hang(w, r)
+			return
+		case AdminError:
+			s.reply(w, http.StatusInternalServerError, textPlain, "envoysim: injected fault\n")
+			return
+		case AdminGarbage:
+			s.reply(w, http.StatusOK, textPlain, garbage)
+			return
+		}
+	}
+	for _, e := range adminEndpoints {
+		if e.path != r.URL.Path {
+			continue
+		}
+		if e.post && r.Method != http.MethodPost {
+			s.reply(w, http.StatusMethodNotAllowed, textPlain, fmt.Sprintf("Method %s not allowed, POST required.", r.Method))
+			return
+		}
+		e.h(s, w, r)
+		return
+	}
+	s.reply(w, http.StatusNotFound, textPlain, "invalid path. "+helpText())
+}
+
+// hang takes the connection over and never answers; it returns when the
+// peer closes or the sim stops (which closes every connection).
+func (s *Sim) hang(w http.ResponseWriter, r *http.Request) {
+	c, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		select {
+		case <-r.Context().Done():
+		case <-s.ctx.Done():
+		}
+		return
+	}
+	defer c.Close()
+	io.Copy(io.Discard, c)
+}
+
+func (s *Sim) handleHelp(w http.ResponseWriter, _ *http.Request) {
+	s.reply(w, http.StatusOK, textPlain, helpText())
+}
+
+func (s *Sim) handleReady(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	state := s.stateLocked()
+	s.mu.Unlock()
+	code := http.StatusOK
+	if state != stateLive {
+		code = http.StatusServiceUnavailable
+	}
+	s.reply(w, code, textPlain, stateNames[state]+"\n")
+}
+
+func (s *Sim) handleStats(w http.ResponseWriter, r *http.Request) {
+	p, bad := parseStatsParams(r.URL.Query())
+	if bad != "" {
+		s.reply(w, http.StatusBadRequest, textPlain, bad)
+		return
+	}
+	if s.cfg.StatsFlushInterval == 0 {
+		s.refreshServerStats()
+	}
+	samples, hs := s.st.snapshot(p)
+	switch p.format {
+	case "json":
+		s.reply(w, http.StatusOK, "application/json", string(renderJSON(samples, hs)))
+	case "prometheus":
+		s.reply(w, http.StatusOK, "text/plain; version=0.0.4", string(renderPrometheus(samples)))
+	default:
+		s.reply(w, http.StatusOK, textPlain, string(renderText(samples, hs)))
+	}
+}
+
+func (s *Sim) handlePrometheus(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.StatsFlushInterval == 0 {
+		s.refreshServerStats()
+	}
+	samples, _ := s.st.snapshot(statsParams{typ: "All"})
+	s.reply(w, http.StatusOK, "text/plain; version=0.0.4", string(renderPrometheus(samples)))
+}
+
+func (s *Sim) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
+	type options struct {
+		BaseID             string   `json:"base_id"`
+		Concurrency        int      `json:"concurrency"`
+		ConfigPath         string   `json:"config_path"`
+		AdminAddressPath   string   `json:"admin_address_path"`
+		LocalAddressIPVer  string   `json:"local_address_ip_version"`
+		LogLevel           string   `json:"log_level"`
+		DrainStrategy      string   `json:"drain_strategy"`
+		Mode               string   `json:"mode"`
+		DisableHotRestart  bool     `json:"disable_hot_restart"`
+		RestartEpoch       int      `json:"restart_epoch"`
+		DisabledExtensions []string `json:"disabled_extensions"`
+		FileFlushInterval  string   `json:"file_flush_interval"`
+		DrainTime          string   `json:"drain_time"`
+		ParentShutdownTime string   `json:"parent_shutdown_time"`
+	}
+	type info struct {
+		Version           string   `json:"version"`
+		State             string   `json:"state"`
+		HotRestartVersion string   `json:"hot_restart_version"`
+		Options           options  `json:"command_line_options"`
+		Node              struct{} `json:"node"`
+		UptimeCurrent     string   `json:"uptime_current_epoch"`
+		UptimeAll         string   `json:"uptime_all_epochs"`
+	}
+	strategy := "Gradual"
+	if s.cfg.DrainStrategy == "immediate" {
+		strategy = "Immediate"
+	}
+	up := formatDuration(time.Since(s.start).Truncate(time.Second))
+	v := info{
+		Version:           "0000000000000000000000000000000000000000/1.36.0-envoysim/Clean/RELEASE/BoringSSL",
+		State:             s.stateName(),
+		HotRestartVersion: "disabled",
+		Options: options{
+			BaseID:             "0",
+			Concurrency:        s.cfg.Concurrency,
+			ConfigPath:         s.cfg.ConfigPath,
+			AdminAddressPath:   s.cfg.AdminAddressPath,
+			LocalAddressIPVer:  "v4",
+			LogLevel:           "info",
+			DrainStrategy:      strategy,
+			Mode:               "Serve",
+			DisableHotRestart:  true,
+			DisabledExtensions: []string{},
+			FileFlushInterval:  "10s",
+			DrainTime:          formatDuration(s.cfg.DrainTime),
+			ParentShutdownTime: formatDuration(s.cfg.ParentShutdownTime),
+		},
+		UptimeCurrent: up,
+		UptimeAll:     up,
+	}
+	b, _ := json.MarshalIndent(v, "", " ")
+	s.reply(w, http.StatusOK, "application/json", string(b)+"\n")
+}
+
+func (s *Sim) handleListeners(w http.ResponseWriter, r *http.Request) {
+	if f := r.URL.Query()["format"]; len(f) > 0 && f[0] == "json" {
+		type sockAddr struct {
+			Address   string `json:"address"`
+			PortValue uint16 `json:"port_value"`
+		}
+		type status struct {
+			Name         string `json:"name"`
+			LocalAddress struct {
+				SocketAddress sockAddr `json:"socket_address"`
+			} `json:"local_address"`
+		}
+		out := struct {
+			Statuses []status `json:"listener_statuses"`
+		}{Statuses: []status{}}
+		for _, l := range s.listeners {
+			var st status
+			st.Name = l.cfg.Name
+			ap := netip.MustParseAddrPort(l.addr.String())
+			st.LocalAddress.SocketAddress = sockAddr{ap.Addr().String(), ap.Port()}
+			out.Statuses = append(out.Statuses, st)
+		}
+		b, _ := json.MarshalIndent(out, "", " ")
+		s.reply(w, http.StatusOK, "application/json", string(b)+"\n")
+		return
+	}
+	var b strings.Builder
+	for _, l := range s.listeners {
+		fmt.Fprintf(&b, "%s::%s\n", l.cfg.Name, l.addr)
+	}
+	s.reply(w, http.StatusOK, textPlain, b.String())
+}
+
+func (s *Sim) handleDrainListeners(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	_, inboundOnly := q["inboundonly"]
+	_, graceful := q["graceful"]
+	_, skipExit := q["skip_exit"]
+	if skipExit && !graceful {
+		s.reply(w, http.StatusBadRequest, textPlain, "skip_exit requires graceful\n")
+		return
+	}
+	s.mu.Lock()
+	switch d := s.drain; {
+	case !graceful:
+		s.stopListenersLocked(inboundOnly)
+	case d == nil:
+		s.drain = &drainState{start: time.Now(), all: !inboundOnly}
+		if !skipExit {
+			s.drain.stops = append(s.drain.stops, !inboundOnly)
+		}
+		s.afterLocked(s.cfg.DrainTime, s.drainDone)
+	case d.all || inboundOnly:
+		// Already draining in that direction: nothing to do.
+	default:
+		// Draining inbound only, now asked for all: widen the drain; the
+		// listener stop waits for the same end.
+		d.all = true
+		if !skipExit {
+			if d.done {
+				s.stopListenersLocked(false)
+			} else {
+				d.stops = append(d.stops, true)
+			}
+		}
+	}
+	s.mu.Unlock()
+	s.logf("drain listeners (inboundonly=%t graceful=%t skip_exit=%t)", inboundOnly, graceful, skipExit)
+	s.reply(w, http.StatusOK, textPlain, "OK\n")
+}
+
+// drainDone ends the drain time: the listeners asked to stop stop.
+func (s *Sim) drainDone() {
+	s.mu.Lock()
+	d := s.drain
+	d.done = true
+	for _, all := range d.stops {
+		s.stopListenersLocked(!all)
+	}
+	d.stops = nil
+	s.mu.Unlock()
+	s.logf("drain time over: listeners stopped")
+}
+
+// stopListenersLocked closes the listen sockets (inbound ones only, if
+// asked); connections stay open.
+func (s *Sim) stopListenersLocked(inboundOnly bool) {
+	for _, l := range s.listeners {
+		if inboundOnly && !l.inbound {
+			continue
+		}
+		listening := l.ln != nil && !l.stopped
+		if l.stopLocked() && listening {
+			s.lm.listenerStopped.inc()
+			s.lm.listenersActive.dec()
+		}
+	}
+}
+
+func healthcheckHandler(fail bool) func(*Sim, http.ResponseWriter, *http.Request) {
+	return func(s *Sim, w http.ResponseWriter, _ *http.Request) {
+		s.mu.Lock()
+		s.hcFailed = fail
+		s.mu.Unlock()
+		s.reply(w, http.StatusOK, textPlain, "OK\n")
+	}
+}
+
+func (s *Sim) handleResetCounters(w http.ResponseWriter, _ *http.Request) {
+	s.st.resetCounters()
+	s.reply(w, http.StatusOK, textPlain, "OK\n")
+}
+
+// handleQuit answers, then stops the sim as SIGTERM does.
+func (s *Sim) handleQuit(w http.ResponseWriter, _ *http.Request) {
+	s.reply(w, http.StatusOK, textPlain, "OK\n")
+	http.NewResponseController(w).Flush()
+	s.logf("shutting down via /quitquitquit")
+	s.stop(nil)
+}
+
+// handleFault is the test hook behind SetFault, for the envoysim program.
+// It takes the config's "fault" object as a JSON body,
+// {"admin":"hang","crash_after_ms":3000,"crash_exit_code":134}, or query
+// parameters: ?admin=hang&crash_after=3s&crash_exit_code=134. "ok" or ""
+// clears the admin fault.
+func (s *Sim) handleFault(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
+	if err != nil {
+		s.reply(w, http.StatusBadRequest, textPlain, err.Error()+"\n")
+		return
+	}
+	if len(bytes.TrimSpace(body)) > 0 {
+		var ff fileFault
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&ff); err != nil {
+			s.reply(w, http.StatusBadRequest, textPlain, "fault: "+err.Error()+"\n")
+			return
+		}
+		f := Fault{Admin: AdminFault(ff.Admin), CrashExitCode: ff.CrashExitCode}
+		if f.Admin == "ok" {
+			f.Admin = AdminOK
+		}
+		if f.CrashAfter, err = seconds(ff.CrashAfterMs/1e3, "crash_after_ms"); err == nil {
+			err = s.SetFault(f)
+		}
+		if err != nil {
+			s.reply(w, http.StatusBadRequest, textPlain, err.Error()+"\n")
+			return
+		}
+		s.reply(w, http.StatusOK, textPlain, "OK\n")
+		return
+	}
+	q := r.URL.Query()
+	var f Fault
+	f.Admin = AdminFault(q.Get("admin"))
+	if f.Admin == "ok" {
+		f.Admin = AdminOK
+	}
+	if v := q.Get("crash_after"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			s.reply(w, http.StatusBadRequest, textPlain, "crash_after: "+err.Error()+"\n")
+			return
+		}
+		f.CrashAfter = d
+	}
+	if v := q.Get("crash_exit_code"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			s.reply(w, http.StatusBadRequest, textPlain, "crash_exit_code: "+err.Error()+"\n")
+			return
+		}
+		f.CrashExitCode = n
+	}
+	if err := s.SetFault(f); err != nil {
+		s.reply(w, http.StatusBadRequest, textPlain, err.Error()+"\n")
+		return
+	}
+	s.reply(w, http.StatusOK, textPlain, "OK\n")
+}

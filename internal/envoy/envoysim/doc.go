@@ -1,0 +1,73 @@
+// Package envoysim is a TEST PART: a stand-in for Envoy, for draind's tests,
+// since no Envoy binary can be installed where they run. The image ships
+// real Envoy; nothing in draind's product code imports this package.
+//
+// It proxies real traffic on real sockets and serves Envoy's admin API with
+// Envoy's formats, status codes and drain semantics (the facts in
+// NOTES-envoy.md), so that the client in package envoy and the drain logic
+// in draind can be tested end to end. It does not import package envoy: the
+// two sides are written separately, so that a misreading of Envoy in one is
+// not copied into the other.
+//
+// # Use
+//
+// In a test, [Start] a [Sim] from a [Config] and [Sim.Close] it. As a
+// process (for draind run, which supervises a child), build
+// ./internal/envoy/envoysim/cmd/envoysim, or have a test binary call [Main]:
+// it takes a JSON config (-c) and Envoy's flags (--drain-time-s,
+// --drain-strategy, --admin-address, --admin-address-path, --concurrency);
+// see docs/envoysim.md.
+//
+// # Lifecycle
+//
+// The admin API listens from the start. The listeners' sockets are bound
+// at start (so port 0 is resolved at once, see [Sim.ListenerAddr]) but only
+// listen when the server goes LIVE, after [Config.StartupDelay]: the state
+// is PRE_INITIALIZING, then INITIALIZING, then LIVE, when the workers start
+// (listener_manager.workers_started 1). Connections before that are refused.
+// SIGTERM, SIGINT and POST /quitquitquit stop it at once ([Sim.Quit]):
+// proxied connections are reset. SIGHUP is ignored.
+//
+// # Proxying
+//
+// A "tcp" listener pipes bytes to its upstream (half-closes passed on), as
+// tcp_proxy. An "http" listener serves HTTP/1.1 with keep-alive and
+// forwards each request to its upstream, as the HTTP connection manager and
+// router. Connections go to the [Config.Concurrency] workers round-robin.
+//
+// # Draining
+//
+// POST /drain_listeners: without graceful the listeners (inbound only with
+// inboundonly) stop at once, closing their listen sockets; open connections
+// stay. With graceful, HTTP/1.1 responses on draining listeners carry
+// Connection: close (strategy immediate: all of them; gradual: with
+// probability elapsed/drain time), the listeners keep accepting for the
+// drain time, then stop; with skip_exit they never stop. The sim never
+// exits on its own, and neither /ready nor server.state changes. POST
+// /healthcheck/fail turns /ready and server_info to DRAINING.
+//
+// # Stats
+//
+// /stats serves text ("name: value", counters and gauges in name order,
+// then histograms) or JSON, honours usedonly (stats that never changed are
+// hidden) and filter (RE2, partial match), and answers 400 to a bad regex,
+// format or type. Names are Envoy's: listener.<ip>_<port>.downstream_cx_active
+// ([::] as [__]), a stat_prefix in place of the address,
+// listener.<name>.worker_N.*, listener.admin.*, http.admin.*,
+// http.<prefix>.*, server.state, server.total_connections,
+// listener_manager.workers_started. Unlike Envoy, server.* gauges are
+// current on every read unless [Config.StatsFlushInterval] is set, and a
+// port-0 listener is named by its bound port.
+//
+// # Faults
+//
+// [Fault] makes the admin API hang, answer 500s or garbage, or crashes the
+// sim after a delay. Set it in the Config (or program flags) or at run time
+// with [Sim.SetFault] or POST /envoysim/fault (a test-only endpoint taking
+// the config's fault object as JSON, or query parameters).
+//
+// # Goroutines
+//
+// Every goroutine the sim starts is stopped and waited for by Close, which
+// is safe to call twice.
+package envoysim

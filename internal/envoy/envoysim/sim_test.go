@@ -1,0 +1,495 @@
+package envoysim_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/draind/draind/internal/envoy/envoysim"
+)
+
+// parseText reads "name: value" lines; histograms (P0(...) or No recorded
+// values) are returned apart.
+func parseText(t *testing.T, body string) (names []string, values map[string]string, hists []string) {
+	t.Helper()
+	values = map[string]string{}
+	for _, line := range strings.Split(strings.TrimSuffix(body, "\n"), "\n") {
+		if line == "" {
+			continue
+		}
+		name, v, ok := strings.Cut(line, ": ")
+		if !ok {
+			t.Fatalf("line %q is not name: value", line)
+		}
+		if strings.HasPrefix(v, "P0(") || v == "No recorded values" {
+			hists = append(hists, name)
+			continue
+		}
+		if len(hists) > 0 {
+			t.Errorf("%s after the histograms", name)
+		}
+		names = append(names, name)
+		values[name] = v
+	}
+	return names, values, hists
+}
+
+func hasIPv6() bool {
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		return false
+	}
+	ln.Close()
+	return true
+}
+
+func TestStatsFormat(t *testing.T) {
+	echo := echoServer(t)
+	ls := []envoysim.ListenerConfig{
+		{Name: "in", Address: "127.0.0.1:0", Upstream: echo},
+		{Name: "vo", Address: "127.0.0.1:0", StatPrefix: "virtualOutbound", Upstream: echo},
+	}
+	v6 := hasIPv6()
+	if v6 {
+		ls = append(ls, envoysim.ListenerConfig{Name: "in6", Address: "[::1]:0", Upstream: echo})
+	}
+	sim := startSim(t, envoysim.Config{Concurrency: 3, Listeners: ls})
+	in := sim.ListenerStatName("in")
+	if _, port, _ := net.SplitHostPort(sim.ListenerAddr("in")); in != "127.0.0.1_"+port {
+		t.Errorf("stat name %q for %s", in, sim.ListenerAddr("in"))
+	}
+	if sim.ListenerStatName("vo") != "virtualOutbound" {
+		t.Errorf("stat_prefix: %q", sim.ListenerStatName("vo"))
+	}
+	conns := []net.Conn{}
+	for range 4 {
+		conns = append(conns, dialEcho(t, sim.ListenerAddr("in")))
+	}
+	if v6 {
+		dialEcho(t, sim.ListenerAddr("in6"))
+		if _, port, _ := net.SplitHostPort(sim.ListenerAddr("in6")); sim.ListenerStatName("in6") != "[__1]_"+port {
+			t.Errorf("IPv6 stat name %q", sim.ListenerStatName("in6"))
+		}
+	}
+
+	code, body := adminGet(t, sim, "/stats")
+	if code != 200 {
+		t.Fatal(code, body)
+	}
+	names, all, hists := parseText(t, body)
+	if !slices.IsSorted(names) {
+		t.Error("counters and gauges not in name order")
+	}
+	if !slices.Contains(hists, "server.initialization_time_ms") {
+		t.Errorf("histograms %v", hists)
+	}
+	for name, want := range map[string]string{
+		"listener." + in + ".downstream_cx_active":          "4",
+		"listener." + in + ".downstream_cx_total":           "4",
+		"listener." + in + ".worker_0.downstream_cx_active": "2", // round-robin
+		"listener." + in + ".worker_1.downstream_cx_active": "1",
+		"listener." + in + ".worker_2.downstream_cx_active": "1",
+		"listener.virtualOutbound.downstream_cx_active":     "0",
+		"listener.admin.downstream_cx_active":               "1", // this request's
+		"listener.admin.main_thread.downstream_cx_active":   "1",
+		"http.admin.downstream_cx_active":                   "1",
+		"http.admin.downstream_rq_active":                   "1",
+		"listener_manager.workers_started":                  "1",
+		"server.state":                                      "0",
+		"server.concurrency":                                "3",
+	} {
+		if all[name] != want {
+			t.Errorf("%s = %q, want %q", name, all[name], want)
+		}
+	}
+	if v6 {
+		if all["server.total_connections"] != "5" {
+			t.Errorf("server.total_connections %q", all["server.total_connections"])
+		}
+	}
+
+	// usedonly hides what never changed: the stat_prefix listener took no
+	// connection.
+	_, used, _ := parseText(t, mustGet(t, sim, "/stats?usedonly"))
+	if _, ok := used["listener.virtualOutbound.downstream_cx_active"]; ok {
+		t.Error("usedonly shows a gauge that never changed")
+	}
+	if used["listener."+in+".downstream_cx_active"] != "4" {
+		t.Error("usedonly hides a used gauge")
+	}
+
+	// filter: RE2, partial match.
+	_, f, _ := parseText(t, mustGet(t, sim, "/stats?usedonly&filter=downstream_cx_active$"))
+	for name := range f {
+		if !strings.HasSuffix(name, "downstream_cx_active") {
+			t.Errorf("filter matched %s", name)
+		}
+	}
+	if _, ok := f["listener."+in+".worker_1.downstream_cx_active"]; !ok {
+		t.Error("partial match missed a per-worker gauge")
+	}
+	if body := mustGet(t, sim, `/stats?filter=%5Elistener%5C.admin%5C.downstream_cx_active%24`); body != "listener.admin.downstream_cx_active: 1\n" {
+		t.Errorf("exact filter: %q", body)
+	}
+	if body := mustGet(t, sim, "/stats?filter=nothing_matches_this"); body != "" {
+		t.Errorf("empty match: %q", body)
+	}
+
+	// type=
+	_, counters, _ := parseText(t, mustGet(t, sim, "/stats?type=Counters"))
+	if _, ok := counters["server.state"]; ok || counters["listener."+in+".downstream_cx_total"] != "4" {
+		t.Errorf("type=Counters: %v", counters)
+	}
+
+	// JSON carries the same values.
+	var js struct {
+		Stats []map[string]json.RawMessage `json:"stats"`
+	}
+	if err := json.Unmarshal([]byte(mustGet(t, sim, "/stats?format=json&filter=^listener")), &js); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range js.Stats {
+		var name string
+		if json.Unmarshal(e["name"], &name) != nil {
+			continue
+		}
+		n++
+		if name == "listener."+in+".downstream_cx_active" && string(e["value"]) != "4" {
+			t.Errorf("json value %s", e["value"])
+		}
+	}
+	if n == 0 {
+		t.Error("no json stats")
+	}
+
+	for _, q := range []string{"format=html", "format=xml", "type=gauges", "filter=(", "filter=a%5C"} {
+		if code, _ := adminGet(t, sim, "/stats?"+q); code != 400 {
+			t.Errorf("%s: %d, want 400", q, code)
+		}
+	}
+	if code, body := adminGet(t, sim, "/stats?format=prometheus"); code != 200 || !strings.Contains(body, "# TYPE envoy_server_state gauge") {
+		t.Errorf("prometheus: %d", code)
+	}
+
+	// Closing connections brings the gauges down; used ones stay visible.
+	for _, c := range conns {
+		c.Close()
+	}
+	eventually(t, "gauges back to 0", func() error {
+		_, used, _ := parseText(t, mustGet(t, sim, "/stats?usedonly"))
+		if v := used["listener."+in+".downstream_cx_active"]; v != "0" {
+			return fmt.Errorf("active %q", v)
+		}
+		return nil
+	})
+}
+
+func mustGet(t *testing.T, s *envoysim.Sim, path string) string {
+	t.Helper()
+	code, body := adminGet(t, s, path)
+	if code != 200 {
+		t.Fatalf("GET %s: %d %q", path, code, body)
+	}
+	return body
+}
+
+func TestStatsFlushLag(t *testing.T) {
+	// A flush that never comes: server.state keeps the value of the first
+	// flush (at start, PRE_INITIALIZING), while /ready is current.
+	sim := startSim(t, envoysim.Config{StatsFlushInterval: time.Hour})
+	if code, _ := adminGet(t, sim, "/ready"); code != 200 {
+		t.Errorf("ready %d", code)
+	}
+	if body := mustGet(t, sim, "/stats?filter=^server.state$"); body != "server.state: 2\n" {
+		t.Errorf("server.state %q, want the stale 2", body)
+	}
+	sim2 := startSim(t, envoysim.Config{StatsFlushInterval: 50 * time.Millisecond})
+	eventually(t, "flushed", func() error {
+		if body := mustGet(t, sim2, "/stats?filter=^server.state$"); body != "server.state: 0\n" {
+			return errors.New(body)
+		}
+		return nil
+	})
+}
+
+func TestAdminEndpoints(t *testing.T) {
+	echo := echoServer(t)
+	sim := startSim(t, envoysim.Config{
+		DrainTime: 1500 * time.Millisecond,
+		Listeners: []envoysim.ListenerConfig{{Name: "in", Address: "127.0.0.1:0", Upstream: echo}},
+	})
+	if body := mustGet(t, sim, "/listeners"); body != "in::"+sim.ListenerAddr("in")+"\n" {
+		t.Errorf("listeners %q", body)
+	}
+	var ls struct {
+		Statuses []struct {
+			Name         string `json:"name"`
+			LocalAddress struct {
+				SocketAddress struct {
+					Address   string `json:"address"`
+					PortValue int    `json:"port_value"`
+				} `json:"socket_address"`
+			} `json:"local_address"`
+		} `json:"listener_statuses"`
+	}
+	if err := json.Unmarshal([]byte(mustGet(t, sim, "/listeners?format=json")), &ls); err != nil || len(ls.Statuses) != 1 ||
+		net.JoinHostPort(ls.Statuses[0].LocalAddress.SocketAddress.Address, fmt.Sprint(ls.Statuses[0].LocalAddress.SocketAddress.PortValue)) != sim.ListenerAddr("in") {
+		t.Errorf("listeners json %+v %v", ls, err)
+	}
+	var si struct {
+		State   string `json:"state"`
+		Options struct {
+			DrainTime     string `json:"drain_time"`
+			DrainStrategy string `json:"drain_strategy"`
+			Parent        string `json:"parent_shutdown_time"`
+			Concurrency   int    `json:"concurrency"`
+		} `json:"command_line_options"`
+	}
+	if err := json.Unmarshal([]byte(mustGet(t, sim, "/server_info")), &si); err != nil {
+		t.Fatal(err)
+	}
+	if si.State != "LIVE" || si.Options.DrainTime != "1.500s" || si.Options.DrainStrategy != "Gradual" || si.Options.Parent != "900s" || si.Options.Concurrency != 2 {
+		t.Errorf("server_info %+v", si)
+	}
+	if code, body := adminGet(t, sim, "/help"); code != 200 || !strings.HasPrefix(body, "admin commands are:\n") || !strings.Contains(body, "/drain_listeners (POST): drain listeners\n") {
+		t.Errorf("help %d %q", code, body)
+	}
+	// Counters reset; gauges do not.
+	dialEcho(t, sim.ListenerAddr("in"))
+	if code, _ := adminDo(t, sim, "POST", "/reset_counters"); code != 200 {
+		t.Fatal(code)
+	}
+	_, v, _ := parseText(t, mustGet(t, sim, "/stats?filter=^listener%5C.127"))
+	name := "listener." + sim.ListenerStatName("in")
+	if v[name+".downstream_cx_total"] != "0" || v[name+".downstream_cx_active"] != "1" {
+		t.Errorf("after reset: %v", v)
+	}
+
+	// The fault hook, over HTTP, for the envoysim program.
+	if code, _ := adminGet(t, sim, "/envoysim/fault?admin=500"); code != 405 {
+		t.Errorf("GET fault hook: %d", code)
+	}
+	adminDo(t, sim, "POST", "/envoysim/fault?admin=500")
+	if code, body := adminGet(t, sim, "/ready"); code != 500 {
+		t.Errorf("500 fault: %d %q", code, body)
+	}
+	adminDo(t, sim, "POST", "/envoysim/fault?admin=garbage")
+	if code, body := adminGet(t, sim, "/stats"); code != 200 || !bytes.HasPrefix([]byte(body), []byte{0}) {
+		t.Errorf("garbage fault: %d %q", code, body)
+	}
+	adminDo(t, sim, "POST", "/envoysim/fault?admin=ok")
+	if code, body := adminGet(t, sim, "/ready"); code != 200 || body != "LIVE\n" {
+		t.Errorf("fault cleared: %d %q", code, body)
+	}
+	if code, _ := adminDo(t, sim, "POST", "/envoysim/fault?admin=nope"); code != 400 {
+		t.Errorf("bad fault: %d", code)
+	}
+	// The same hook with the config's fault object as a JSON body.
+	post := func(body string) int {
+		resp, err := http.Post("http://"+sim.AdminAddr()+"/envoysim/fault", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post(`{"admin":"500"}`); code != 200 {
+		t.Fatalf("json fault: %d", code)
+	}
+	if code, _ := adminGet(t, sim, "/ready"); code != 500 {
+		t.Errorf("json 500 fault: %d", code)
+	}
+	if code := post(`{"admin":""}`); code != 200 {
+		t.Fatalf("json fault cleared: %d", code)
+	}
+	if code, _ := adminGet(t, sim, "/ready"); code != 200 {
+		t.Errorf("json fault cleared: %d", code)
+	}
+	for _, bad := range []string{`{"admin":"nope"}`, `{"nope":1}`, `{`, `{"crash_after_ms":-1}`} {
+		if code := post(bad); code != 400 {
+			t.Errorf("%s: %d, want 400", bad, code)
+		}
+	}
+}
+
+func TestMainExitCodes(t *testing.T) {
+	ctx := t.Context()
+	var out strings.Builder
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"--version"}, 0},
+		{[]string{"-h"}, 0},
+		{[]string{"--nope"}, 1},
+		{[]string{"--admin-address", "localhost:0"}, 1},
+		{[]string{"--admin-address", "127.0.0.1:0", "--crash-after", "10ms", "--crash-exit-code", "139"}, 139},
+	} {
+		if code := envoysim.Main(ctx, tc.args, &out, io.Discard); code != tc.code {
+			t.Errorf("Main(%q) = %d, want %d", tc.args, code, tc.code)
+		}
+	}
+}
+
+func TestQuitResetsConnections(t *testing.T) {
+	for _, crash := range []bool{false, true} {
+		t.Run(fmt.Sprint("crash=", crash), func(t *testing.T) {
+			echo := echoServer(t)
+			sim := startSim(t, envoysim.Config{Listeners: []envoysim.ListenerConfig{{Name: "in", Address: "127.0.0.1:0", Upstream: echo}}})
+			c := dialEcho(t, sim.ListenerAddr("in"))
+			if crash {
+				sim.SetFault(envoysim.Fault{CrashAfter: time.Millisecond})
+			} else {
+				if code, body := adminDo(t, sim, "POST", "/quitquitquit"); code != 200 || body != "OK\n" {
+					t.Fatalf("%d %q", code, body)
+				}
+			}
+			select {
+			case <-sim.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("still running")
+			}
+			if crash != errors.Is(sim.Err(), envoysim.ErrCrashed) {
+				t.Errorf("Err() = %v", sim.Err())
+			}
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			_, err := c.Read(make([]byte, 1))
+			if !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("proxied connection: %v, want a reset", err)
+			}
+			if !refused(sim.ListenerAddr("in")) || !refused(sim.AdminAddr()) {
+				t.Error("still accepting")
+			}
+		})
+	}
+}
+
+// simGoroutines lists goroutines running the sim's code.
+func simGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "internal/envoy/envoysim.") && !strings.Contains(g, "envoysim_test.") {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+func TestCloseStopsEverything(t *testing.T) {
+	up := newUpstream(t)
+	echo := echoServer(t)
+	sim, err := envoysim.Start(envoysim.Config{
+		StartupDelay:       300 * time.Millisecond, // a timer still pending at close...
+		StatsFlushInterval: time.Second,
+		Fault:              envoysim.Fault{CrashAfter: time.Hour},
+		Listeners: []envoysim.ListenerConfig{
+			{Name: "h", Address: "127.0.0.1:0", Protocol: "http", Upstream: up.addr, Direction: "inbound"},
+			{Name: "t", Address: "127.0.0.1:0", Upstream: echo},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sim.WaitLive(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	adminDo(t, sim, "POST", "/drain_listeners?graceful") // ... and a drain timer
+	dialEcho(t, sim.ListenerAddr("t"))
+	slow := dialHTTP(t, sim.ListenerAddr("h"))
+	slow.send("/slow")
+	<-up.arrived
+	idle := dialHTTP(t, sim.ListenerAddr("h"))
+	idle.get("/fast")
+	sim.SetFault(envoysim.Fault{Admin: envoysim.AdminHang})
+	hung := dial(t, sim.AdminAddr())
+	io.WriteString(hung, "GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")
+	if len(simGoroutines()) == 0 {
+		t.Fatal("no sim goroutines seen: the check is broken")
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- sim.Close() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("close: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close hangs")
+	}
+	if err := sim.Close(); err != nil {
+		t.Errorf("second close: %v", err)
+	}
+	eventually(t, "sim goroutines gone", func() error {
+		if g := simGoroutines(); len(g) > 0 {
+			return fmt.Errorf("%d left, first:\n%s", len(g), g[0])
+		}
+		return nil
+	})
+}
+
+func TestStartErrors(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	for _, cfg := range []envoysim.Config{
+		{AdminAddress: taken.Addr().String()},
+		{AdminAddress: "localhost:0"},
+		{Listeners: []envoysim.ListenerConfig{{Name: "a", Address: taken.Addr().String(), Upstream: "127.0.0.1:1"}}},
+		{Listeners: []envoysim.ListenerConfig{{Name: "a", Address: "127.0.0.1:0"}}},
+		{Listeners: []envoysim.ListenerConfig{{Name: "a", Address: "127.0.0.1:0", Upstream: "127.0.0.1:1", Protocol: "udp"}}},
+		{Listeners: []envoysim.ListenerConfig{{Name: "a", Address: "127.0.0.1:0", Upstream: "127.0.0.1:1", Direction: "in"}}},
+		{Listeners: []envoysim.ListenerConfig{{Name: "a", Address: "127.0.0.1:0", Upstream: "127.0.0.1:1"}, {Name: "a", Address: "127.0.0.1:0", Upstream: "127.0.0.1:1"}}},
+		{DrainStrategy: "slow"},
+		{Fault: envoysim.Fault{Admin: "teapot"}},
+	} {
+		if s, err := envoysim.Start(cfg); err == nil {
+			s.Close()
+			t.Errorf("%+v: no error", cfg)
+		}
+	}
+}
+
+func TestParseConfig(t *testing.T) {
+	cfg, err := envoysim.ParseConfig([]byte(`{
+  "admin_address": "127.0.0.1:15000",
+  "concurrency": 2,
+  "drain_time_s": 1.5,
+  "drain_strategy": "immediate",
+  "startup_delay_ms": 200,
+  "stats_flush_interval_ms": 5000,
+  "listeners": [
+    {"name": "virtualInbound", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": "127.0.0.1:8080"},
+    {"name": "virtualOutbound", "address": "[::]:15001", "direction": "outbound", "stat_prefix": "virtualOutbound", "upstream": "10.0.0.1:80"}
+  ],
+  "fault": {"admin": "hang", "crash_after_ms": 3000, "crash_exit_code": 139}
+}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.AdminAddress != "127.0.0.1:15000" || cfg.DrainTime != 1500*time.Millisecond || cfg.StartupDelay != 200*time.Millisecond ||
+		cfg.StatsFlushInterval != 5*time.Second || len(cfg.Listeners) != 2 || cfg.Listeners[1].StatPrefix != "virtualOutbound" ||
+		cfg.Fault != (envoysim.Fault{Admin: envoysim.AdminHang, CrashAfter: 3 * time.Second, CrashExitCode: 139}) {
+		t.Errorf("%+v", cfg)
+	}
+	for _, bad := range []string{`{"nope": 1}`, `{"listeners": [{"name": "a", "port": 1}]}`, `{"drain_time_s": -1}`, `[`, `{"drain_time_s": "1"}`} {
+		if _, err := envoysim.ParseConfig([]byte(bad)); err == nil {
+			t.Errorf("%s: no error", bad)
+		}
+	}
+}
