@@ -457,8 +457,10 @@ func (a *Agent) gateInput(ctx context.Context) (GateInput, time.Time) {
 		exclude[p] = true
 	}
 	_, statusPort, _ := splitPort(a.status.ln.Addr().String())
-	exclude[statusPort] = true
+	_, adminPort, _ := splitPort(a.cfg.AdminAddr)
+	exclude[statusPort], exclude[adminPort] = true, true // not downstream traffic
 	var idleWake time.Time
+	snapAt := a.tracker.LastSnapshot()
 	for _, f := range a.tracker.Flows(func(f *conntrack.Flow) bool { return f.State.HoldsDrain() && f.State != conntrack.Listen }) {
 		downstream := f.Owner == conntrack.OwnerProxy && f.Direction == conntrack.DirInbound && !exclude[f.Local.Port()]
 		if downstream {
@@ -467,9 +469,8 @@ func (a *Agent) gateInput(ctx context.Context) (GateInput, time.Time) {
 				in.ProxyDownstreamIdle++
 			}
 		}
-		if a.cfg.IdleTimeout > 0 && f.Holds && f.IdleMS >= 0 && (downstream || f.Owner == conntrack.OwnerApp) {
-			at := now.Add(a.cfg.IdleTimeout - time.Duration(f.IdleMS)*time.Millisecond + time.Millisecond)
-			if idleWake.IsZero() || at.Before(idleWake) {
+		if a.cfg.IdleTimeout > 0 && f.Holds && (downstream || f.Owner == conntrack.OwnerApp) {
+			if at := idleExpiry(f.Flow, snapAt, a.cfg.IdleTimeout); idleWake.IsZero() || at.Before(idleWake) {
 				idleWake = at
 			}
 		}
@@ -491,6 +492,15 @@ func (a *Agent) gateInput(ctx context.Context) (GateInput, time.Time) {
 		in.EnvoyActive = in.ProxyDownstream // the kernel's count stands in
 	}
 	return in, idleWake
+}
+
+// idleExpiry is the earliest moment a holding flow can pass the idle
+// timeout, judged from the snapshot that measured its idle time (a flow
+// without one was born after it, so it cannot expire before snapAt +
+// timeout). At that moment a fresh snapshot tells.
+func idleExpiry(f conntrack.Flow, snapAt time.Time, timeout time.Duration) time.Time {
+	idle := time.Duration(max(f.IdleMS, 0)) * time.Millisecond
+	return snapAt.Add(timeout - idle + time.Millisecond)
 }
 
 // deadline stops the proxy anyway, naming every flow still open.

@@ -169,8 +169,15 @@ const (
 func newPod(t *testing.T) *pod {
 	t.Helper()
 	testutil.RequireRoot(t)
-	p := &pod{t: t, ns: testutil.NewNetNS(t), remote: testutil.NewNetNS(t), dir: t.TempDir(), bin: testutil.SelfCopy(t)}
-	os.Chmod(p.dir, 0o777)
+	// Not t.TempDir: its parent is private to root, and the proxy and the
+	// app run under other uids.
+	dir, err := os.MkdirTemp("", "draind-pod-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o777)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	p := &pod{t: t, ns: testutil.NewNetNS(t), remote: testutil.NewNetNS(t), dir: dir, bin: testutil.SelfCopy(t)}
 	testutil.Link(t, p.ns, p.remote, podIP+"/24", remoteIP+"/24")
 	p.client = &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer()}, Timeout: 30 * time.Second}
 	t.Cleanup(p.client.CloseIdleConnections)
@@ -274,6 +281,11 @@ func (p *pod) waitReady(d time.Duration) {
 	p.t.Helper()
 	end := time.Now().Add(d)
 	for p.readyStatus() != 200 {
+		select {
+		case code := <-p.draindDone:
+			p.t.Fatalf("draind exited %d before the pod was ready; log:\n%s", code, p.draindLog.String())
+		default:
+		}
 		if time.Now().After(end) {
 			p.t.Fatalf("pod not ready after %s; draind log:\n%s", d, p.draindLog.String())
 		}
@@ -384,6 +396,9 @@ func TestIdlePodAppExits(t *testing.T) {
 	p.startApp("--on-term", "exit")
 	p.startDraind([]string{"--min-drain", "500ms"})
 	p.terminate()
+	// Signal delivery is asynchronous: give draind's signal goroutine a
+	// moment to run before the first probe (a kubelet's comes much later).
+	time.Sleep(20 * time.Millisecond)
 	if got := p.readyStatus(); got != 503 {
 		t.Errorf("first readiness probe after SIGTERM: %d, want 503", got)
 	}
@@ -495,12 +510,20 @@ func TestAppOutboundDuringShutdown(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPod(t)
-			p.startApp("--on-term", "graceful", "--outbound-for", "3s", "--outbound-pause", "500ms")
+			p.startApp("--on-term", "graceful", "--outbound-for", "4s", "--outbound-pause", "500ms")
 			p.startDraind([]string{"--min-drain", "200ms", "--tracker", tc.tracker, "--app-procs", tc.procs})
 			p.terminate()
 			code, took := p.waitExit(20 * time.Second)
-			ok, fail, appExit := p.appResults()
 			stopping := p.phaseTime("stopping")
+			// Let the app finish its own shutdown before reading its results.
+			appDone := make(chan struct{})
+			go func() { p.app.Wait(); close(appDone) }()
+			select {
+			case <-appDone:
+			case <-time.After(15 * time.Second):
+				t.Errorf("app still running 15 s after SIGTERM")
+			}
+			ok, fail, appExit := p.appResults()
 			t.Logf("%s: %d calls ok, %d failed; app exited +%s; quitquitquit +%s (%s after app exit); draind exit %d at +%s",
 				tc.name, ok, fail, appExit.Sub(p.drainedAt), stopping.Sub(p.drainedAt), stopping.Sub(appExit), code, took)
 			if tc.tracker == "sockdiag" {

@@ -60,7 +60,7 @@ func Prestop(ctx context.Context, ns *conntrack.NetNS, cfg PrestopConfig) (Prest
 	defer timeout.Stop()
 	idle := cfg.Tracker.Policy.IdleTimeout
 	for {
-		now := time.Now()
+		snapAt := tr.LastSnapshot()
 		var res PrestopResult
 		var wake time.Time
 		for _, f := range tr.Flows(func(f *conntrack.Flow) bool { return f.Owner == conntrack.OwnerApp }) {
@@ -71,11 +71,8 @@ func Prestop(ctx context.Context, ns *conntrack.NetNS, cfg PrestopConfig) (Prest
 				}
 			case f.Holds:
 				res.Open = append(res.Open, f)
-				if idle > 0 && f.IdleMS >= 0 {
-					at := now.Add(idle - time.Duration(f.IdleMS)*time.Millisecond + time.Millisecond)
-					if wake.IsZero() || at.Before(wake) {
-						wake = at
-					}
+				if at := idleExpiry(f.Flow, snapAt, idle); idle > 0 && (wake.IsZero() || at.Before(wake)) {
+					wake = at
 				}
 			}
 		}

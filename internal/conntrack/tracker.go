@@ -55,6 +55,7 @@ type Tracker struct {
 	mu      sync.Mutex
 	table   *FlowTable
 	since   time.Duration // eBPF: events older than the last snapshot are stale
+	snapAt  time.Time     // when the last snapshot (and its tcp_info) was read
 	subs    map[chan struct{}]struct{}
 	watches map[chan Change]struct{}
 
@@ -193,6 +194,15 @@ func (t *Tracker) Watch(buf int) (<-chan Change, func()) {
 // Dropped counts changes not delivered to slow watchers.
 func (t *Tracker) Dropped() uint64 { return t.dropped.Load() }
 
+// LastSnapshot is when the table was last read whole from sock_diag: the
+// time its flows' idle times (IdleMS) were measured. Flows added by events
+// since carry no idle time.
+func (t *Tracker) LastSnapshot() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.snapAt
+}
+
 // Resync replaces the table with a fresh snapshot now (it also refreshes
 // every flow's idle time, which events do not carry).
 func (t *Tracker) Resync() error {
@@ -213,6 +223,7 @@ func (t *Tracker) resyncLocked() error {
 	// race with the dump are re-applied: each sets an absolute state, so
 	// applying one twice is harmless.
 	t.since = start
+	t.snapAt = time.Now()
 	if t.table.Len() > 0 || len(changes) > 0 {
 		t.publishLocked(before, changes...)
 	}
