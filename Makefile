@@ -29,7 +29,7 @@ generate: ## regenerate the eBPF objects (needs clang, llvm, libbpf-dev, bpftool
 vmtest: ## run the privileged packages in VMs: make vmtest KERNELS="6.1"
 	bash scripts/vmtest.sh --kernels "$(KERNELS)" $(VMPKGS)
 
-demo: ## a self-contained drain on this machine, as root
-	bash scripts/demo.sh
+demo: build ## a self-contained drain on this machine, as root
+	$(GO) run ./scripts/demo --bin $(BIN)
 
 .PHONY: help build test vet bench generate vmtest demo

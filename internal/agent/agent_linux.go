@@ -531,6 +531,7 @@ func (a *Agent) stop(start time.Time, why string, clean bool) Result {
 	cancel()
 	a.metrics.quitLatency.Set(time.Since(t0).Seconds())
 	a.log.Info("phase", zap.String("phase", "stopping"), zap.String("why", why), zap.Duration("drain", t0.Sub(start)),
+		zap.Int64("quit_sent_unix_ns", t0.UnixNano()),
 		zap.Bool("quitquitquit_ok", err == nil), zap.Any("flows", a.tracker.Summary()))
 	if err != nil {
 		a.log.Warn("quitquitquit failed", zap.Error(err))

@@ -145,7 +145,7 @@ func appRole(args []string) int {
 // pod is a pod's network namespace (192.0.2.1) with a "remote" namespace
 // (192.0.2.2) holding the clients and the upstream service.
 type pod struct {
-	t        *testing.T
+	t        testing.TB
 	ns       *testutil.NetNS
 	remote   *testutil.NetNS
 	dir      string
@@ -166,7 +166,7 @@ const (
 	remoteIP = "192.0.2.2"
 )
 
-func newPod(t *testing.T) *pod {
+func newPod(t testing.TB) *pod {
 	t.Helper()
 	testutil.RequireRoot(t)
 	// Not t.TempDir: its parent is private to root, and the proxy and the
@@ -378,7 +378,7 @@ func (s *syncBuffer) String() string {
 }
 
 // testWriter logs draind's output under the test when -v is on.
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	if testing.Verbose() {

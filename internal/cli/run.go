@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"syscall"
 
 	"github.com/draind/draind/internal/agent"
 	"go.uber.org/zap"
@@ -46,6 +47,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Var(procs, "app-procs", "how the app's processes are followed: auto|ebpf|proc|off (off: by its sockets)")
 	logFormat := &oneOf{val: "json", words: []string{"json", "console"}}
 	fs.Var(logFormat, "log-format", "json|console")
+	runAs := fs.Int("run-proxy-as", -1, "start the proxy under this uid (and gid), when draind runs as root (-1: draind's own)")
 	if err := fs.parse(args); err != nil {
 		if errors.Is(err, errHelp) {
 			return nil
@@ -54,6 +56,12 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if err := nf.validate("run"); err != nil {
 		return err
+	}
+	if *runAs >= 0 {
+		if os.Geteuid() != 0 {
+			return usageErr("run: --run-proxy-as needs draind to run as root")
+		}
+		cfg.Proxy.Credential = &syscall.Credential{Uid: uint32(*runAs), Gid: uint32(*runAs)}
 	}
 	cfg.ProxyUID = uint32(nf.proxyUID)
 	cfg.ProxyPorts = nf.proxyPorts
