@@ -15,7 +15,7 @@ build: ## build draind and envoysim into ./bin
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/envoysim ./internal/envoy/envoysim/cmd/envoysim
 
 test: ## run every test (as root for the kernel tests)
-	$(GO) test -count=1 -p 1 $(PKGS)
+	$(GO) test -count=1 -p 1 -timeout 20m $(PKGS)
 
 vet: ## go vet
 	$(GO) vet ./...
