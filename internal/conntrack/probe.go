@@ -34,7 +34,7 @@ type ProbeOptions struct {
 	RingSize int
 }
 
-// DefaultRingSize holds about 116k events of 72 bytes (+8 bytes of ring
+// DefaultRingSize holds about 100k events (72 bytes + an 8-byte ring
 // header each): a burst of that many state changes is absorbed while the
 // reader is descheduled.
 const DefaultRingSize = 8 << 20

@@ -29,16 +29,26 @@ type tcpstateEvent struct {
 	Pad      [4]uint8
 }
 
+type tcpstateSeen struct {
+	_    structs.HostLayout
+	Key  [32]uint64
+	Head uint32
+	_    [4]byte
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	tcpstateMapEvents      = "events"
-	tcpstateMapLostEvents  = "lost_events"
-	tcpstateProgOnSetState = "on_set_state"
-	tcpstateVarTargetNetns = "target_netns"
-	tcpstateVarUnusedEvent = "unused_event"
-	tcpstateVarUseCookie   = "use_cookie"
+	tcpstateMapBackupCovered     = "backup_covered"
+	tcpstateMapEvents            = "events"
+	tcpstateMapLostEvents        = "lost_events"
+	tcpstateMapPrimarySeen       = "primary_seen"
+	tcpstateProgOnSetState       = "on_set_state"
+	tcpstateProgOnSetStateBackup = "on_set_state_backup"
+	tcpstateVarTargetNetns       = "target_netns"
+	tcpstateVarUnusedEvent       = "unused_event"
+	tcpstateVarUseCookie         = "use_cookie"
 )
 
 // loadTcpstate returns the embedded CollectionSpec for tcpstate.
@@ -83,15 +93,18 @@ type tcpstateSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcpstateProgramSpecs struct {
-	OnSetState *ebpf.ProgramSpec `ebpf:"on_set_state"`
+	OnSetState       *ebpf.ProgramSpec `ebpf:"on_set_state"`
+	OnSetStateBackup *ebpf.ProgramSpec `ebpf:"on_set_state_backup"`
 }
 
 // tcpstateMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcpstateMapSpecs struct {
-	Events     *ebpf.MapSpec `ebpf:"events"`
-	LostEvents *ebpf.MapSpec `ebpf:"lost_events"`
+	BackupCovered *ebpf.MapSpec `ebpf:"backup_covered"`
+	Events        *ebpf.MapSpec `ebpf:"events"`
+	LostEvents    *ebpf.MapSpec `ebpf:"lost_events"`
+	PrimarySeen   *ebpf.MapSpec `ebpf:"primary_seen"`
 }
 
 // tcpstateVariableSpecs contains global variables before they are loaded into the kernel.
@@ -123,14 +136,18 @@ func (o *tcpstateObjects) Close() error {
 //
 // It can be passed to loadTcpstateObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcpstateMaps struct {
-	Events     *ebpf.Map `ebpf:"events"`
-	LostEvents *ebpf.Map `ebpf:"lost_events"`
+	BackupCovered *ebpf.Map `ebpf:"backup_covered"`
+	Events        *ebpf.Map `ebpf:"events"`
+	LostEvents    *ebpf.Map `ebpf:"lost_events"`
+	PrimarySeen   *ebpf.Map `ebpf:"primary_seen"`
 }
 
 func (m *tcpstateMaps) Close() error {
 	return _TcpstateClose(
+		m.BackupCovered,
 		m.Events,
 		m.LostEvents,
+		m.PrimarySeen,
 	)
 }
 
@@ -147,12 +164,14 @@ type tcpstateVariables struct {
 //
 // It can be passed to loadTcpstateObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcpstatePrograms struct {
-	OnSetState *ebpf.Program `ebpf:"on_set_state"`
+	OnSetState       *ebpf.Program `ebpf:"on_set_state"`
+	OnSetStateBackup *ebpf.Program `ebpf:"on_set_state_backup"`
 }
 
 func (p *tcpstatePrograms) Close() error {
 	return _TcpstateClose(
 		p.OnSetState,
+		p.OnSetStateBackup,
 	)
 }
 

@@ -48,14 +48,18 @@ func startTracker(t *testing.T, ns *testutil.NetNS, mode string, p Policy) *Trac
 }
 
 // waitSummary waits (generously) for the tracker's summary to equal want,
-// woken by its notifications.
+// woken by its notifications. Closing is not compared: whether a closed
+// socket still shows (FIN_WAIT2 as a full socket, or already a timewait
+// minisocket the table leaves out) depends on timing, and it never holds.
 func waitSummary(t *testing.T, tr *Tracker, want Summary) {
 	t.Helper()
 	sub, cancel := tr.Subscribe()
 	defer cancel()
 	deadline := time.After(10 * time.Second)
+	want.Closing = 0
 	for {
 		got := tr.Summary()
+		got.Closing = 0
 		if got == want {
 			return
 		}
@@ -166,6 +170,10 @@ func TestTrackerChurn(t *testing.T) {
 			d := dialDiag(t, ns)
 			// Quiesce: the accepted ends of the kept flows were closed by
 			// the accept loop, so all kept client ends sit in CLOSE_WAIT.
+			// What can hold a drain (listeners and holding flows) must match
+			// a fresh snapshot exactly. Closing sockets are compared and any
+			// difference reported: the kernel sometimes skips a closing
+			// socket's last changes (see TableMask); they never hold.
 			eventually(t, "table equals a fresh snapshot", func() error {
 				socks, err := d.Sockets(TableMask | Mask(Listen))
 				if err != nil {
@@ -173,15 +181,17 @@ func TestTrackerChurn(t *testing.T) {
 				}
 				want := NewFlowTable(DefaultPolicy(), true)
 				want.Replace(socks, time.Now())
-				if got := tr.Summary(); got != want.Summary() {
-					hist := map[State]int{}
-					for _, f := range tr.Flows(nil) {
-						hist[f.State]++
-					}
-					return fmt.Errorf("tracker %+v, snapshot %+v; tracker states %v", got, want.Summary(), hist)
+				got, ws := tr.Summary(), want.Summary()
+				gotClosing, wantClosing := got.Closing, ws.Closing
+				got.Closing, ws.Closing = 0, 0
+				if got != ws {
+					return fmt.Errorf("tracker %+v, snapshot %+v", got, ws)
 				}
-				if a, b := tableKeys(tr), snapKeys(socks); a != b {
-					return fmt.Errorf("tracker sockets:\n%s\nsnapshot sockets:\n%s", a, b)
+				if a, b := keys(tr.Flows(nil), true), keys(want.Flows(time.Now(), nil), true); a != b {
+					return fmt.Errorf("tracker holding sockets:\n%s\nsnapshot:\n%s", a, b)
+				}
+				if gotClosing != wantClosing {
+					t.Logf("closing sockets: tracker %d, snapshot %d (kernel gap, see TableMask)", gotClosing, wantClosing)
 				}
 				return nil
 			})
@@ -194,21 +204,15 @@ func TestTrackerChurn(t *testing.T) {
 	}
 }
 
-func tableKeys(tr *Tracker) string {
+// keys lists sockets as "STATE local remote", sorted; holding limits it
+// to listeners and flows that hold the drain.
+func keys(fs []TrackedFlow, holding bool) string {
 	var out []string
-	for _, f := range tr.Flows(nil) {
-		out = append(out, fmt.Sprintf("%s %s %s", f.State, f.Local, f.Remote))
-	}
-	sort.Strings(out)
-	return fmt.Sprint(out)
-}
-
-func snapKeys(socks []Socket) string {
-	var out []string
-	for _, s := range socks {
-		if TableMask.Has(s.State) || s.State == Listen {
-			out = append(out, fmt.Sprintf("%s %s %s", s.State, s.Local, s.Remote))
+	for _, f := range fs {
+		if holding && f.State != Listen && !f.State.HoldsDrain() {
+			continue
 		}
+		out = append(out, fmt.Sprintf("%s %s %s", f.State, f.Local, f.Remote))
 	}
 	sort.Strings(out)
 	return fmt.Sprint(out)
