@@ -48,8 +48,13 @@ func DialDiag(ns *NetNS) (*DiagConn, error) {
 	cfg := &netlink.Config{MessageBufferSize: diagBufferSize}
 	name := "current netns"
 	if ns != nil {
-		cfg.NetNS = ns.Fd()
 		name = ns.Name()
+		// Entering a namespace takes CAP_SYS_ADMIN, even our own: open the
+		// socket directly when the target is where we already are (a pod
+		// looking at itself needs no capability at all).
+		if !isOwnNetNS(ns) {
+			cfg.NetNS = ns.Fd()
+		}
 	}
 	c, err := netlink.Dial(unix.NETLINK_SOCK_DIAG, cfg)
 	if err != nil {
@@ -148,4 +153,10 @@ func (d *DiagConn) dumpFamily(dst []Socket, family uint8, mask StateMask) ([]Soc
 func ipv6Disabled() bool {
 	_, err := os.Stat("/proc/net/if_inet6")
 	return errors.Is(err, os.ErrNotExist)
+}
+
+// isOwnNetNS reports whether ns is this process's network namespace.
+func isOwnNetNS(ns *NetNS) bool {
+	var st unix.Stat_t
+	return unix.Stat("/proc/self/ns/net", &st) == nil && st.Ino == ns.Inode()
 }
