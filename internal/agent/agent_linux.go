@@ -396,31 +396,43 @@ func (a *Agent) gate(ctx context.Context, start time.Time, deadline <-chan time.
 			adminBackoff = 0
 		}
 		var timer <-chan time.Time
+		stopTimer := func() bool { return false }
 		if !wake.IsZero() {
 			t := time.NewTimer(time.Until(wake))
-			timer = t.C
-			defer t.Stop()
+			timer, stopTimer = t.C, t.Stop
 		}
-		select {
-		case <-flowsChanged:
-		case <-procsChanged:
-		case <-timer:
-			if !idleWake.IsZero() && !time.Now().Before(idleWake) {
-				a.tracker.Resync() // idle times come from sock_diag, not events
-			}
-		case <-a.proxy.Exited():
-			return a.proxyDied("during the drain")
-		case <-deadline:
-			return a.deadline(start)
-		case <-a.quitReq:
-			return a.stop(start, "POST /quitquitquit", false)
-		case <-ctx.Done():
-			return a.stop(start, "context cancelled", false)
-		case sig := <-sigc:
-			a.log.Info("signal during drain ignored: already draining", zap.String("signal", sig.String()))
-		case <-a.drainReq:
+		res, done := a.gateWait(ctx, start, flowsChanged, procsChanged, timer, idleWake, deadline, sigc)
+		stopTimer()
+		if done {
+			return res
 		}
 	}
+}
+
+// gateWait waits for one reason to look at the gate again; done means the
+// drain ended (the proxy died, the deadline passed, a quit was asked).
+func (a *Agent) gateWait(ctx context.Context, start time.Time, flowsChanged, procsChanged <-chan struct{}, timer <-chan time.Time,
+	idleWake time.Time, deadline <-chan time.Time, sigc <-chan os.Signal) (Result, bool) {
+	select {
+	case <-flowsChanged:
+	case <-procsChanged:
+	case <-timer:
+		if !idleWake.IsZero() && !time.Now().Before(idleWake) {
+			a.tracker.Resync() // idle times come from sock_diag, not events
+		}
+	case <-a.proxy.Exited():
+		return a.proxyDied("during the drain"), true
+	case <-deadline:
+		return a.deadline(start), true
+	case <-a.quitReq:
+		return a.stop(start, "POST /quitquitquit", false), true
+	case <-ctx.Done():
+		return a.stop(start, "context cancelled", false), true
+	case sig := <-sigc:
+		a.log.Info("signal during drain ignored: already draining", zap.String("signal", sig.String()))
+	case <-a.drainReq:
+	}
+	return Result{}, false
 }
 
 // envoyOnlyHold: the kernel sees no live downstream flow of Envoy's but

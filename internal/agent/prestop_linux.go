@@ -83,13 +83,14 @@ func Prestop(ctx context.Context, ns *conntrack.NetNS, cfg PrestopConfig) (Prest
 			return res, nil
 		}
 		var timer <-chan time.Time
+		stopTimer := func() bool { return false }
 		if !wake.IsZero() {
 			t := time.NewTimer(time.Until(wake))
-			defer t.Stop()
-			timer = t.C
+			timer, stopTimer = t.C, t.Stop
 		}
 		select {
 		case <-sub:
+			stopTimer()
 		case <-timer:
 			tr.Resync()
 		case <-timeout.C:
