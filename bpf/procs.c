@@ -30,7 +30,7 @@ char LICENSE[] SEC("license") = "GPL";
 
 /*
  * One record, from the iterator (bpf_seq_write) or the ring buffer. Fixed
- * layout (56 bytes, little-endian on bpfel), decoded by hand in
+ * layout (64 bytes, little-endian on bpfel), decoded by hand in
  * procs_linux.go: change both together, and the size check in
  * procs_linux_test.go.
  */
@@ -43,6 +43,8 @@ struct proc_event {
 	__u32 ppid;     /* group leader's real_parent->tgid */
 	__u32 uid;      /* real uid (cred->uid), init user namespace */
 	__u32 flags;    /* PROC_F_* */
+	__u32 nspid;    /* tgid in the reader's PID namespace, 0: not in it */
+	__u32 nsppid;   /* ppid in the reader's PID namespace, 0: not in it */
 	char comm[16];  /* group leader's comm */
 };
 
@@ -61,7 +63,11 @@ enum {
 const struct proc_event *unused_proc_event __attribute__((unused));
 
 /* Set by the loader before loading (CollectionSpec.Variables). */
-volatile const __u64 target_netns = 0;
+volatile const __u64 target_netns = 0; /* ns.inum of the network namespace */
+volatile const __u64 reader_pidns = 0; /* ns.inum of the loader's PID namespace */
+
+/* MAX_PID_NS_LEVEL (include/linux/pid_namespace.h). */
+#define MAX_PIDNS_LEVEL 32
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -85,14 +91,42 @@ static __always_inline bool in_target(const struct task_struct *t)
 	return BPF_CORE_READ(nsp, net_ns, ns.inum) == target_netns;
 }
 
+/*
+ * The number the reader's PID namespace gives thread-group leader t, 0 when t
+ * is not in it (nor in one below it). draind and the app are in different
+ * PID namespaces: this is how pids draind knows (its own, its proxy's) are
+ * matched with the kernel's.
+ */
+static __always_inline __u32 reader_nr(const struct task_struct *t)
+{
+	struct pid *p = BPF_CORE_READ(t, thread_pid);
+	if (!p)
+		return 0;
+	unsigned int level = BPF_CORE_READ(p, level);
+	struct upid *numbers = __builtin_preserve_access_index(&p->numbers[0]);
+	for (int i = 0; i <= MAX_PIDNS_LEVEL; i++) {
+		struct upid u;
+		if (i > level)
+			break;
+		if (bpf_probe_read_kernel(&u, sizeof(u), numbers + i))
+			break;
+		if (BPF_CORE_READ(u.ns, ns.inum) == reader_pidns)
+			return u.nr;
+	}
+	return 0;
+}
+
 /* Fills everything but ts_ns, kind and flags from task t's thread group. */
 static __always_inline void fill(struct proc_event *e, const struct task_struct *t)
 {
 	struct task_struct *leader = BPF_CORE_READ(t, group_leader);
+	struct task_struct *parent = BPF_CORE_READ(leader, real_parent, group_leader);
 
 	e->tgid = BPF_CORE_READ(t, tgid);
 	e->pid = BPF_CORE_READ(t, pid);
-	e->ppid = BPF_CORE_READ(leader, real_parent, tgid);
+	e->ppid = BPF_CORE_READ(parent, tgid);
+	e->nspid = reader_nr(leader);
+	e->nsppid = reader_nr(parent);
 	e->uid = BPF_CORE_READ(t, cred, uid.val);
 	e->start_ns = BPF_CORE_READ(leader, start_boottime);
 	BPF_CORE_READ_INTO(&e->comm, leader, comm);
@@ -130,8 +164,11 @@ int procs_iter(struct bpf_iter__task *ctx)
 		 * PID namespace may number it differently).
 		 */
 		e.ts_ns = bpf_ktime_get_ns();
+		struct task_struct *me = (struct task_struct *)bpf_get_current_task();
+
 		e.kind = PROC_EV_END;
 		e.tgid = bpf_get_current_pid_tgid() >> 32;
+		e.nspid = reader_nr(BPF_CORE_READ(me, group_leader));
 		bpf_seq_write(seq, &e, sizeof(e));
 		return 0;
 	}

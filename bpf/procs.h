@@ -112,7 +112,24 @@ struct cred {
 	kuid_t uid;
 };
 
+struct pid_namespace {
+	struct ns_common ns;
+};
+
+/* A pid as one PID namespace numbers it. */
+struct upid {
+	int nr;
+	struct pid_namespace *ns;
+};
+
+/* numbers[0..level]: the pid in each PID namespace from the initial one down. */
+struct pid {
+	unsigned int level;
+	struct upid numbers[1];
+};
+
 struct task_struct {
+	struct pid *thread_pid; /* since 4.19 */
 	pid_t pid;
 	pid_t tgid;
 	struct task_struct *real_parent;

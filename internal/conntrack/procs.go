@@ -35,6 +35,12 @@ type Process struct {
 // AppProcRules say which processes of the namespace are not the app.
 // The zero value excludes uid 1337 and a process named "pause" by the
 // pause rule (see ClassifyProcs).
+//
+// Pids are the caller's: as its own PID namespace numbers them (os.Getpid,
+// exec.Cmd.Process.Pid). ClassifyProcs takes them as they are; the eBPF
+// tracker, which sees the kernel's global pids, maps them through the
+// kernel (each process's pid in the caller's PID namespace) and ignores
+// those that name no process of the namespace or parent of one.
 type AppProcRules struct {
 	// SelfPIDs are draind's processes: they and their descendants are not
 	// the app. Trackers add the calling process themselves, as their pid
@@ -137,10 +143,10 @@ func (c ProcClass) MarshalText() ([]byte, error) { return []byte(c.String()), ni
 // last one is still checked against SelfPIDs and ProxyPIDs (draind may live
 // outside the namespace it watches). A process whose parent exited is
 // reparented by the kernel: in /proc it then descends from its new parent;
-// the eBPF tracker, which sees no reparenting, keeps the parent it was born
-// to, and the chain stops at that exited parent. Either way, a process
-// orphaned out of draind's or the proxy's tree is classified by its own uid
-// and pid alone.
+// the eBPF tracker, which sees no reparenting between two snapshots, keeps
+// the parent it knew, and the chain stops at that exited parent. So an
+// orphan leaves draind's or the proxy's tree, unless /proc shows it
+// reparented into one (to draind as its container's PID 1, say).
 func ClassifyProcs(all []Process, rules AppProcRules) (app []Process) {
 	classes := ProcClasses(all, rules)
 	for i, p := range all {
@@ -372,7 +378,7 @@ func buildProcOptions(opts []ProcOption) procOptions {
 	return o
 }
 
-// DefaultProcRingSize is the eBPF ring buffer's size: 4096 events of 56
+// DefaultProcRingSize is the eBPF ring buffer's size: 3640 events of 64
 // bytes (+8 of header), far more than a pod forks between two reads.
 const DefaultProcRingSize = 256 << 10
 

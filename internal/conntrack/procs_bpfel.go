@@ -23,6 +23,8 @@ type procsProcEvent struct {
 	Ppid    uint32
 	Uid     uint32
 	Flags   uint32
+	Nspid   uint32
+	Nsppid  uint32
 	Comm    [16]int8
 }
 
@@ -36,6 +38,7 @@ const (
 	procsProgProcsExit      = "procs_exit"
 	procsProgProcsFork      = "procs_fork"
 	procsProgProcsIter      = "procs_iter"
+	procsVarReaderPidns     = "reader_pidns"
 	procsVarTargetNetns     = "target_netns"
 	procsVarUnusedProcEvent = "unused_proc_event"
 )
@@ -100,6 +103,7 @@ type procsMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type procsVariableSpecs struct {
+	ReaderPidns     *ebpf.VariableSpec `ebpf:"reader_pidns"`
 	TargetNetns     *ebpf.VariableSpec `ebpf:"target_netns"`
 	UnusedProcEvent *ebpf.VariableSpec `ebpf:"unused_proc_event"`
 }
@@ -139,6 +143,7 @@ func (m *procsMaps) Close() error {
 //
 // It can be passed to loadProcsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type procsVariables struct {
+	ReaderPidns     *ebpf.Variable `ebpf:"reader_pidns"`
 	TargetNetns     *ebpf.Variable `ebpf:"target_netns"`
 	UnusedProcEvent *ebpf.Variable `ebpf:"unused_proc_event"`
 }

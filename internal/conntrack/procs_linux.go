@@ -40,13 +40,19 @@ import (
 type ProcTracker struct {
 	source string
 	netns  uint64
-	rules  AppProcRules // normalized, the caller's pid included in SelfPIDs
-	notify chan struct{}
+	rules  AppProcRules // the caller's, normalized
+	self   int          // the calling process, as the backend numbers it
+	// translate: rules' pids are in the caller's PID namespace, not the
+	// backend's (eBPF outside the initial PID namespace): they are mapped
+	// through nspids, and dropped when unknown.
+	translate bool
+	notify    chan struct{}
 
 	mu      sync.Mutex
-	procs   map[int]Process // every process of the namespace, by PID
-	pinned  bool            // pause decided (first snapshot)
-	pause   Process         // the pause rule's pick, when pausedOK
+	procs   map[int]Process    // every process of the namespace, by PID
+	nspids  map[int]procNSPids // eBPF: by PID, the caller's numbers
+	pinned  bool               // pause decided (first snapshot)
+	pause   Process            // the pause rule's pick, when pauseOK
 	pauseOK bool
 	app     []Process // the app's, by PID
 	err     error
@@ -125,6 +131,7 @@ func newProcTracker(source string, netns uint64, rules AppProcRules) *ProcTracke
 		rules:  rules.normalized(),
 		notify: make(chan struct{}, 1),
 		procs:  make(map[int]Process),
+		nspids: make(map[int]procNSPids),
 	}
 }
 
@@ -135,20 +142,49 @@ func (t *ProcTracker) signal() {
 	}
 }
 
-// addSelf records the calling process's pid, as the backend numbers it.
-func (t *ProcTracker) addSelf(pid int) {
-	if pid > 0 && !slices.Contains(t.rules.SelfPIDs, pid) {
-		t.rules.SelfPIDs = append(slices.Clone(t.rules.SelfPIDs), pid)
+// rulesLocked are the rules in the backend's pid numbering, the calling
+// process included in SelfPIDs.
+func (t *ProcTracker) rulesLocked() AppProcRules {
+	r := t.rules
+	if t.translate {
+		m := make(map[int]int, 2*len(t.nspids))
+		for g, n := range t.nspids {
+			if n.pid > 0 {
+				m[n.pid] = g
+			}
+			if p, ok := t.procs[g]; ok && n.ppid > 0 {
+				m[n.ppid] = p.PPID
+			}
+		}
+		tr := func(pids []int) []int {
+			var out []int
+			for _, p := range pids {
+				if g, ok := m[p]; ok {
+					out = append(out, g)
+				}
+			}
+			return out
+		}
+		r.SelfPIDs, r.ProxyPIDs, r.PausePIDs = tr(r.SelfPIDs), tr(r.ProxyPIDs), tr(r.PausePIDs)
+	} else {
+		r.SelfPIDs = slices.Clone(r.SelfPIDs)
 	}
+	if t.self > 0 {
+		r.SelfPIDs = append(r.SelfPIDs, t.self)
+	}
+	return r
 }
 
 // replaceLocked installs a snapshot. The first one decides the pause
 // process.
-func (t *ProcTracker) replaceLocked(snap map[int]Process) {
-	t.procs = snap
+func (t *ProcTracker) replaceLocked(snap map[int]Process, nspids map[int]procNSPids) {
+	if nspids == nil {
+		nspids = make(map[int]procNSPids)
+	}
+	t.procs, t.nspids = snap, nspids
 	if !t.pinned {
 		t.pinned = true
-		t.pause, t.pauseOK = PauseProcess(t.listLocked(), t.rules)
+		t.pause, t.pauseOK = PauseProcess(t.listLocked(), t.rulesLocked())
 	}
 }
 
@@ -166,7 +202,7 @@ func (t *ProcTracker) listLocked() []Process {
 // pause rule.
 func (t *ProcTracker) recomputeLocked() bool {
 	all := t.listLocked()
-	c := newProcClassifier(all, t.rules)
+	c := newProcClassifier(all, t.rulesLocked())
 	classes := c.classify(func(p Process) bool {
 		return t.pauseOK && p.PID == t.pause.PID && p.StartTime == t.pause.StartTime
 	})
@@ -196,7 +232,7 @@ func (t *ProcTracker) allProcs() ([]Process, []ProcClass) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	all := t.listLocked()
-	c := newProcClassifier(all, t.rules)
+	c := newProcClassifier(all, t.rulesLocked())
 	return all, c.classify(func(p Process) bool {
 		return t.pauseOK && p.PID == t.pause.PID && p.StartTime == t.pause.StartTime
 	})
@@ -275,19 +311,21 @@ type procEBPF struct {
 }
 
 // procEventSize is sizeof(struct proc_event) in bpf/procs.c.
-const procEventSize = 56
+const procEventSize = 64
 
 // Offsets in struct proc_event (little-endian).
 const (
-	peTs    = 0
-	peStart = 8
-	peKind  = 16
-	peTgid  = 20
-	pePid   = 24
-	pePpid  = 28
-	peUID   = 32
-	peFlags = 36
-	peComm  = 40
+	peTs     = 0
+	peStart  = 8
+	peKind   = 16
+	peTgid   = 20
+	pePid    = 24
+	pePpid   = 28
+	peUID    = 32
+	peFlags  = 36
+	peNSPid  = 40
+	peNSPpid = 44
+	peComm   = 48
 )
 
 // Kinds of struct proc_event.
@@ -304,7 +342,12 @@ type procEvent struct {
 	kind  uint32
 	flags uint32
 	proc  Process
+	ns    procNSPids
 }
+
+// procNSPids are a process's pid and ppid as the reader's PID namespace
+// numbers them (0: not in it).
+type procNSPids struct{ pid, ppid int }
 
 func decodeProcEvent(b []byte, ev *procEvent) error {
 	if len(b) < procEventSize {
@@ -319,6 +362,7 @@ func decodeProcEvent(b []byte, ev *procEvent) error {
 		ts:    le.Uint64(b[peTs:]),
 		kind:  le.Uint32(b[peKind:]),
 		flags: le.Uint32(b[peFlags:]),
+		ns:    procNSPids{pid: int(le.Uint32(b[peNSPid:])), ppid: int(le.Uint32(b[peNSPpid:]))},
 		proc: Process{
 			PID:       int(le.Uint32(b[peTgid:])),
 			PPID:      int(le.Uint32(b[pePpid:])),
@@ -348,24 +392,34 @@ func OpenProcTracker(netnsInode uint64, rules AppProcRules, opts ...ProcOption) 
 	}
 	procRaiseMemlock()
 
-	eb, err := loadProcEBPF(netnsInode, uint32(o.ringSize))
+	// The PID namespace the caller's pids are in (rules, os.Getpid()). 0
+	// (unknown) matches none: the caller's pids are then ignored, and only
+	// the kernel's own account of the caller stands for draind.
+	var pidns uint64
+	var st unix.Stat_t
+	if unix.Stat("/proc/self/ns/pid", &st) == nil {
+		pidns = st.Ino
+	}
+	eb, err := loadProcEBPF(netnsInode, pidns, uint32(o.ringSize))
 	if err != nil {
 		return nil, classifyProcLoadError(err)
 	}
 	t := newProcTracker("ebpf", netnsInode, rules)
 	t.eb = eb
+	t.translate = pidns != procPIDInitIno
 
 	// The programs run from here: events are queued while the snapshot is
-	// taken, and those older than it are skipped when read.
-	since, snap, self, err := eb.snapshot()
+	// taken, and those older than it are skipped when read. A loss counted
+	// from here on makes the reader take another snapshot.
+	eb.seenLost = eb.lostTotal()
+	since, snap, nspids, self, err := eb.snapshot()
 	if err != nil {
 		t.Close()
 		return nil, fmt.Errorf("open process tracker: %w", err)
 	}
-	t.addSelf(self)
-	eb.seenLost = eb.lostTotal()
+	t.self = self
 	t.mu.Lock()
-	t.replaceLocked(snap)
+	t.replaceLocked(snap, nspids)
 	t.recomputeLocked()
 	t.mu.Unlock()
 
@@ -374,12 +428,15 @@ func OpenProcTracker(netnsInode uint64, rules AppProcRules, opts ...ProcOption) 
 	return t, nil
 }
 
-func loadProcEBPF(netnsInode uint64, ringSize uint32) (_ *procEBPF, err error) {
+func loadProcEBPF(netnsInode, pidns uint64, ringSize uint32) (_ *procEBPF, err error) {
 	spec, err := loadProcs()
 	if err != nil {
 		return nil, err
 	}
 	if err := spec.Variables[procsVarTargetNetns].Set(netnsInode); err != nil {
+		return nil, err
+	}
+	if err := spec.Variables[procsVarReaderPidns].Set(pidns); err != nil {
 		return nil, err
 	}
 	spec.Maps[procsMapProcEvents].MaxEntries = ringSize
@@ -442,37 +499,39 @@ func monotonicNow() uint64 {
 // snapshot runs the task iterator. since is the kernel time before it
 // started: every event older than that is already reflected in snap. self
 // is the reader's tgid in the kernel's numbering.
-func (eb *procEBPF) snapshot() (since uint64, snap map[int]Process, self int, err error) {
+func (eb *procEBPF) snapshot() (since uint64, snap map[int]Process, nspids map[int]procNSPids, self int, err error) {
 	since = monotonicNow()
 	r, err := eb.iter.Open()
 	if err != nil {
-		return 0, nil, 0, fmt.Errorf("run task iterator: %w", err)
+		return 0, nil, nil, 0, fmt.Errorf("run task iterator: %w", err)
 	}
 	defer r.Close()
 	eb.snaps.Add(1)
 	snap = make(map[int]Process)
+	nspids = make(map[int]procNSPids)
 	br := bufio.NewReaderSize(r, 64*procEventSize)
 	var buf [procEventSize]byte
 	var ev procEvent
 	for {
 		if _, err := io.ReadFull(br, buf[:]); err != nil {
 			if errors.Is(err, io.EOF) {
-				return 0, nil, 0, errors.New("task iterator ended without its END record")
+				return 0, nil, nil, 0, errors.New("task iterator ended without its END record")
 			}
-			return 0, nil, 0, fmt.Errorf("read task iterator: %w", err)
+			return 0, nil, nil, 0, fmt.Errorf("read task iterator: %w", err)
 		}
 		if err := decodeProcEvent(buf[:], &ev); err != nil {
-			return 0, nil, 0, err
+			return 0, nil, nil, 0, err
 		}
 		switch ev.kind {
 		case procEvTask:
 			// Threads of one process may each report it (a leader gone):
 			// the leader's fields are the same in every record.
 			snap[ev.proc.PID] = ev.proc
+			nspids[ev.proc.PID] = ev.ns
 		case procEvEnd:
-			return since, snap, ev.proc.PID, nil
+			return since, snap, nspids, ev.proc.PID, nil
 		default:
-			return 0, nil, 0, fmt.Errorf("task iterator: record kind %d", ev.kind)
+			return 0, nil, nil, 0, fmt.Errorf("task iterator: record kind %d", ev.kind)
 		}
 	}
 }
@@ -526,7 +585,7 @@ func (t *ProcTracker) readEvents(since uint64) {
 		}
 		// The ring is drained: were events dropped while it was full?
 		if lost := eb.lostTotal(); lost != eb.seenLost {
-			s, snap, _, err := eb.snapshot()
+			s, snap, nspids, _, err := eb.snapshot()
 			if err != nil {
 				t.fail(fmt.Errorf("resync after lost events: %w", err))
 				return
@@ -534,7 +593,7 @@ func (t *ProcTracker) readEvents(since uint64) {
 			eb.seenLost = lost
 			since = s
 			t.mu.Lock()
-			t.replaceLocked(snap)
+			t.replaceLocked(snap, nspids)
 			t.mu.Unlock()
 			pending++
 		}
@@ -558,18 +617,19 @@ func (t *ProcTracker) applyLocked(ev *procEvent) {
 	switch ev.kind {
 	case procEvFork:
 		if !ok || old.StartTime != p.StartTime {
-			t.procs[p.PID] = p
+			t.procs[p.PID], t.nspids[p.PID] = p, ev.ns
 		}
 	case procEvExec:
 		if ok && old.StartTime == p.StartTime {
 			old.Comm, old.UID = p.Comm, p.UID
 			t.procs[p.PID] = old
 		} else {
-			t.procs[p.PID] = p // missed its fork: learn it now
+			t.procs[p.PID], t.nspids[p.PID] = p, ev.ns // missed its fork: learn it now
 		}
 	case procEvExit:
 		if ok && old.StartTime == p.StartTime {
 			delete(t.procs, p.PID)
+			delete(t.nspids, p.PID)
 		}
 	}
 }
@@ -682,7 +742,7 @@ func OpenProcPoller(netnsInode uint64, rules AppProcRules, opts ...ProcOption) (
 	}
 
 	t := newProcTracker("proc", netnsInode, rules)
-	t.addSelf(selfPID)
+	t.self = selfPID
 	t.pp = &procPoll{root: o.procRoot, period: o.pollPeriod, stop: make(chan struct{}), hostView: hostView}
 
 	snap, err := t.pp.scan(netnsInode)
@@ -690,13 +750,13 @@ func OpenProcPoller(netnsInode uint64, rules AppProcRules, opts ...ProcOption) (
 		return nil, &ProcUnavailableError{Reason: "/proc: " + err.Error(), Err: err}
 	}
 	t.mu.Lock()
-	t.replaceLocked(snap)
+	t.replaceLocked(snap, nil)
 	t.recomputeLocked()
 	if !hostView {
 		// Only draind's own processes in sight: the PID namespace is not
 		// the app's (no shareProcessNamespace). The pod's pause process,
 		// always there, is what a shared namespace shows.
-		classes := newProcClassifier(t.listLocked(), t.rules).classify(func(Process) bool { return false })
+		classes := newProcClassifier(t.listLocked(), t.rulesLocked()).classify(func(Process) bool { return false })
 		if !slices.ContainsFunc(classes, func(c ProcClass) bool { return c != ProcSelf }) {
 			t.mu.Unlock()
 			return nil, &ProcUnavailableError{Reason: "/proc: shows none of the namespace's processes but draind's own (PID namespace not shared with the app)"}
@@ -735,7 +795,7 @@ func (t *ProcTracker) poll() {
 			return
 		}
 		t.mu.Lock()
-		t.replaceLocked(snap)
+		t.replaceLocked(snap, nil)
 		changed := t.recomputeLocked()
 		t.mu.Unlock()
 		if changed {

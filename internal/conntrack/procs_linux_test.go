@@ -53,6 +53,9 @@ func procsHelperCmd(mode string) *exec.Cmd {
 //	         "churn" once 20 have ended, live until killed
 //	caps     open an eBPF tracker on its own namespace, print the outcome
 //	blind    in a new PID namespace, open a /proc poller on a fresh procfs
+//	pidns1   pid 1 of new PID and network namespaces: run pidns, wait
+//	pidns    its child: track two processes with rules in this PID
+//	         namespace's numbering, print the outcome
 func TestProcsHelper(t *testing.T) {
 	mode := os.Getenv(procsHelperEnv)
 	if mode == "" {
@@ -177,9 +180,64 @@ func TestProcsHelper(t *testing.T) {
 		default:
 			fmt.Println("error", err)
 		}
+	case "pidns1":
+		// The namespace's init (pause, in a pod sharing its PID
+		// namespace): orphans are reparented to it, not to draind.
+		cmd := procsHelperCmd("pidns")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Println("error", err)
+		}
+	case "pidns":
+		fmt.Println(procsPidNSHelper())
 	default:
 		t.Fatalf("unknown helper mode %q", mode)
 	}
+}
+
+// procsPidNSHelper runs as a child of pid 1 of a new PID namespace, in a new network
+// namespace: draind in a pod, whose pids are not the kernel's. Two sleeps
+// are started out of its tree (through the detach helper); rules name the
+// second (ProxyPIDs), the helper itself (SelfPIDs) and pid 1 (PausePIDs) by
+// their pids here.
+func procsPidNSHelper() string {
+	start := func() (int, error) {
+		cmd := procsHelperCmd("detach")
+		cmd.Env = append(cmd.Env, procsArgsEnv+"=sleep"+procsArgSep+"infinity")
+		out, err := cmd.Output()
+		for l := range strings.SplitSeq(string(out), "\n") {
+			if n, ok := strings.CutPrefix(l, "pid "); ok {
+				return strconv.Atoi(n)
+			}
+		}
+		return 0, fmt.Errorf("detach: %v: %s", err, out)
+	}
+	app, err := start()
+	if err != nil {
+		return "error " + err.Error()
+	}
+	proxy, err := start()
+	if err != nil {
+		return "error " + err.Error()
+	}
+	defer unix.Kill(app, unix.SIGKILL)
+	defer unix.Kill(proxy, unix.SIGKILL)
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/net", &st); err != nil {
+		return "error " + err.Error()
+	}
+	tr, err := OpenProcTracker(st.Ino, AppProcRules{SelfPIDs: []int{os.Getpid()}, ProxyPIDs: []int{proxy}, PausePIDs: []int{1}})
+	if err != nil {
+		return "error " + err.Error()
+	}
+	defer tr.Close()
+	all, classes := tr.allProcs()
+	n := map[ProcClass]int{}
+	for _, c := range classes {
+		n[c]++
+	}
+	return fmt.Sprintf("ok procs=%d app=%d proxy=%d self=%d pause=%d",
+		len(all), n[ProcApp], n[ProcProxy], n[ProcSelf], n[ProcPause])
 }
 
 // procsHelperLive blocks until the process is killed (or the helper's
@@ -204,6 +262,9 @@ func (p *testProc) kill(t *testing.T) {
 	}
 }
 
+// trackPID holds a pidfd on pid, and kills it at the end of the test with
+// its process group when it leads one (a detached process leads its
+// session: its children, orphaned by its death, would live on).
 func trackPID(t *testing.T, pid int) *testProc {
 	t.Helper()
 	fd, err := unix.PidfdOpen(pid, 0)
@@ -212,6 +273,13 @@ func trackPID(t *testing.T, pid int) *testProc {
 	}
 	p := &testProc{pid: pid, pidfd: fd}
 	t.Cleanup(func() {
+		// Alive (the signal 0 through the pidfd), so pid is not reused, and
+		// a group with its number is its own.
+		if unix.PidfdSendSignal(fd, 0, nil, 0) == nil {
+			if pg, err := unix.Getpgid(pid); err == nil && pg == pid {
+				unix.Kill(-pid, unix.SIGKILL)
+			}
+		}
 		unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 		unix.Close(fd)
 	})
@@ -244,10 +312,12 @@ func spawnDetached(t *testing.T, ns *testutil.NetNS, uid int, argv ...string) (*
 	r.SetReadDeadline(time.Now().Add(procsWait))
 	sc := bufio.NewScanner(r)
 	var p *testProc
+	var line []string
 	wantLine := ""
 	if m, ok := strings.CutPrefix(argv[0], procsSelfMarker); ok {
 		wantLine = m
 	}
+	// The two lines come from two processes, in either order.
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
 		switch {
@@ -257,10 +327,10 @@ func spawnDetached(t *testing.T, ns *testutil.NetNS, uid int, argv ...string) (*
 		case len(f) > 0 && f[0] == "error":
 			t.Fatalf("detach %v: %s", argv, sc.Text())
 		case wantLine != "" && len(f) > 0 && f[0] == wantLine:
-			return p, f
+			line = f
 		}
-		if p != nil && wantLine == "" {
-			return p, nil
+		if p != nil && (wantLine == "" || line != nil) {
+			return p, line
 		}
 	}
 	t.Fatalf("detach %v: no pid (%v)", argv, sc.Err())
@@ -488,6 +558,8 @@ func TestProcEventLayout(t *testing.T) {
 		{"ppid", unsafe.Offsetof(ev.Ppid), pePpid},
 		{"uid", unsafe.Offsetof(ev.Uid), peUID},
 		{"flags", unsafe.Offsetof(ev.Flags), peFlags},
+		{"nspid", unsafe.Offsetof(ev.Nspid), peNSPid},
+		{"nsppid", unsafe.Offsetof(ev.Nsppid), peNSPpid},
 		{"comm", unsafe.Offsetof(ev.Comm), peComm},
 	} {
 		if f.got != f.want {
@@ -501,12 +573,14 @@ func TestProcEventLayout(t *testing.T) {
 	binary.LittleEndian.PutUint32(b[peTgid:], 42)
 	binary.LittleEndian.PutUint32(b[pePpid:], 1)
 	binary.LittleEndian.PutUint32(b[peUID:], 1337)
+	binary.LittleEndian.PutUint32(b[peNSPid:], 3)
+	binary.LittleEndian.PutUint32(b[peNSPpid:], 2)
 	copy(b[peComm:], "envoy\x00junk")
 	var got procEvent
 	if err := decodeProcEvent(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	want := procEvent{ts: 7, kind: procEvFork, proc: Process{PID: 42, PPID: 1, UID: 1337, Comm: "envoy", StartTime: 99}}
+	want := procEvent{ts: 7, kind: procEvFork, proc: Process{PID: 42, PPID: 1, UID: 1337, Comm: "envoy", StartTime: 99}, ns: procNSPids{3, 2}}
 	if got != want {
 		t.Errorf("decoded %+v, want %+v", got, want)
 	}
@@ -532,8 +606,12 @@ func TestProcTrackerResync(t *testing.T) {
 	// burst of short-lived processes overflows a one-page ring, then start
 	// one that stays.
 	tr.mu.Lock()
-	burst := startChild(t, ns, "sh", "-c", "i=0; while [ $i -lt 300 ]; do /bin/true; i=$((i+1)); done")
-	_ = burst
+	burst := exec.Command("sh", "-c", "i=0; while [ $i -lt 300 ]; do /bin/true; i=$((i+1)); done")
+	ns.Do(t, func() { err = burst.Start() })
+	if err != nil {
+		tr.mu.Unlock()
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(procsWait)
 	for tr.eb.lostTotal() == 0 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
@@ -545,8 +623,18 @@ func TestProcTrackerResync(t *testing.T) {
 		t.Fatal("no event lost with a one-page ring and the reader stalled")
 	}
 	// The burst's sh is the test's child (draind's): only the stayer is
-	// the app once the burst is over.
+	// the app.
 	waitApp(t, tr, []int{stayer.pid}, "after resync")
+	// Catch up: once the exit of a process started after the burst is
+	// applied, so is everything before it in the ring, and any snapshot
+	// a loss called for.
+	if err := burst.Wait(); err != nil {
+		t.Fatalf("burst: %v", err)
+	}
+	sentinel, _ := spawnDetached(t, ns, -1, "sleep", "infinity")
+	waitApp(t, tr, sortedPIDs(stayer, sentinel), "sentinel")
+	sentinel.kill(t)
+	waitApp(t, tr, []int{stayer.pid}, "sentinel gone")
 	if tr.eb.snaps.Load() == snaps {
 		t.Error("events were lost but no snapshot was taken")
 	}
@@ -657,6 +745,30 @@ func TestProcPollerBlind(t *testing.T) {
 		}
 	}
 	t.Fatalf("blind /proc poller: want unavailable, got (%v):\n%s", err, out)
+}
+
+// TestProcTrackerPidNS: draind in its own PID namespace (a pod without
+// shareProcessNamespace) names processes by its own pids; the eBPF tracker,
+// which sees the kernel's, maps them (the iterator and the events carry
+// each process's pid in the loader's PID namespace).
+func TestProcTrackerPidNS(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBTF(t)
+	cmd := procsHelperCmd("pidns1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID | unix.CLONE_NEWNET}
+	out, err := cmd.CombinedOutput()
+	for l := range strings.SplitSeq(string(out), "\n") {
+		if strings.HasPrefix(l, "ok ") || strings.HasPrefix(l, "error ") {
+			// Without the mapping the proxy's pid (a small number here)
+			// would name some other process of the host, and it would be
+			// the app's.
+			if want := "ok procs=4 app=1 proxy=1 self=1 pause=1"; l != want {
+				t.Fatalf("got %q, want %q", l, want)
+			}
+			return
+		}
+	}
+	t.Fatalf("pidns helper (%v):\n%s", err, out)
 }
 
 // TestAppProcExitLatency measures process exit -> Notify with the app count

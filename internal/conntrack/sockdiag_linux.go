@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 
 	"github.com/mdlayher/netlink"
@@ -47,12 +48,15 @@ func DialDiag(ns *NetNS) (*DiagConn, error) {
 	// that a pool-less Conn makes before every read: 4–8× fewer syscalls.
 	cfg := &netlink.Config{MessageBufferSize: diagBufferSize}
 	name := "current netns"
+	// Entering a namespace takes CAP_SYS_ADMIN, even our own: open the
+	// socket directly when the target is where this thread already is (a
+	// pod looking at itself needs no capability at all). The thread is
+	// locked so that the check and the socket are on the same one.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	if ns != nil {
 		name = ns.Name()
-		// Entering a namespace takes CAP_SYS_ADMIN, even our own: open the
-		// socket directly when the target is where we already are (a pod
-		// looking at itself needs no capability at all).
-		if !isOwnNetNS(ns) {
+		if !threadInNetNS(ns) {
 			cfg.NetNS = ns.Fd()
 		}
 	}
@@ -155,8 +159,8 @@ func ipv6Disabled() bool {
 	return errors.Is(err, os.ErrNotExist)
 }
 
-// isOwnNetNS reports whether ns is this process's network namespace.
-func isOwnNetNS(ns *NetNS) bool {
+// threadInNetNS reports whether the calling (locked) thread is in ns.
+func threadInNetNS(ns *NetNS) bool {
 	var st unix.Stat_t
-	return unix.Stat("/proc/self/ns/net", &st) == nil && st.Ino == ns.Inode()
+	return unix.Stat("/proc/thread-self/ns/net", &st) == nil && st.Ino == ns.Inode()
 }
