@@ -16,6 +16,7 @@ import (
 	"github.com/draind/draind/internal/conntrack"
 	"github.com/draind/draind/internal/envoy"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 )
 
 // Phase is where the drain state machine is (DESIGN.md, "The drain").
@@ -173,6 +174,11 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 func (a *Agent) openAppProcs() {
 	if a.cfg.AppProcs == "off" || a.cfg.Gateway {
 		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "process tracking off"))
+		return
+	}
+	if hostNetNS(a.ns) {
+		// hostNetwork: every process of the node shares this namespace.
+		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "host network namespace: its processes are the node's, not the app's"))
 		return
 	}
 	rules := conntrack.AppProcRules{SelfPIDs: []int{os.Getpid()}, ProxyUID: a.cfg.ProxyUID, ProxyPIDs: []int{a.proxy.Pid()}}
@@ -588,4 +594,17 @@ func (a *Agent) stop(start time.Time, why string, clean bool) Result {
 	a.log.Info("phase", zap.String("phase", "exited"), zap.String("why", res.Reason), zap.Int("exit_code", res.ExitCode),
 		zap.Duration("total", time.Since(start)), zap.Bool("clean", clean && res.ExitCode == 0))
 	return res
+}
+
+// initPIDNSInode is the initial PID namespace's fixed inode
+// (PROC_PID_INIT_INO).
+const initPIDNSInode = 0xEFFFFFFC
+
+// hostNetNS reports whether ns is the host's (init's) network namespace.
+// It can only tell from the host's PID namespace, where /proc/1 is the
+// node's init; in a container's own PID namespace /proc/1 is a neighbour.
+func hostNetNS(ns *conntrack.NetNS) bool {
+	var pid, net unix.Stat_t
+	return unix.Stat("/proc/self/ns/pid", &pid) == nil && pid.Ino == initPIDNSInode &&
+		unix.Stat("/proc/1/ns/net", &net) == nil && net.Ino == ns.Inode()
 }

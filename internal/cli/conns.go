@@ -2,8 +2,11 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"text/tabwriter"
 	"time"
 
 	"github.com/draind/draind/internal/conntrack"
@@ -62,6 +65,7 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	nf.register(fs, true)
 	out := &oneOf{val: "table", words: []string{"table", "json"}}
 	fs.Var(out, "o", "output format: table|json")
+	withProcs := fs.Bool("procs", false, "also list the app's processes in the namespace (eBPF task iterator, else /proc)")
 	if err := fs.parse(args); err != nil {
 		if errors.Is(err, errHelp) {
 			return nil
@@ -91,9 +95,52 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	snap := conntrack.NewClassifier(nf.policy()).Classify(socks)
 	snap.Taken = time.Now()
 	snap.Namespace = ns.Name()
+	if !*withProcs {
+		if out.val == "json" {
+			_, err := stdout.Write(conntrack.AppendJSON(make([]byte, 0, 256*(len(socks)+1)), &snap))
+			return err
+		}
+		return conntrack.WriteTable(stdout, &snap)
+	}
+	procs, source, err := appProcesses(ns, uint32(nf.proxyUID))
 	if out.val == "json" {
-		_, err := stdout.Write(conntrack.AppendJSON(make([]byte, 0, 256*(len(socks)+1)), &snap))
+		v := struct {
+			*conntrack.Snapshot
+			AppProcesses []conntrack.Process `json:"app_processes"`
+			ProcSource   string              `json:"app_process_source"`
+		}{&snap, procs, source}
+		if err != nil {
+			v.ProcSource = "unavailable: " + err.Error()
+		}
+		return json.NewEncoder(stdout).Encode(v)
+	}
+	if err := conntrack.WriteTable(stdout, &snap); err != nil {
 		return err
 	}
-	return conntrack.WriteTable(stdout, &snap)
+	if err != nil {
+		_, err = fmt.Fprintf(stdout, "app processes: not visible (%v)\n", err)
+		return err
+	}
+	return writeProcs(stdout, procs, source)
+}
+
+// appProcesses lists the app's processes in ns once (draind and the proxy
+// uid excluded, and the pause process by its rule).
+func appProcesses(ns *conntrack.NetNS, proxyUID uint32) ([]conntrack.Process, string, error) {
+	src, reason, err := conntrack.OpenAppProcSource(ns.Inode(), conntrack.AppProcRules{ProxyUID: proxyUID}, conntrack.ProcModeAuto)
+	if err != nil {
+		return nil, "", err
+	}
+	defer src.Close()
+	return src.AppProcs(), src.Source() + ": " + reason, nil
+}
+
+func writeProcs(w io.Writer, procs []conntrack.Process, source string) error {
+	fmt.Fprintf(w, "\napp processes (%s): %d\n", source, len(procs))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PID\tPPID\tUID\tCOMM")
+	for _, p := range procs {
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\n", p.PID, p.PPID, p.UID, p.Comm)
+	}
+	return tw.Flush()
 }

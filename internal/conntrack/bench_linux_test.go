@@ -10,7 +10,7 @@ import (
 
 // benchNamespace returns a namespace holding n established loopback
 // connections (2n sockets) and a listener.
-func benchNamespace(b *testing.B, n int) *DiagConn {
+func benchNamespace(b testing.TB, n int) *DiagConn {
 	ns := testutil.NewNetNS(b)
 	var ln net.Listener
 	var err error

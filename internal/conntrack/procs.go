@@ -18,14 +18,14 @@ const DefaultProcPollPeriod = 200 * time.Millisecond
 type Process struct {
 	// PID is the thread group id: the kernel's global pid in eBPF mode,
 	// the pid /proc shows in /proc mode.
-	PID int
+	PID int `json:"pid"`
 	// PPID is the parent's PID (the parent the process was born to, in
 	// eBPF mode; its current parent in /proc mode).
-	PPID int
+	PPID int `json:"ppid"`
 	// UID is the real uid, in the initial user namespace.
-	UID uint32
+	UID uint32 `json:"uid"`
 	// Comm is the command name (at most 15 bytes).
-	Comm string
+	Comm string `json:"comm"`
 	// StartTime is when the process started, in ns since boot
 	// (CLOCK_BOOTTIME). With PID it identifies a process across pid reuse.
 	// /proc gives it in clock ticks (10 ms).

@@ -20,7 +20,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/draind/draind/internal/conntrack"
@@ -82,8 +81,15 @@ func round(ctx context.Context, stdout io.Writer, n int, draindBin string, budge
 		return err
 	}
 	defer d.Close()
-	if got, err := d.Count(conntrack.Mask(conntrack.Established)); err != nil || got < 2*n {
-		return fmt.Errorf("namespace has %d established sockets, want %d (%v)", got, 2*n, err)
+	// The last handshakes may still be settling when the children report.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		got, err := d.Count(conntrack.Mask(conntrack.Established))
+		if err == nil && got >= 2*n {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("namespace has %d established sockets, want %d (%v)", got, 2*n, err)
+		}
 	}
 	pid := strconv.Itoa(env.anchor.Process.Pid)
 	cls := conntrack.NewClassifier(conntrack.DefaultPolicy())
@@ -223,7 +229,9 @@ func (b *benchNS) fill(n int) error {
 		k := min(n, perChild)
 		n -= k
 		cmd := exec.Command(self, "-child", strconv.Itoa(k), "-port", strconv.Itoa(20000+i))
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		// No Pdeathsig: it fires when the forking thread ends, and this
+		// one is retired with its namespace. Children exit when their
+		// stdin closes, which our exit does too.
 		cmd.Stderr = os.Stderr
 		in, err := cmd.StdinPipe()
 		if err != nil {
