@@ -97,6 +97,7 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.durationVar(&period, "poll-period", conntrack.DefaultPollPeriod, "sockdiag mode's polling period")
 	out := &oneOf{val: "table", words: []string{"table", "json"}}
 	fs.Var(out, "o", "output format: table|json (JSON lines)")
+	withProcs := fs.Bool("procs", true, "also follow the app's processes (eBPF, else /proc where visible)")
 	if err := fs.parse(args); err != nil {
 		if errors.Is(err, errHelp) {
 			return nil
@@ -131,6 +132,23 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		fmt.Fprintf(stdout, "watching %s: %s mode (%s%s)\n%s\n", ns.Name(), mode, why, poll, summaryLine(sum))
 	}
+	var procsChanged <-chan struct{}
+	var procs conntrack.AppProcSource
+	if *withProcs {
+		src, reason, perr := conntrack.OpenAppProcSource(ns.Inode(), conntrack.AppProcRules{ProxyUID: uint32(nf.proxyUID)}, conntrack.ProcModeAuto)
+		if perr != nil {
+			why := perr.Error()
+			var pu *conntrack.ProcUnavailableError
+			if errors.As(perr, &pu) {
+				why = pu.Reason
+			}
+			printProcs(stdout, out.val, nil, "not visible: "+why)
+		} else {
+			defer src.Close()
+			procs, procsChanged = src, src.Notify()
+			printProcs(stdout, out.val, src.AppProcs(), src.Source()+": "+reason)
+		}
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- tr.Run(ctx) }()
 	enc := json.NewEncoder(stdout)
@@ -140,6 +158,8 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return <-errc
 		case err := <-errc:
 			return err
+		case <-procsChanged:
+			printProcs(stdout, out.val, procs.AppProcs(), procs.Source())
 		case c := <-changes:
 			if out.val == "json" {
 				if err := enc.Encode(watchLine(c)); err != nil {
@@ -178,4 +198,21 @@ func watchLine(c conntrack.Change) watchJSON {
 func summaryLine(s conntrack.Summary) string {
 	return fmt.Sprintf("[app listeners %d inbound %d outbound %d idle %d | proxy listeners %d flows %d]",
 		s.AppListeners, s.AppInbound, s.AppOutbound, s.AppIdle, s.ProxyListeners, s.ProxyFlows)
+}
+
+// printProcs prints the app's processes (a JSON line with -o json).
+func printProcs(w io.Writer, format string, procs []conntrack.Process, note string) {
+	if format == "json" {
+		json.NewEncoder(w).Encode(map[string]any{"time": time.Now(), "app_processes": procs, "source": note})
+		return
+	}
+	line := fmt.Sprintf("%s app processes: %d (%s)", time.Now().Format("15:04:05.000000"), len(procs), note)
+	for i, p := range procs {
+		if i == 8 {
+			line += fmt.Sprintf(" +%d more", len(procs)-i)
+			break
+		}
+		line += fmt.Sprintf(" %d:%s", p.PID, p.Comm)
+	}
+	fmt.Fprintln(w, line)
 }

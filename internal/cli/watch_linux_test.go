@@ -65,12 +65,19 @@ func TestWatchUnprivilegedFallsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	select {
-	case l := <-lines:
-		if !strings.Contains(l, "LISTEN") || !strings.Contains(l, "127.0.0.1:7777") {
-			t.Fatalf("change line %q", l)
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case l := <-lines:
+			if strings.Contains(l, "app processes") {
+				continue // the process view, not visible here without privileges
+			}
+			if !strings.Contains(l, "LISTEN") || !strings.Contains(l, "127.0.0.1:7777") {
+				t.Fatalf("change line %q", l)
+			}
+			return
+		case <-timeout:
+			t.Fatal("no change reported")
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no change reported")
 	}
 }
