@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"text/tabwriter"
 	"time"
 
@@ -78,6 +79,10 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if fs.NArg() > 0 {
 		return usageErr("conns: unexpected argument %q", fs.Arg(0))
 	}
+	// One snapshot, then exit: collecting garbage on the way costs more
+	// than the memory it frees (a soft limit keeps a huge namespace safe).
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(512 << 20))
 	ns, err := nf.open()
 	if err != nil {
 		return err

@@ -228,7 +228,7 @@ func (b *benchNS) fill(n int) error {
 	for i := 0; n > 0; i++ {
 		k := min(n, perChild)
 		n -= k
-		cmd := exec.Command(self, "-child", strconv.Itoa(k), "-port", strconv.Itoa(20000+i))
+		cmd := exec.Command(self, "-child", strconv.Itoa(k), "-port", strconv.Itoa(65001+i))
 		// No Pdeathsig: it fires when the forking thread ends, and this
 		// one is retired with its namespace. Children exit when their
 		// stdin closes, which our exit does too.
