@@ -1,0 +1,413 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+)
+
+const (
+	defaultKernel = "6.1"
+	defaultMemory = "1536M"
+	defaultSMP    = "2"
+	// bootMargin is added to the test binary's own -test.timeout: boot,
+	// 9p start-up and power-off under TCG.
+	bootMargin     = 2 * time.Minute
+	defaultTimeout = 30 * time.Minute
+)
+
+// defaultModules are loaded at boot: what the init needs (virtio, 9p,
+// overlay) and what the project's tests need (sock_diag, veth). Missing or
+// built-in ones are fine.
+var defaultModules = []string{
+	"virtio_pci", "virtio_console", "virtio_rng",
+	"9pnet_virtio", "9p", "overlay",
+	"inet_diag", "tcp_diag", "udp_diag", "veth",
+}
+
+type options struct {
+	Kernel  string
+	Memory  string
+	SMP     string
+	Timeout time.Duration
+	Modules []string
+	Console bool
+	Keep    bool
+	QEMU    string
+	// Args is the command to run in the VM: the test binary and its flags.
+	Args []string
+}
+
+// vmFlags are vimto's flags. `go test -exec vmexec ./pkg -vm.kernel=X` hands
+// them to the runner after the test binary, among the test's own flags.
+var vmFlags = map[string]bool{"vm.kernel": true, "vm.memory": true, "vm.smp": true, "vm.timeout": true}
+
+func parseOptions(args []string, getenv func(string) string, cwd string, stderr io.Writer) (*options, error) {
+	var (
+		kernel, memory, smp, modules, qemu, timeout string
+		console, keep                               bool
+	)
+	fs := flag.NewFlagSet("vmexec", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	for _, name := range []string{"kernel", "vm.kernel"} {
+		fs.StringVar(&kernel, name, "", "kernel: a directory (boot/vmlinuz*, lib/modules/RELEASE), a vmlinuz, or a cached alias like 6.1 (env DRAIND_VM_KERNEL)")
+	}
+	for _, name := range []string{"memory", "vm.memory"} {
+		fs.StringVar(&memory, name, "", "guest memory, qemu -m syntax (default "+defaultMemory+")")
+	}
+	for _, name := range []string{"smp", "vm.smp"} {
+		fs.StringVar(&smp, name, "", "guest CPUs, qemu -smp syntax (default "+defaultSMP+")")
+	}
+	for _, name := range []string{"timeout", "vm.timeout"} {
+		fs.StringVar(&timeout, name, "", "overall limit for one VM (env DRAIND_VM_TIMEOUT; default -test.timeout + 2m, or 30m)")
+	}
+	fs.StringVar(&modules, "modules", "", "extra kernel modules to load at boot, comma-separated (env DRAIND_VM_MODULES)")
+	fs.BoolVar(&console, "console", false, "stream the kernel console to stderr (env DRAIND_VM_CONSOLE=1)")
+	fs.BoolVar(&keep, "keep", false, "keep the temporary directory (initramfs, console log)")
+	fs.StringVar(&qemu, "qemu", "qemu-system-x86_64", "qemu binary")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "Usage: vmexec [flags] [--] /path/to/pkg.test [test flags]")
+		fmt.Fprintln(fs.Output(), "Runs a test binary in a qemu VM; meant for go test -exec.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("parse flags: %w", err)
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return nil, errors.New("missing the binary to run")
+	}
+
+	vm, rest := extractVMFlags(fs.Args())
+	pick := func(vals ...string) string {
+		for _, v := range vals {
+			if v != "" {
+				return v
+			}
+		}
+		return ""
+	}
+	cfg, err := loadVimtoConfig(cwd)
+	if err != nil {
+		return nil, err
+	}
+
+	o := &options{
+		Kernel: pick(vm["vm.kernel"], kernel, getenv("DRAIND_VM_KERNEL"), cfg.usableKernel(), defaultKernel),
+		Memory: pick(vm["vm.memory"], memory, cfg.Memory, defaultMemory),
+		SMP:    pick(vm["vm.smp"], smp, cfg.SMP, defaultSMP),
+		QEMU:   qemu,
+		Keep:   keep,
+		Args:   rest,
+	}
+	o.Console = console || getenv("DRAIND_VM_CONSOLE") == "1"
+	o.Modules = append([]string{}, defaultModules...)
+	for _, m := range strings.Split(pick(modules, getenv("DRAIND_VM_MODULES")), ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			o.Modules = append(o.Modules, m)
+		}
+	}
+	if t := pick(vm["vm.timeout"], timeout, getenv("DRAIND_VM_TIMEOUT")); t != "" {
+		if o.Timeout, err = time.ParseDuration(t); err != nil {
+			return nil, fmt.Errorf("parse timeout: %w", err)
+		}
+	} else {
+		o.Timeout = timeoutFor(rest)
+	}
+	return o, nil
+}
+
+// extractVMFlags removes -vm.NAME[=VALUE] flags from the command line of the
+// test binary (args[0] is the binary).
+func extractVMFlags(args []string) (map[string]string, []string) {
+	vm := map[string]string{}
+	rest := []string{args[0]}
+	for i := 1; i < len(args); i++ {
+		arg := args[i]
+		if arg == "--" {
+			rest = append(rest, args[i:]...)
+			break
+		}
+		name := strings.TrimLeft(arg, "-")
+		if !strings.HasPrefix(arg, "-") || len(arg)-len(name) > 2 {
+			rest = append(rest, arg)
+			continue
+		}
+		name, value, hasValue := strings.Cut(name, "=")
+		if !vmFlags[name] {
+			rest = append(rest, arg)
+			continue
+		}
+		if !hasValue && i+1 < len(args) {
+			i++
+			value = args[i]
+		}
+		vm[name] = value
+	}
+	return vm, rest
+}
+
+// timeoutFor derives the VM's limit from the test binary's -test.timeout,
+// which go test always passes (10m by default).
+func timeoutFor(args []string) time.Duration {
+	for i, a := range args {
+		name, value, ok := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if name != "test.timeout" {
+			continue
+		}
+		if !ok && i+1 < len(args) {
+			value = args[i+1]
+		}
+		d, err := time.ParseDuration(value)
+		if err != nil || d <= 0 {
+			return defaultTimeout
+		}
+		return d + bootMargin
+	}
+	return defaultTimeout
+}
+
+// vimtoConfig is the part of vimto's .vimto.toml that the runner uses.
+type vimtoConfig struct {
+	Dir    string // where the file is
+	Kernel string
+	Memory string
+	SMP    string
+}
+
+// usableKernel is the config's kernel when this runner can boot it: a local
+// path (relative to the file) or a cache alias. vimto also takes OCI image
+// references, which this runner skips.
+func (c *vimtoConfig) usableKernel() string {
+	k := c.Kernel
+	switch {
+	case k == "":
+		return ""
+	case kernelAlias.MatchString(k):
+		return k
+	case !filepath.IsAbs(k):
+		k = filepath.Join(c.Dir, k)
+	}
+	if _, err := os.Stat(k); err != nil {
+		return ""
+	}
+	return k
+}
+
+// loadVimtoConfig reads .vimto.toml from dir or from the root of the git
+// repository around it, as vimto does. No file is no error.
+func loadVimtoConfig(dir string) (*vimtoConfig, error) {
+	candidates := []string{dir}
+	if root := gitRoot(dir); root != "" && root != dir {
+		candidates = append(candidates, root)
+	}
+	for _, d := range candidates {
+		path := filepath.Join(d, ".vimto.toml")
+		raw, err := os.ReadFile(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read vimto config: %w", err)
+		}
+		values, err := parseTOML(string(raw))
+		if err != nil {
+			return nil, fmt.Errorf("parse %s: %w", path, err)
+		}
+		cfg := &vimtoConfig{Dir: d}
+		cfg.Kernel, _ = values["kernel"].(string)
+		cfg.Memory, _ = values["memory"].(string)
+		cfg.SMP, _ = values["smp"].(string)
+		return cfg, nil
+	}
+	return &vimtoConfig{}, nil
+}
+
+// gitRoot walks up from dir to the directory holding .git.
+func gitRoot(dir string) string {
+	for d := dir; ; {
+		if _, err := os.Stat(filepath.Join(d, ".git")); err == nil {
+			return d
+		}
+		parent := filepath.Dir(d)
+		if parent == d {
+			return ""
+		}
+		d = parent
+	}
+}
+
+// parseTOML parses the flat subset of TOML that .vimto.toml uses: top-level
+// keys whose values are strings, booleans, integers or arrays of those.
+func parseTOML(src string) (map[string]any, error) {
+	p := &tomlParser{src: src, line: 1}
+	values := map[string]any{}
+	for {
+		p.skipSpace(true)
+		if p.eof() {
+			return values, nil
+		}
+		if p.peek() == '[' {
+			return nil, p.errorf("tables are not supported")
+		}
+		key, err := p.key()
+		if err != nil {
+			return nil, err
+		}
+		p.skipSpace(false)
+		if p.eof() || p.peek() != '=' {
+			return nil, p.errorf("expected = after %q", key)
+		}
+		p.pos++
+		p.skipSpace(false)
+		v, err := p.value()
+		if err != nil {
+			return nil, err
+		}
+		if _, dup := values[key]; dup {
+			return nil, p.errorf("duplicate key %q", key)
+		}
+		values[key] = v
+		p.skipSpace(false)
+		if !p.eof() && p.peek() != '\n' {
+			return nil, p.errorf("unexpected %q after value of %q", p.peek(), key)
+		}
+	}
+}
+
+type tomlParser struct {
+	src  string
+	pos  int
+	line int
+}
+
+func (p *tomlParser) eof() bool  { return p.pos >= len(p.src) }
+func (p *tomlParser) peek() byte { return p.src[p.pos] }
+
+func (p *tomlParser) errorf(format string, args ...any) error {
+	return fmt.Errorf("line %d: %s", p.line, fmt.Sprintf(format, args...))
+}
+
+// skipSpace skips blanks and comments, and newlines when newlines is set.
+func (p *tomlParser) skipSpace(newlines bool) {
+	for !p.eof() {
+		switch c := p.peek(); {
+		case c == '#':
+			for !p.eof() && p.peek() != '\n' {
+				p.pos++
+			}
+		case c == '\n' && newlines:
+			p.line++
+			p.pos++
+		case c == ' ' || c == '\t' || c == '\r':
+			p.pos++
+		default:
+			return
+		}
+	}
+}
+
+func (p *tomlParser) key() (string, error) {
+	if p.peek() == '"' {
+		return p.basicString()
+	}
+	start := p.pos
+	for !p.eof() {
+		c := rune(p.peek())
+		if !(unicode.IsLetter(c) || unicode.IsDigit(c) || c == '_' || c == '-') {
+			break
+		}
+		p.pos++
+	}
+	if p.pos == start {
+		return "", p.errorf("expected a key")
+	}
+	return p.src[start:p.pos], nil
+}
+
+func (p *tomlParser) value() (any, error) {
+	if p.eof() {
+		return nil, p.errorf("missing value")
+	}
+	switch c := p.peek(); {
+	case c == '"':
+		return p.basicString()
+	case c == '\'':
+		end := strings.IndexAny(p.src[p.pos+1:], "'\n")
+		if end < 0 || p.src[p.pos+1+end] != '\'' {
+			return nil, p.errorf("unterminated string")
+		}
+		s := p.src[p.pos+1 : p.pos+1+end]
+		p.pos += end + 2
+		return s, nil
+	case c == '[':
+		p.pos++
+		var list []any
+		for {
+			p.skipSpace(true)
+			if p.eof() {
+				return nil, p.errorf("unterminated array")
+			}
+			if p.peek() == ']' {
+				p.pos++
+				return list, nil
+			}
+			v, err := p.value()
+			if err != nil {
+				return nil, err
+			}
+			list = append(list, v)
+			p.skipSpace(true)
+			if !p.eof() && p.peek() == ',' {
+				p.pos++
+			}
+		}
+	default:
+		start := p.pos
+		for !p.eof() && strings.IndexByte(" \t\r\n,]#", p.peek()) < 0 {
+			p.pos++
+		}
+		word := p.src[start:p.pos]
+		switch word {
+		case "true":
+			return true, nil
+		case "false":
+			return false, nil
+		}
+		n, err := strconv.ParseInt(strings.ReplaceAll(word, "_", ""), 0, 64)
+		if err != nil {
+			return nil, p.errorf("unsupported value %q", word)
+		}
+		return n, nil
+	}
+}
+
+func (p *tomlParser) basicString() (string, error) {
+	start := p.pos
+	p.pos++ // opening quote
+	for !p.eof() {
+		switch p.peek() {
+		case '\\':
+			p.pos += 2
+			continue
+		case '\n':
+			return "", p.errorf("unterminated string")
+		case '"':
+			p.pos++
+			s, err := strconv.Unquote(p.src[start:p.pos])
+			if err != nil {
+				return "", p.errorf("bad string %s: %v", p.src[start:p.pos], err)
+			}
+			return s, nil
+		}
+		p.pos++
+	}
+	return "", p.errorf("unterminated string")
+}
