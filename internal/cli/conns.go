@@ -67,6 +67,7 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	out := &oneOf{val: "table", words: []string{"table", "json"}}
 	fs.Var(out, "o", "output format: table|json")
 	withProcs := fs.Bool("procs", false, "also list the app's processes in the namespace (eBPF task iterator, else /proc)")
+	withIdle := fs.Bool("idle", true, "read each flow's idle time (tcp_info; most of the cost of a large dump)")
 	if err := fs.parse(args); err != nil {
 		if errors.Is(err, errHelp) {
 			return nil
@@ -93,6 +94,7 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer d.Close()
+	d.SetInfo(*withIdle || nf.idleTimeout > 0)
 	socks, err := d.Sockets(conntrack.AllStates)
 	if err != nil {
 		return err

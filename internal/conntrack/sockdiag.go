@@ -31,12 +31,14 @@ const (
 var ErrShortMessage = errors.New("short inet_diag message")
 
 // encodeDiagReq builds an inet_diag_req_v2 asking for every TCP socket of
-// family in the states of mask, with tcp_info attached.
-func encodeDiagReq(family uint8, mask StateMask) []byte {
+// family in the states of mask, with tcp_info attached if info.
+func encodeDiagReq(family uint8, mask StateMask, info bool) []byte {
 	b := make([]byte, inetDiagReqV2Len)
 	b[0] = family
 	b[1] = ipprotoTCP
-	b[2] = 1 << (inetDiagInfo - 1) // idiag_ext: request INET_DIAG_INFO
+	if info {
+		b[2] = 1 << (inetDiagInfo - 1) // idiag_ext: request INET_DIAG_INFO
+	}
 	binary.NativeEndian.PutUint32(b[4:8], uint32(mask))
 	// id (48 bytes) stays zero: a dump matches every socket.
 	return b

@@ -34,10 +34,20 @@ const dumpRetries = 5
 // DiagConn is a NETLINK_SOCK_DIAG socket in one network namespace. Its
 // methods are safe for concurrent use; dumps are serialised.
 type DiagConn struct {
-	mu   sync.Mutex
-	c    *netlink.Conn
-	buf  []Socket
-	name string
+	mu     sync.Mutex
+	c      *netlink.Conn
+	buf    []Socket
+	name   string
+	noInfo bool
+}
+
+// SetInfo says whether dumps ask for tcp_info (on by default). It is what
+// gives idle times, and most of a dump's cost: the kernel locks and reads
+// each socket for it (a 20k-socket dump: ~65 ms with it, ~20 ms without).
+func (d *DiagConn) SetInfo(on bool) {
+	d.mu.Lock()
+	d.noInfo = !on
+	d.mu.Unlock()
 }
 
 // DialDiag opens a sock_diag socket in ns (nil: the caller's namespace).
@@ -116,7 +126,7 @@ func (d *DiagConn) dumpFamily(dst []Socket, family uint8, mask StateMask) ([]Soc
 			Type:  sockDiagByFamily,
 			Flags: netlink.Request | netlink.Dump,
 		},
-		Data: encodeDiagReq(family, mask),
+		Data: encodeDiagReq(family, mask, !d.noInfo),
 	}
 	if _, err := d.c.Send(req); err != nil {
 		return dst, fmt.Errorf("sock_diag request in %s: %w", d.name, err)

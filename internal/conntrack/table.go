@@ -144,11 +144,17 @@ func (t *FlowTable) Apply(ev *Event, now time.Time) (Change, bool) {
 	if prev, ok := t.bySk[ev.SkAddr]; ok && ev.SkAddr != 0 && prev != k {
 		if ev.OldState == Close {
 			t.remove(prev) // a new socket at this address: the old one is gone
-		} else if !t.useCookie {
+		} else if _, exists := t.m[prev]; exists && !t.useCookie {
 			k = prev // the same socket, its tuple changed
 		}
 	}
 	e, had := t.m[k]
+	if !had && !t.useCookie && local.Port() == 0 {
+		// Without cookies a socket is known by its tuple, and CLOSE→SYN_SENT
+		// fires before the local port is chosen: two connects to one peer
+		// would share a key. It joins at SYN_SENT→ESTABLISHED.
+		return Change{}, false
+	}
 	ch := Change{Time: now, OldState: ev.OldState, NewState: ev.NewState}
 	if had {
 		ch.OldState = e.flow.State

@@ -95,6 +95,9 @@ func OpenTracker(ns *NetNS, cfg TrackerConfig) (_ *Tracker, err error) {
 	if t.diag, err = DialDiag(ns); err != nil {
 		return nil, err
 	}
+	// Idle times are only needed for the idle timeout: without it, spare
+	// the kernel the tcp_info of every socket on every snapshot.
+	t.diag.SetInfo(cfg.Policy.IdleTimeout > 0)
 	switch cfg.Mode {
 	case ModeSockDiag:
 		t.mode, t.reason = ModeSockDiag, "asked for (--tracker sockdiag)"

@@ -106,8 +106,10 @@ func round(ctx context.Context, stdout io.Writer, n int, draindBin string, budge
 			return err
 		}},
 		{"/proc/net/tcp{,6} parse (in process)", func() error { return parseProcNet("/proc/" + pid + "/net/") }},
-		{"`draind conns -o json` (process)", env.command(draindBin, "conns", "--pid", pid, "-o", "json")},
+		{"`draind conns -o json` (process; with idle times, like ss -i)", env.command(draindBin, "conns", "--pid", pid, "-o", "json")},
+		{"`draind conns -o json --idle=false` (process; same facts as ss -tan)", env.command(draindBin, "conns", "--pid", pid, "-o", "json", "--idle=false")},
 		{"`ss -tan` (process)", env.command("ss", "-tan")},
+		{"`ss -tani` (process)", env.command("ss", "-tani")},
 		{"`ss -tlnp` (process)", env.command("ss", "-tlnp")},
 		{"`netstat -plunt` (process)", env.command("netstat", "-plunt")},
 	}
