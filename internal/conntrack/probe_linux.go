@@ -217,22 +217,29 @@ func cookieRefusedLog(log []string) bool {
 // classifyLoadError turns a load or attach failure into a
 // *ProbeUnavailableError with a one-line Reason.
 func classifyLoadError(err error) error {
+	return &ProbeUnavailableError{Reason: unavailableReason(err), Err: err}
+}
+
+// unavailableReason says in one line why an eBPF program could not be
+// loaded or attached: the Reason of ProbeUnavailableError and
+// ProcUnavailableError, logged once when draind falls back.
+func unavailableReason(err error) string {
 	var ve *ebpf.VerifierError
 	switch {
 	case errors.Is(err, unix.EPERM) || errors.Is(err, os.ErrPermission):
-		return &ProbeUnavailableError{Reason: "no CAP_BPF/CAP_PERFMON (or CAP_SYS_ADMIN)", Err: err}
+		return "no CAP_BPF/CAP_PERFMON (or CAP_SYS_ADMIN)"
 	case errors.As(err, &ve):
-		return &ProbeUnavailableError{Reason: "verifier: " + verifierSummary(ve.Log), Err: err}
+		return "verifier: " + verifierSummary(ve.Log)
 	}
 	// Tell an old kernel from anything else. The probes are only run on
 	// this failure path; their results are cached by the features package.
 	if errors.Is(features.HaveProgramType(ebpf.Tracing), ebpf.ErrNotSupported) {
-		return &ProbeUnavailableError{Reason: "kernel too old (needs 5.5 for tp_btf)", Err: err}
+		return "kernel too old (needs 5.5 for tp_btf)"
 	}
 	if errors.Is(features.HaveMapType(ebpf.RingBuf), ebpf.ErrNotSupported) {
-		return &ProbeUnavailableError{Reason: "kernel too old (needs 5.8 for the BPF ring buffer)", Err: err}
+		return "kernel too old (needs 5.8 for the BPF ring buffer)"
 	}
-	return &ProbeUnavailableError{Reason: "load: " + oneLine(err.Error()), Err: err}
+	return "load: " + oneLine(err.Error())
 }
 
 // verifierSummary keeps the lines that say what went wrong: the last

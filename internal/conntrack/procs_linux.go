@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
@@ -390,7 +389,7 @@ func OpenProcTracker(netnsInode uint64, rules AppProcRules, opts ...ProcOption) 
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		return nil, &ProcUnavailableError{Reason: "kernel has no BTF", Err: err}
 	}
-	procRaiseMemlock()
+	raiseMemlock()
 
 	// The PID namespace the caller's pids are in (rules, os.Getpid()). 0
 	// (unknown) matches none: the caller's pids are then ignored, and only
@@ -637,57 +636,10 @@ func (t *ProcTracker) applyLocked(ev *procEvent) {
 // classifyProcLoadError turns a load or attach failure into a
 // *ProcUnavailableError with a one-line Reason.
 func classifyProcLoadError(err error) error {
-	var ve *ebpf.VerifierError
-	switch {
-	case errors.Is(err, unix.EPERM) || errors.Is(err, os.ErrPermission):
-		return &ProcUnavailableError{Reason: "no CAP_BPF/CAP_PERFMON (or CAP_SYS_ADMIN)", Err: err}
-	case errors.As(err, &ve):
-		return &ProcUnavailableError{Reason: "verifier: " + procVerifierSummary(ve.Log), Err: err}
-	case errors.Is(err, ebpf.ErrNotSupported) && strings.Contains(err.Error(), "iterator"):
+	if errors.Is(err, ebpf.ErrNotSupported) && strings.Contains(err.Error(), "iterator") {
 		return &ProcUnavailableError{Reason: "kernel too old (needs 5.8 for the BPF task iterator)", Err: err}
 	}
-	if errors.Is(features.HaveProgramType(ebpf.Tracing), ebpf.ErrNotSupported) {
-		return &ProcUnavailableError{Reason: "kernel too old (needs 5.5 for tp_btf)", Err: err}
-	}
-	if errors.Is(features.HaveMapType(ebpf.RingBuf), ebpf.ErrNotSupported) {
-		return &ProcUnavailableError{Reason: "kernel too old (needs 5.8 for the BPF ring buffer)", Err: err}
-	}
-	return &ProcUnavailableError{Reason: "load: " + strings.Join(strings.Fields(err.Error()), " "), Err: err}
-}
-
-// procVerifierSummary keeps the last three meaningful lines of a verifier
-// log.
-func procVerifierSummary(log []string) string {
-	var keep []string
-	for i := len(log) - 1; i >= 0 && len(keep) < 3; i-- {
-		l := strings.TrimSpace(log[i])
-		if l == "" || strings.HasPrefix(l, "processed ") || strings.HasPrefix(l, "verification time") ||
-			strings.HasPrefix(l, "stack depth") {
-			continue
-		}
-		keep = append(keep, l)
-	}
-	if len(keep) == 0 {
-		return "program rejected (no log)"
-	}
-	slices.Reverse(keep)
-	return strings.Join(strings.Fields(strings.Join(keep, " | ")), " ")
-}
-
-// procRaiseMemlock lifts RLIMIT_MEMLOCK on kernels before 5.11, which charge
-// BPF memory to it. Best effort (needs CAP_SYS_RESOURCE).
-func procRaiseMemlock() {
-	var u unix.Utsname
-	if unix.Uname(&u) != nil {
-		return
-	}
-	rel := unix.ByteSliceToString(u.Release[:])
-	var major, minor int
-	if _, err := fmt.Sscanf(rel, "%d.%d", &major, &minor); err != nil || major > 5 || (major == 5 && minor >= 11) {
-		return
-	}
-	inf := unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY}
-	_ = unix.Prlimit(0, unix.RLIMIT_MEMLOCK, &inf, nil)
+	return &ProcUnavailableError{Reason: unavailableReason(err), Err: err}
 }
 
 // ---- /proc backend ----

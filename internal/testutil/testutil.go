@@ -20,6 +20,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/draind/draind/internal/nsrun"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -98,36 +99,17 @@ func NewNetNS(tb testing.TB) *NetNS {
 // stay in the namespace; processes started in fn (os/exec) are born in it.
 func (n *NetNS) Do(tb testing.TB, fn func()) {
 	tb.Helper()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(n.Handle); err != nil {
-			errc <- err
-			return
-		}
-		defer func() {
-			if err := netns.Set(orig); err == nil {
-				runtime.UnlockOSThread()
-			} // else: the thread dies with this goroutine, locked
-		}()
-		done := false
-		defer func() {
-			if !done {
-				errc <- errors.New("fn panicked or called runtime.Goexit (t.Fatal is not allowed in Do)")
-			}
-		}()
+	done := false
+	err := nsrun.Do(n.Handle, func() error {
 		fn()
 		done = true
-		errc <- nil
-	}()
-	if err := <-errc; err != nil {
+		return nil
+	})
+	if err != nil {
 		tb.Fatalf("in netns: %v", err)
+	}
+	if !done {
+		tb.Fatalf("in netns: fn panicked or called runtime.Goexit (t.Fatal is not allowed in Do)")
 	}
 }
 
@@ -194,36 +176,9 @@ func Link(tb testing.TB, a, b *NetNS, cidrA, cidrB string) {
 	}
 }
 
-// Dialer returns a DialContext that connects from inside the namespace:
-// the socket is created on a thread switched into it.
+// Dialer returns a DialContext that connects from inside the namespace.
 func (n *NetNS) Dialer() func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		type result struct {
-			c   net.Conn
-			err error
-		}
-		ch := make(chan result, 1)
-		go func() {
-			runtime.LockOSThread()
-			orig, err := netns.Get()
-			if err != nil {
-				ch <- result{nil, err}
-				return
-			}
-			defer orig.Close()
-			if err := netns.Set(n.Handle); err != nil {
-				ch <- result{nil, err}
-				return
-			}
-			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-			if serr := netns.Set(orig); serr == nil {
-				runtime.UnlockOSThread()
-			}
-			ch <- result{c, err}
-		}()
-		r := <-ch
-		return r.c, r.err
-	}
+	return nsrun.Dialer(n.Handle)
 }
 
 // Listen listens inside the namespace.

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/conntrack"
+	"github.com/draind/draind/internal/nsrun"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -298,33 +299,16 @@ func runChild(k, port int) error {
 // started from a thread inside it, so the child is born there).
 func (b *benchNS) command(name string, args ...string) func() error {
 	return func() error {
-		errc := make(chan error, 1)
-		go func() {
-			runtime.LockOSThread()
-			orig, err := netns.Get()
-			if err != nil {
-				errc <- err
-				return
-			}
-			defer orig.Close()
-			if err := netns.Set(b.handle); err != nil {
-				errc <- err
-				return
-			}
+		return nsrun.Do(b.handle, func() error {
 			cmd := exec.Command(name, args...)
 			cmd.Stdout = io.Discard
 			var stderr strings.Builder
 			cmd.Stderr = &stderr
-			err = cmd.Run()
-			if serr := netns.Set(orig); serr == nil {
-				runtime.UnlockOSThread()
+			if err := cmd.Run(); err != nil {
+				return fmt.Errorf("%s %v: %w: %s", name, args, err, stderr.String())
 			}
-			if err != nil {
-				err = fmt.Errorf("%s %v: %w: %s", name, args, err, stderr.String())
-			}
-			errc <- err
-		}()
-		return <-errc
+			return nil
+		})
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/draind/draind/internal/nsrun"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -120,7 +121,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		exited <- dcmd.ProcessState.ExitCode()
 	}()
 
-	hc := &http.Client{Transport: &http.Transport{DialContext: dialIn(client)}, Timeout: 30 * time.Second}
+	hc := &http.Client{Transport: &http.Transport{DialContext: nsrun.Dialer(client)}, Timeout: 30 * time.Second}
 	probe := func() string {
 		resp, err := hc.Get("http://" + podIP + ":15020/healthz/ready")
 		if err != nil {
@@ -282,57 +283,7 @@ func makeNamespaces() (pod, client netns.NsHandle, err error) {
 }
 
 // startIn starts cmd from a thread inside ns, so the process is born there.
-func startIn(ns netns.NsHandle, cmd *exec.Cmd) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		err = cmd.Start()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
-}
-
-func dialIn(ns netns.NsHandle) func(context.Context, string, string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := func() error {
-			errc := make(chan error, 1)
-			go func() {
-				runtime.LockOSThread()
-				orig, err := netns.Get()
-				if err != nil {
-					errc <- err
-					return
-				}
-				defer orig.Close()
-				if err := netns.Set(ns); err != nil {
-					errc <- err
-					return
-				}
-				c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-				if netns.Set(orig) == nil {
-					runtime.UnlockOSThread()
-				}
-				errc <- err
-			}()
-			return <-errc
-		}()
-		return c, err
-	}
-}
+func startIn(ns netns.NsHandle, cmd *exec.Cmd) error { return nsrun.Do(ns, cmd.Start) }
 
 // app is the pod's application: /slow?ms=N; on SIGTERM it stops
 // accepting, finishes in-flight requests, and exits.
