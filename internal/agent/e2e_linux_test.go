@@ -45,19 +45,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// envoysimRole runs envoysim, first dropping to E2E_PROXY_UID as Envoy's
-// container would run (its sockets are then the proxy's).
+// envoysimRole runs envoysim. draind starts it as uid 1337
+// (--run-proxy-as), as Envoy's container would run: its sockets are then
+// the proxy's. (Dropping privileges in the child itself would clear the
+// parent-death signal, and a killed draind would leave it behind.)
 func envoysimRole(args []string) int {
-	if uid, err := strconv.Atoi(os.Getenv("E2E_PROXY_UID")); err == nil && uid > 0 {
-		if err := syscall.Setgid(uid); err != nil {
-			fmt.Fprintln(os.Stderr, "setgid:", err)
-			return 1
-		}
-		if err := syscall.Setuid(uid); err != nil {
-			fmt.Fprintln(os.Stderr, "setuid:", err)
-			return 1
-		}
-	}
 	return envoysim.Main(context.Background(), args, os.Stdout, os.Stderr)
 }
 
@@ -155,7 +147,8 @@ type pod struct {
 
 	draind     *exec.Cmd
 	draindLog  *syncBuffer
-	draindDone chan int
+	draindDone chan struct{} // closed when draind has exited
+	draindCode int
 	drainedAt  time.Time
 	app        *exec.Cmd
 	appResult  string
@@ -237,11 +230,10 @@ func (p *pod) startApp(args ...string) {
 // and waits until the pod is ready.
 func (p *pod) startDraind(draindArgs []string, envoyArgs ...string) {
 	p.t.Helper()
-	args := append([]string{"__draind", "run", "--status-addr", "0.0.0.0:15020", "--log-format", "json"}, draindArgs...)
+	args := append([]string{"__draind", "run", "--status-addr", "0.0.0.0:15020", "--log-format", "json", "--run-proxy-as", "1337"}, draindArgs...)
 	args = append(args, "--", p.bin, "__envoysim", "-c", p.envoyConfig(0))
 	args = append(args, envoyArgs...)
 	cmd := exec.Command(p.bin, args...)
-	cmd.Env = append(os.Environ(), "E2E_PROXY_UID=1337")
 	p.draindLog = &syncBuffer{}
 	cmd.Stdout = os.Stdout
 	cmd.Stderr = io.MultiWriter(p.draindLog, testWriter{p.t})
@@ -252,15 +244,17 @@ func (p *pod) startDraind(draindArgs []string, envoyArgs ...string) {
 		p.t.Fatal(serr)
 	}
 	p.draind = cmd
-	p.draindDone = make(chan int, 1)
+	done := make(chan struct{})
+	p.draindDone = done
 	go func() {
 		cmd.Wait()
-		p.draindDone <- cmd.ProcessState.ExitCode()
+		p.draindCode = cmd.ProcessState.ExitCode()
+		close(done)
 	}()
 	p.t.Cleanup(func() {
 		cmd.Process.Kill()
 		select {
-		case <-p.draindDone:
+		case <-done:
 		case <-time.After(5 * time.Second):
 		}
 	})
@@ -282,8 +276,8 @@ func (p *pod) waitReady(d time.Duration) {
 	end := time.Now().Add(d)
 	for p.readyStatus() != 200 {
 		select {
-		case code := <-p.draindDone:
-			p.t.Fatalf("draind exited %d before the pod was ready; log:\n%s", code, p.draindLog.String())
+		case <-p.draindDone:
+			p.t.Fatalf("draind exited %d before the pod was ready; log:\n%s", p.draindCode, p.draindLog.String())
 		default:
 		}
 		if time.Now().After(end) {
@@ -307,8 +301,8 @@ func (p *pod) terminate() {
 func (p *pod) waitExit(d time.Duration) (int, time.Duration) {
 	p.t.Helper()
 	select {
-	case code := <-p.draindDone:
-		return code, time.Since(p.drainedAt)
+	case <-p.draindDone:
+		return p.draindCode, time.Since(p.drainedAt)
 	case <-time.After(d):
 		p.t.Fatalf("draind still running %s after SIGTERM; log:\n%s", d, p.draindLog.String())
 	}
@@ -422,8 +416,8 @@ func TestAppIgnoringSIGTERM(t *testing.T) {
 		p.terminate()
 		time.Sleep(1500 * time.Millisecond)
 		select {
-		case code := <-p.draindDone:
-			t.Fatalf("draind exited (%d) while the app still ran; log:\n%s", code, p.draindLog.String())
+		case <-p.draindDone:
+			t.Fatalf("draind exited (%d) while the app still ran; log:\n%s", p.draindCode, p.draindLog.String())
 		default:
 		}
 		if !strings.Contains(p.draindLog.String(), "app: 1 processes") && !strings.Contains(p.draindLog.String(), "app: 1 listeners") {
@@ -654,9 +648,8 @@ func setFault(t *testing.T, p *pod, body string) {
 // non-zero on timeout.
 func TestWaitCommand(t *testing.T) {
 	p := newPod(t)
-	args := []string{"__draind", "run", "--status-addr", "127.0.0.1:15020", "--", p.bin, "__envoysim", "-c", p.envoyConfig(2 * time.Second)}
+	args := []string{"__draind", "run", "--status-addr", "127.0.0.1:15020", "--run-proxy-as", "1337", "--", p.bin, "__envoysim", "-c", p.envoyConfig(2 * time.Second)}
 	cmd := exec.Command(p.bin, args...)
-	cmd.Env = append(os.Environ(), "E2E_PROXY_UID=1337")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var serr error
 	p.ns.Do(t, func() { serr = cmd.Start() })
