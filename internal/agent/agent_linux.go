@@ -55,6 +55,9 @@ type Agent struct {
 	quitReq    chan struct{}
 	quitOnce   sync.Once
 	appPortSet map[uint16]bool
+	// nonTraffic are local ports whose connections are not Envoy's
+	// downstream traffic: --exclude-ports, draind's status port, the admin.
+	nonTraffic map[uint16]bool
 }
 
 // Result is how a run ended.
@@ -107,6 +110,10 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	closers = append(closers, func() error { ln.Close(); return nil })
 	_, statusPort, _ := splitPort(ln.Addr().String())
 	_, adminPort, _ := splitPort(cfg.AdminAddr)
+	a.nonTraffic = map[uint16]bool{statusPort: true, adminPort: true}
+	for _, p := range cfg.ExcludePorts {
+		a.nonTraffic[p] = true
+	}
 
 	if a.ns, err = conntrack.CurrentNetNS(); err != nil {
 		return Result{}, err
@@ -470,13 +477,7 @@ func (a *Agent) gateInput(ctx context.Context) (GateInput, time.Time) {
 		in.AppProcsKnown = true
 		in.AppProcs = a.procs.Count()
 	}
-	exclude := map[uint16]bool{}
-	for _, p := range a.cfg.ExcludePorts {
-		exclude[p] = true
-	}
-	_, statusPort, _ := splitPort(a.status.ln.Addr().String())
-	_, adminPort, _ := splitPort(a.cfg.AdminAddr)
-	exclude[statusPort], exclude[adminPort] = true, true // not downstream traffic
+	exclude := a.nonTraffic
 	var idleWake time.Time
 	snapAt := a.tracker.LastSnapshot()
 	for _, f := range a.tracker.Flows(func(f *conntrack.Flow) bool { return f.State.HoldsDrain() && f.State != conntrack.Listen }) {
