@@ -316,21 +316,11 @@ func probeDial(t *testing.T, ns *testutil.NetNS, uid int, network, addr string) 
 // DiagConn) and returns its idiag_cookie and uid.
 func probeDiagCookie(t *testing.T, ns *testutil.NetNS, local, remote netip.AddrPort) (uint64, uint32) {
 	t.Helper()
-	h, err := OpenNetNS(ns.Path())
+	socks, err := dialDiag(t, ns).Sockets(AllStates)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Close()
-	d, err := DialDiag(h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	socks, err := d.Sockets(AllStates)
-	if err != nil {
-		t.Fatal(err)
-	}
-	unmap := func(ap netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()) }
+	unmap := unmapPort
 	for _, s := range socks {
 		// Compared unmapped: the events keep ::ffff:a.b.c.d as the kernel
 		// holds it, whatever the sock_diag parser does.
