@@ -14,22 +14,29 @@ build: ## build draind and envoysim into ./bin
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/draind ./cmd/draind
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/envoysim ./internal/envoy/envoysim/cmd/envoysim
 
-test: ## run every test (as root for the kernel tests)
+tools: ## build the developer tools (tools/: vmexec, benchsnap, demo) into ./bin
+	CGO_ENABLED=0 $(GO) -C tools build -o $(abspath $(BIN))/ ./vmtest/vmexec ./bench/benchsnap ./demo
+
+test: ## run every test of the product (as root for the kernel tests)
 	$(GO) test -count=1 -p 1 -timeout 20m $(PKGS)
 
-vet: ## go vet
+test-tools: ## run the developer tools' own tests (the tools module)
+	$(GO) -C tools test -count=1 ./...
+
+vet: ## go vet the product and the tools
 	$(GO) vet ./...
+	$(GO) -C tools vet ./...
 
 bench: ## run the benchmarks (see docs/benchmarks.md)
-	bash scripts/bench.sh
+	bash tools/bench/bench.sh
 
 generate: ## regenerate the eBPF objects (needs clang, llvm, libbpf-dev, bpftool)
 	$(GO) generate ./...
 
 vmtest: ## run the privileged packages in VMs: make vmtest KERNELS="6.1"
-	bash scripts/vmtest.sh --kernels "$(KERNELS)" $(VMPKGS)
+	bash tools/vmtest/vmtest.sh --kernels "$(KERNELS)" $(VMPKGS)
 
 demo: build ## a self-contained drain on this machine, as root
-	$(GO) run ./scripts/demo --bin $(BIN)
+	$(GO) -C tools run ./demo --bin $(abspath $(BIN))
 
-.PHONY: help build test vet bench generate vmtest demo
+.PHONY: help build tools test test-tools vet bench generate vmtest demo

@@ -2,8 +2,8 @@
 # Run Go test packages inside qemu VMs, one VM per kernel and package, on a
 # matrix of Debian kernels. See docs/vmtest.md.
 #
-#   bash scripts/vmtest.sh [--kernels "5.10 6.1 6.12"] [-v] [--run REGEX]
-#                          [--timeout 10m] [--fetch] PKG...
+#   bash tools/vmtest/vmtest.sh [--kernels "5.10 6.1 6.12"] [-v] [--run REGEX]
+#                                [--timeout 10m] [--fetch] PKG...
 #
 # Prints one line per kernel and package, the output of failed runs, a
 # closing "N passed, N failed, N skipped" line and the total wall time; exits
@@ -65,7 +65,7 @@ if ((!fetch_only && ${#pkgs[@]} == 0)); then
 fi
 
 orig=$PWD
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 started=$(date +%s)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/draind-vmtest.XXXXXX")
 child=""
@@ -231,7 +231,7 @@ fi
 # --- Runs ----------------------------------------------------------------------
 
 mkdir -p "$tmp/bin" "$tmp/logs"
-CGO_ENABLED=0 bg go build -o "$tmp/vmexec" ./scripts/vm/vmexec
+CGO_ENABLED=0 bg go -C tools build -o "$tmp/vmexec" ./vmtest/vmexec
 
 passed=0 failed=0 skipped=0
 line() { # status kernel pkg detail
@@ -247,7 +247,9 @@ for pkg in "${pkgs[@]}"; do
 		skipped=$((skipped + 1))
 		continue
 	fi
-	if ! info=$(go list -f '{{.Dir}} {{len .TestGoFiles}} {{len .XTestGoFiles}}' "$pkg" 2>"$tmp/list.log"); then
+	# go -C: the package is listed and built in its own module (the
+	# product's, or the tools module for ./tools/vmtest/vmcheck).
+	if ! info=$(go -C "$pkg" list -f '{{.Dir}} {{len .TestGoFiles}} {{len .XTestGoFiles}}' . 2>"$tmp/list.log"); then
 		if grep -q 'no Go files' "$tmp/list.log"; then
 			line SKIP - "$pkg" "no Go files"
 			skipped=$((skipped + 1))
@@ -266,7 +268,7 @@ for pkg in "${pkgs[@]}"; do
 	fi
 	name=$(echo "${pkg#./}" | tr '/.' '__')
 	bin="$tmp/bin/$name.test"
-	if ! bg go test -c -o "$bin" "$pkg" >"$tmp/logs/$name.build" 2>&1; then
+	if ! bg go -C "$pkg" test -c -o "$bin" . >"$tmp/logs/$name.build" 2>&1; then
 		line FAIL - "$pkg" "build failed"
 		show "$tmp/logs/$name.build"
 		failed=$((failed + 1))

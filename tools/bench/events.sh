@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Event-path benchmarks of the eBPF probe (internal/conntrack, probe_linux_test.go).
-# Needs root and a kernel with BTF. Usage: scripts/bench-events.sh [CONNS] [CLOSES]
+# Needs root and a kernel with BTF. Usage: tools/bench/events.sh [CONNS] [CLOSES]
 #
 #   BenchmarkProbeThroughput/connect  CONNS loopback connections opened and closed
 #                                     by several threads (10 state changes each)
@@ -12,7 +12,7 @@
 # backup-covered (nested changes the backup program recovered), chain-breaks
 # (changes missing with no counter noticing), primary/backup-ns/run.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 conns=${1:-50000}
 closes=${2:-1000}
 go test -count=1 -run '^$' -bench 'BenchmarkProbeThroughput' -benchtime="${conns}x" ./internal/conntrack/

@@ -3,7 +3,7 @@
 // (in process and as `draind conns -o json`), against `ss -tan`,
 // `ss -tlnp`, `netstat -plunt` and a parse of /proc/net/tcp{,6}. It builds
 // a network namespace holding N established loopback connections for each
-// N asked, and prints a Markdown table. Run as root: scripts/bench-snapshot.sh.
+// N asked, and prints a Markdown table. Run as root: tools/bench/snapshot.sh.
 package main
 
 import (

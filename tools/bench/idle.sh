@@ -4,7 +4,7 @@
 # Ready (envoysim as the proxy) with each tracker mode. Target (DESIGN.md):
 # no periodic wake-ups while Ready in eBPF mode. Run as root.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 secs=${1:-60}
 make -s build >/dev/null
 tmp=$(mktemp -d); chmod 755 "$tmp"

@@ -3,8 +3,8 @@
 # listener check and full snapshot against ss, netstat and /proc/net/tcp.
 # Prints a Markdown table (docs/benchmarks.md). Run as root.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 command -v netstat >/dev/null || { echo "needs netstat (apt-get install net-tools) for the comparison" >&2; exit 1; }
 go build -o bin/draind ./cmd/draind
-go build -o bin/benchsnap ./scripts/benchsnap
+go -C tools build -o "$PWD/bin/benchsnap" ./bench/benchsnap
 ./bin/benchsnap --draind bin/draind --flows "${FLOWS:-1000,10000,100000}" --budget "${BUDGET:-2s}"

@@ -18,7 +18,7 @@ import (
 func inVM(t *testing.T) {
 	t.Helper()
 	if os.Getenv("DRAIND_VM_GUEST") != "1" {
-		t.Skip("not in a vmexec VM (run: bash scripts/vmtest.sh ./scripts/vm/vmcheck)")
+		t.Skip("not in a vmexec VM (run: bash tools/vmtest/vmtest.sh ./tools/vmtest/vmcheck)")
 	}
 }
 

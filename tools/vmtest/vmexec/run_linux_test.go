@@ -105,12 +105,12 @@ func TestKernelProblems(t *testing.T) {
 }
 
 // TestVM boots real VMs. It is slow (about 10 s per kernel under TCG) and
-// needs qemu and the kernels cached by scripts/vmtest.sh --fetch, so it runs
+// needs qemu and the kernels cached by tools/vmtest/vmtest.sh --fetch, so it runs
 // only with DRAIND_VMTEST=1. DRAIND_VMTEST_KERNELS picks the kernels
 // (default 6.1).
 func TestVM(t *testing.T) {
 	if os.Getenv("DRAIND_VMTEST") != "1" {
-		t.Skip("boots VMs: set DRAIND_VMTEST=1 (after bash scripts/vmtest.sh --fetch)")
+		t.Skip("boots VMs: set DRAIND_VMTEST=1 (after bash tools/vmtest/vmtest.sh --fetch)")
 	}
 	kernels := strings.Fields(os.Getenv("DRAIND_VMTEST_KERNELS"))
 	if len(kernels) == 0 {

@@ -25,7 +25,7 @@ type kernelImage struct {
 	ModDir string
 }
 
-// cacheDir is where scripts/vmtest.sh keeps the kernels it fetched.
+// cacheDir is where tools/vmtest/vmtest.sh keeps the kernels it fetched.
 func cacheDir() string {
 	if d := os.Getenv("DRAIND_VM_CACHE"); d != "" {
 		return d
@@ -47,13 +47,13 @@ var kernelAlias = regexp.MustCompile(`^[0-9]+\.[0-9]+$`)
 // or a version alias such as "6.1" naming a directory of the cache.
 func resolveKernel(spec string) (*kernelImage, error) {
 	if spec == "" {
-		return nil, errors.New("no kernel: pass --kernel (a directory, a vmlinuz, or an alias like 6.1 fetched by scripts/vmtest.sh)")
+		return nil, errors.New("no kernel: pass --kernel (a directory, a vmlinuz, or an alias like 6.1 fetched by tools/vmtest/vmtest.sh)")
 	}
 	st, err := os.Stat(spec)
 	if err != nil && kernelAlias.MatchString(spec) {
 		dir := filepath.Join(cacheDir(), "kernels", spec)
 		if st, err = os.Stat(dir); err != nil {
-			return nil, fmt.Errorf("kernel %s is not in the cache %s: fetch it with `bash scripts/vmtest.sh --fetch --kernels %s`", spec, cacheDir(), spec)
+			return nil, fmt.Errorf("kernel %s is not in the cache %s: fetch it with `bash tools/vmtest/vmtest.sh --fetch --kernels %s`", spec, cacheDir(), spec)
 		}
 		spec = dir
 	}
