@@ -7,6 +7,7 @@ go 1.26.0
 replace github.com/draind/draind => ../
 
 require (
+	github.com/BurntSushi/toml v1.6.0
 	github.com/draind/draind v0.0.0-00010101000000-000000000000
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5

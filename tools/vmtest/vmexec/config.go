@@ -7,10 +7,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
-	"unicode"
+
+	"github.com/BurntSushi/toml"
 )
 
 const (
@@ -175,11 +175,12 @@ func timeoutFor(args []string) time.Duration {
 }
 
 // vimtoConfig is the part of vimto's .vimto.toml that the runner uses.
+// vimto's other keys (user, setup, teardown, ...) are left to vimto.
 type vimtoConfig struct {
-	Dir    string // where the file is
-	Kernel string
-	Memory string
-	SMP    string
+	Dir    string `toml:"-"` // where the file is
+	Kernel string `toml:"kernel"`
+	Memory string `toml:"memory"`
+	SMP    string `toml:"smp"`
 }
 
 // usableKernel is the config's kernel when this runner can boot it: a local
@@ -217,14 +218,10 @@ func loadVimtoConfig(dir string) (*vimtoConfig, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read vimto config: %w", err)
 		}
-		values, err := parseTOML(string(raw))
-		if err != nil {
+		cfg := &vimtoConfig{Dir: d}
+		if err := toml.Unmarshal(raw, cfg); err != nil {
 			return nil, fmt.Errorf("parse %s: %w", path, err)
 		}
-		cfg := &vimtoConfig{Dir: d}
-		cfg.Kernel, _ = values["kernel"].(string)
-		cfg.Memory, _ = values["memory"].(string)
-		cfg.SMP, _ = values["smp"].(string)
 		return cfg, nil
 	}
 	return &vimtoConfig{}, nil
@@ -242,172 +239,4 @@ func gitRoot(dir string) string {
 		}
 		d = parent
 	}
-}
-
-// parseTOML parses the flat subset of TOML that .vimto.toml uses: top-level
-// keys whose values are strings, booleans, integers or arrays of those.
-func parseTOML(src string) (map[string]any, error) {
-	p := &tomlParser{src: src, line: 1}
-	values := map[string]any{}
-	for {
-		p.skipSpace(true)
-		if p.eof() {
-			return values, nil
-		}
-		if p.peek() == '[' {
-			return nil, p.errorf("tables are not supported")
-		}
-		key, err := p.key()
-		if err != nil {
-			return nil, err
-		}
-		p.skipSpace(false)
-		if p.eof() || p.peek() != '=' {
-			return nil, p.errorf("expected = after %q", key)
-		}
-		p.pos++
-		p.skipSpace(false)
-		v, err := p.value()
-		if err != nil {
-			return nil, err
-		}
-		if _, dup := values[key]; dup {
-			return nil, p.errorf("duplicate key %q", key)
-		}
-		values[key] = v
-		p.skipSpace(false)
-		if !p.eof() && p.peek() != '\n' {
-			return nil, p.errorf("unexpected %q after value of %q", p.peek(), key)
-		}
-	}
-}
-
-type tomlParser struct {
-	src  string
-	pos  int
-	line int
-}
-
-func (p *tomlParser) eof() bool  { return p.pos >= len(p.src) }
-func (p *tomlParser) peek() byte { return p.src[p.pos] }
-
-func (p *tomlParser) errorf(format string, args ...any) error {
-	return fmt.Errorf("line %d: %s", p.line, fmt.Sprintf(format, args...))
-}
-
-// skipSpace skips blanks and comments, and newlines when newlines is set.
-func (p *tomlParser) skipSpace(newlines bool) {
-	for !p.eof() {
-		switch c := p.peek(); {
-		case c == '#':
-			for !p.eof() && p.peek() != '\n' {
-				p.pos++
-			}
-		case c == '\n' && newlines:
-			p.line++
-			p.pos++
-		case c == ' ' || c == '\t' || c == '\r':
-			p.pos++
-		default:
-			return
-		}
-	}
-}
-
-func (p *tomlParser) key() (string, error) {
-	if p.peek() == '"' {
-		return p.basicString()
-	}
-	start := p.pos
-	for !p.eof() {
-		c := rune(p.peek())
-		if !(unicode.IsLetter(c) || unicode.IsDigit(c) || c == '_' || c == '-') {
-			break
-		}
-		p.pos++
-	}
-	if p.pos == start {
-		return "", p.errorf("expected a key")
-	}
-	return p.src[start:p.pos], nil
-}
-
-func (p *tomlParser) value() (any, error) {
-	if p.eof() {
-		return nil, p.errorf("missing value")
-	}
-	switch c := p.peek(); {
-	case c == '"':
-		return p.basicString()
-	case c == '\'':
-		end := strings.IndexAny(p.src[p.pos+1:], "'\n")
-		if end < 0 || p.src[p.pos+1+end] != '\'' {
-			return nil, p.errorf("unterminated string")
-		}
-		s := p.src[p.pos+1 : p.pos+1+end]
-		p.pos += end + 2
-		return s, nil
-	case c == '[':
-		p.pos++
-		var list []any
-		for {
-			p.skipSpace(true)
-			if p.eof() {
-				return nil, p.errorf("unterminated array")
-			}
-			if p.peek() == ']' {
-				p.pos++
-				return list, nil
-			}
-			v, err := p.value()
-			if err != nil {
-				return nil, err
-			}
-			list = append(list, v)
-			p.skipSpace(true)
-			if !p.eof() && p.peek() == ',' {
-				p.pos++
-			}
-		}
-	default:
-		start := p.pos
-		for !p.eof() && strings.IndexByte(" \t\r\n,]#", p.peek()) < 0 {
-			p.pos++
-		}
-		word := p.src[start:p.pos]
-		switch word {
-		case "true":
-			return true, nil
-		case "false":
-			return false, nil
-		}
-		n, err := strconv.ParseInt(strings.ReplaceAll(word, "_", ""), 0, 64)
-		if err != nil {
-			return nil, p.errorf("unsupported value %q", word)
-		}
-		return n, nil
-	}
-}
-
-func (p *tomlParser) basicString() (string, error) {
-	start := p.pos
-	p.pos++ // opening quote
-	for !p.eof() {
-		switch p.peek() {
-		case '\\':
-			p.pos += 2
-			continue
-		case '\n':
-			return "", p.errorf("unterminated string")
-		case '"':
-			p.pos++
-			s, err := strconv.Unquote(p.src[start:p.pos])
-			if err != nil {
-				return "", p.errorf("bad string %s: %v", p.src[start:p.pos], err)
-			}
-			return s, nil
-		}
-		p.pos++
-	}
-	return "", p.errorf("unterminated string")
 }

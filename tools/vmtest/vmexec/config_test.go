@@ -40,46 +40,56 @@ func TestTimeoutFor(t *testing.T) {
 	}
 }
 
-func TestParseTOML(t *testing.T) {
-	got, err := parseTOML(`# comment
+func TestLoadVimtoConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		content string // "" for no file
+		want    vimtoConfig
+		wantErr bool
+	}{
+		{
+			name: "vimto's keys, the runner's three read",
+			content: `# comment
 kernel="ghcr.io/cilium/ci-kernels:stable" # trailing
 smp = "cpus=2"
 memory='768M'
 user="root"
 sudo = true
-n = 1_000
 setup=[
   "mount -t cgroup2 -o nosuid,noexec,nodev cgroup2 /sys/fs/cgroup",
   "/bin/sh -c 'modprobe bpf_testmod || true'", # why
-  "echo \"quoted\"",
 ]
 teardown = []
-`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]any{
-		"kernel": "ghcr.io/cilium/ci-kernels:stable",
-		"smp":    "cpus=2",
-		"memory": "768M",
-		"user":   "root",
-		"sudo":   true,
-		"n":      int64(1000),
-		"setup": []any{
-			"mount -t cgroup2 -o nosuid,noexec,nodev cgroup2 /sys/fs/cgroup",
-			"/bin/sh -c 'modprobe bpf_testmod || true'",
-			`echo "quoted"`,
+`,
+			want: vimtoConfig{Kernel: "ghcr.io/cilium/ci-kernels:stable", Memory: "768M", SMP: "cpus=2"},
 		},
-		"teardown": []any(nil),
-	}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("parseTOML =\n%#v\nwant\n%#v", got, want)
-	}
-
-	for _, bad := range []string{`kernel = "x`, `kernel "x"`, `[table]`, "a = 1\na = 2", `x = [1, 2`, `x = what`} {
-		if _, err := parseTOML(bad); err == nil {
-			t.Errorf("parseTOML(%q) succeeded", bad)
-		}
+		{name: "no file", want: vimtoConfig{}},
+		{name: "unterminated string", content: `kernel = "x`, wantErr: true},
+		{name: "duplicate key", content: "memory = \"1G\"\nmemory = \"2G\"\n", wantErr: true},
+		{name: "memory is not a string", content: "memory = 1536\n", wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if tc.content != "" {
+				if err := os.WriteFile(filepath.Join(dir, ".vimto.toml"), []byte(tc.content), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				tc.want.Dir = dir
+			}
+			cfg, err := loadVimtoConfig(dir)
+			if tc.wantErr {
+				if err == nil {
+					t.Fatalf("loaded %+v, want an error", cfg)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if *cfg != tc.want {
+				t.Errorf("config = %+v, want %+v", *cfg, tc.want)
+			}
+		})
 	}
 }
 
