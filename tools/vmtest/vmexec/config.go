@@ -85,7 +85,7 @@ func parseOptions(args []string, getenv func(string) string, cwd string, stderr 
 		return nil, errors.New("missing the binary to run")
 	}
 
-	vm, rest := extractVMFlags(fs.Args())
+	vm, rest := extractFlags(fs.Args(), vmFlags)
 	pick := func(vals ...string) string {
 		for _, v := range vals {
 			if v != "" {
@@ -124,10 +124,12 @@ func parseOptions(args []string, getenv func(string) string, cwd string, stderr 
 	return o, nil
 }
 
-// extractVMFlags removes -vm.NAME[=VALUE] flags from the command line of the
-// test binary (args[0] is the binary).
-func extractVMFlags(args []string) (map[string]string, []string) {
-	vm := map[string]string{}
+// extractFlags removes the flags named in names (-NAME=VALUE or -NAME VALUE,
+// one or two dashes, before any "--") from the command line of the test
+// binary (args[0] is the binary) and returns their values; the last one wins,
+// as with package flag.
+func extractFlags(args []string, names map[string]bool) (map[string]string, []string) {
+	found := map[string]string{}
 	rest := []string{args[0]}
 	for i := 1; i < len(args); i++ {
 		arg := args[i]
@@ -141,7 +143,7 @@ func extractVMFlags(args []string) (map[string]string, []string) {
 			continue
 		}
 		name, value, hasValue := strings.Cut(name, "=")
-		if !vmFlags[name] {
+		if !names[name] {
 			rest = append(rest, arg)
 			continue
 		}
@@ -149,29 +151,20 @@ func extractVMFlags(args []string) (map[string]string, []string) {
 			i++
 			value = args[i]
 		}
-		vm[name] = value
+		found[name] = value
 	}
-	return vm, rest
+	return found, rest
 }
 
 // timeoutFor derives the VM's limit from the test binary's -test.timeout,
 // which go test always passes (10m by default).
 func timeoutFor(args []string) time.Duration {
-	for i, a := range args {
-		name, value, ok := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if name != "test.timeout" {
-			continue
-		}
-		if !ok && i+1 < len(args) {
-			value = args[i+1]
-		}
-		d, err := time.ParseDuration(value)
-		if err != nil || d <= 0 {
-			return defaultTimeout
-		}
-		return d + bootMargin
+	found, _ := extractFlags(args, map[string]bool{"test.timeout": true})
+	d, err := time.ParseDuration(found["test.timeout"])
+	if err != nil || d <= 0 {
+		return defaultTimeout
 	}
-	return defaultTimeout
+	return d + bootMargin
 }
 
 // vimtoConfig is the part of vimto's .vimto.toml that the runner uses.

@@ -9,11 +9,11 @@ import (
 	"time"
 )
 
-func TestExtractVMFlags(t *testing.T) {
-	vm, rest := extractVMFlags([]string{
+func TestExtractFlags(t *testing.T) {
+	vm, rest := extractFlags([]string{
 		"/tmp/x.test", "-test.v=true", "-vm.kernel=6.12", "-test.timeout", "5m",
 		"--vm.memory", "2G", "-vm.smp", "4", "-test.run=X", "--", "-vm.kernel=literal",
-	})
+	}, vmFlags)
 	want := map[string]string{"vm.kernel": "6.12", "vm.memory": "2G", "vm.smp": "4"}
 	if !reflect.DeepEqual(vm, want) {
 		t.Errorf("vm flags = %v, want %v", vm, want)
@@ -32,6 +32,8 @@ func TestTimeoutFor(t *testing.T) {
 		{[]string{"x.test", "-test.timeout=10m0s"}, 10*time.Minute + bootMargin},
 		{[]string{"x.test", "-test.timeout", "30s"}, 30*time.Second + bootMargin},
 		{[]string{"x.test", "-test.timeout=0"}, defaultTimeout},
+		{[]string{"x.test", "-test.timeout=1m", "-test.timeout=2m"}, 2*time.Minute + bootMargin},
+		{[]string{"x.test", "--", "-test.timeout=1m"}, defaultTimeout},
 		{[]string{"x.test"}, defaultTimeout},
 	} {
 		if got := timeoutFor(tc.args); got != tc.want {

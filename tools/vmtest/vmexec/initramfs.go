@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -58,9 +59,12 @@ func (c *cpioWriter) header(name string, mode uint32, size int64, rdevMajor, rde
 	c.pad()
 }
 
+// cleanName is name as the archive holds it: relative, cleaned.
+func cleanName(name string) string { return strings.TrimPrefix(path.Clean("/"+name), "/") }
+
 // Dir adds a directory and its missing parents.
 func (c *cpioWriter) Dir(name string, perm uint32) {
-	name = strings.TrimPrefix(path.Clean("/"+name), "/")
+	name = cleanName(name)
 	if c.dirs[name] {
 		return
 	}
@@ -69,27 +73,21 @@ func (c *cpioWriter) Dir(name string, perm uint32) {
 	c.header(name, cpioModeDir|perm, 0, 0, 0)
 }
 
+// entry writes the header of a file or device node after its missing parents.
+func (c *cpioWriter) entry(name string, mode uint32, size int64, rdevMajor, rdevMinor uint32) {
+	name = cleanName(name)
+	c.Dir(path.Dir(name), 0o755)
+	c.header(name, mode, size, rdevMajor, rdevMinor)
+}
+
 // CharDev adds a character device node.
 func (c *cpioWriter) CharDev(name string, perm, major, minor uint32) {
-	name = strings.TrimPrefix(path.Clean("/"+name), "/")
-	c.Dir(path.Dir(name), 0o755)
-	c.header(name, cpioModeChar|perm, 0, major, minor)
+	c.entry(name, cpioModeChar|perm, 0, major, minor)
 }
 
-// File adds a regular file with the given content.
-func (c *cpioWriter) File(name string, perm uint32, data []byte) {
-	name = strings.TrimPrefix(path.Clean("/"+name), "/")
-	c.Dir(path.Dir(name), 0o755)
-	c.header(name, cpioModeFile|perm, int64(len(data)), 0, 0)
-	c.write(data)
-	c.pad()
-}
-
-// CopyFile adds a regular file read from r, which must yield exactly size bytes.
-func (c *cpioWriter) CopyFile(name string, perm uint32, size int64, r io.Reader) {
-	name = strings.TrimPrefix(path.Clean("/"+name), "/")
-	c.Dir(path.Dir(name), 0o755)
-	c.header(name, cpioModeFile|perm, size, 0, 0)
+// File adds a regular file read from r, which must yield exactly size bytes.
+func (c *cpioWriter) File(name string, perm uint32, size int64, r io.Reader) {
+	c.entry(name, cpioModeFile|perm, size, 0, 0)
 	if c.err != nil {
 		return
 	}
@@ -140,18 +138,19 @@ func writeInitramfs(dst string, files []initramfsFile) (err error) {
 	}
 	c.CharDev("dev/console", 0o600, 5, 1)
 	for _, file := range files {
-		if file.From == "" {
-			c.File(file.Name, file.Perm, file.Data)
-			continue
-		}
-		if err := copyIntoCPIO(c, file); err != nil {
+		if err := addFile(c, file); err != nil {
 			return err
 		}
 	}
 	return c.Close()
 }
 
-func copyIntoCPIO(c *cpioWriter, file initramfsFile) error {
+// addFile adds file to the archive, reading it from the host when it names one.
+func addFile(c *cpioWriter, file initramfsFile) error {
+	if file.From == "" {
+		c.File(file.Name, file.Perm, int64(len(file.Data)), bytes.NewReader(file.Data))
+		return nil
+	}
 	src, err := os.Open(file.From)
 	if err != nil {
 		return fmt.Errorf("initramfs: %w", err)
@@ -161,6 +160,6 @@ func copyIntoCPIO(c *cpioWriter, file initramfsFile) error {
 	if err != nil {
 		return fmt.Errorf("initramfs: %w", err)
 	}
-	c.CopyFile(file.Name, file.Perm, st.Size(), src)
+	c.File(file.Name, file.Perm, st.Size(), src)
 	return nil
 }
