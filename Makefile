@@ -3,7 +3,7 @@ GO       ?= go
 BIN      ?= bin
 KERNELS  ?= 5.10 6.1 6.12
 PKGS     ?= ./...
-VMPKGS   ?= ./internal/conntrack ./internal/agent
+VMPKGS   ?= ./internal/sockdiag ./internal/probes ./internal/flows ./internal/appprocs ./e2e
 
 .DEFAULT_GOAL := help
 

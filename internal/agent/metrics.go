@@ -1,55 +1,87 @@
 package agent
 
 import (
+	"github.com/draind/draind/internal/drain"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics are draind's Prometheus metrics, read at scrape time where they
-// come from a live source (no goroutine keeps them up to date).
+// metrics are draind's Prometheus metrics. Every value is read at scrape
+// time from the part that owns it: no goroutine keeps them up to date.
 type metrics struct {
-	reg           *prometheus.Registry
-	phase         *prometheus.GaugeVec
-	drainDuration prometheus.Gauge
-	quitLatency   prometheus.Gauge
+	reg *prometheus.Registry
 }
 
-func newMetrics(a *Agent) *metrics {
+// oneOf is a GaugeVec-like collector whose one labelled series reads 1,
+// the others 0: the state enums (phase, trigger, ...), read at scrape time.
+type oneOf struct {
+	desc   *prometheus.Desc
+	values []string
+	now    func() string
+}
+
+func (o oneOf) Describe(ch chan<- *prometheus.Desc) { ch <- o.desc }
+func (o oneOf) Collect(ch chan<- prometheus.Metric) {
+	cur := o.now()
+	for _, v := range o.values {
+		n := 0.0
+		if v == cur {
+			n = 1
+		}
+		ch <- prometheus.MustNewConstMetric(o.desc, prometheus.GaugeValue, n, v)
+	}
+}
+
+func newOneOf(name, help, label string, values []string, now func() string) oneOf {
+	return oneOf{desc: prometheus.NewDesc(name, help, []string{label}, nil), values: values, now: now}
+}
+
+func names[T interface{ String() string }](xs []T) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = x.String()
+	}
+	return out
+}
+
+func newMetrics(a *agent) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
-	m.phase = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "draind_phase", Help: "1 for the drain phase draind is in.",
-	}, []string{"phase"})
-	m.drainDuration = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "draind_drain_duration_seconds", Help: "Time from the drain's start to the proxy's stop (set once stopping).",
-	})
-	m.quitLatency = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "draind_gate_open_to_quit_seconds", Help: "Time from the gate opening to /quitquitquit being sent.",
-	})
-	flows := func(class string, get func() int) prometheus.Collector {
+	gauge := func(name, help string, get func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, get)
+	}
+	flowsOf := func(class string, get func() int) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "draind_tracked_flows", Help: "Sockets the tracker sees, by class.", ConstLabels: prometheus.Labels{"class": class},
 		}, func() float64 { return float64(get()) })
 	}
-	sum := a.tracker.Summary
-	m.reg.MustRegister(m.phase, m.drainDuration, m.quitLatency,
-		flows("app_listeners", func() int { return sum().AppListeners }),
-		flows("app_inbound", func() int { return sum().AppInbound }),
-		flows("app_outbound", func() int { return sum().AppOutbound }),
-		flows("app_idle", func() int { return sum().AppIdle }),
-		flows("proxy_listeners", func() int { return sum().ProxyListeners }),
-		flows("proxy_flows", func() int { return sum().ProxyFlows }),
-		flows("closing", func() int { return sum().Closing }),
+	sum, mc := a.tracker.Summary, a.machine
+	m.reg.MustRegister(
+		newOneOf("draind_phase", "1 for the drain phase draind is in.", "phase", names(drain.Phases),
+			func() string { return mc.Phase().String() }),
+		newOneOf("draind_drain_trigger", "1 for what started the drain (none before).", "trigger",
+			append([]string{drain.CauseNone.String()}, names(drain.Causes)...), func() string { return mc.Cause().String() }),
+		newOneOf("draind_drain_listeners", "1 for where POST /drain_listeners stands.", "state",
+			[]string{"not-sent", "retrying", "done", "gave-up"}, func() string { s, _ := mc.DrainListeners(); return s.String() }),
+		gauge("draind_drain_listeners_attempts", "POST /drain_listeners calls made.", func() float64 { _, n := mc.DrainListeners(); return float64(n) }),
+		newOneOf("draind_envoy_listener_gauges", "1 for whether Envoy keeps downstream_cx_active listener gauges (absent: the kernel decides alone).", "state",
+			[]string{"unknown", "present", "absent"}, func() string { return mc.Gauges().String() }),
+		gauge("draind_drain_duration_seconds", "Time from the drain's trigger to the proxy's stop (set once stopping).",
+			func() float64 { return mc.DrainDuration().Seconds() }),
+		flowsOf("app_listeners", func() int { return sum().AppListeners }),
+		flowsOf("app_inbound", func() int { return sum().AppInbound }),
+		flowsOf("app_outbound", func() int { return sum().AppOutbound }),
+		flowsOf("app_idle", func() int { return sum().AppIdle }),
+		flowsOf("proxy_listeners", func() int { return sum().ProxyListeners }),
+		flowsOf("proxy_flows", func() int { return sum().ProxyFlows }),
+		flowsOf("closing", func() int { return sum().Closing }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "draind_tracker_lost_events_total", Help: "TCP state events the kernel could not queue (each followed by a resync).",
 		}, func() float64 { return float64(a.tracker.Lost()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "draind_tracker_resyncs_total", Help: "Full sock_diag snapshots taken after the first.",
 		}, func() float64 { return float64(a.tracker.Resyncs()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "draind_tracker_info", Help: "1, labelled with the tracker mode.", ConstLabels: prometheus.Labels{"mode": a.trackerMode},
-		}, func() float64 { return 1 }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "draind_app_processes", Help: "The app's processes in the pod's network namespace (-1: not visible).",
-		}, func() float64 {
+		newOneOf("draind_tracker_info", "1 for the tracker mode that runs now (it can fall back to polling).", "mode",
+			[]string{"ebpf", "sockdiag"}, func() string { mode, _ := a.tracker.Mode(); return mode }),
+		gauge("draind_app_processes", "The app's processes in the pod's network namespace (-1: not followed).", func() float64 {
 			if a.procs == nil {
 				return -1
 			}
@@ -57,14 +89,4 @@ func newMetrics(a *Agent) *metrics {
 		}),
 	)
 	return m
-}
-
-func (m *metrics) setPhase(p Phase) {
-	for _, q := range allPhases {
-		v := 0.0
-		if q == p {
-			v = 1
-		}
-		m.phase.WithLabelValues(q.String()).Set(v)
-	}
 }

@@ -8,18 +8,19 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/draind/draind/internal/drain"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // statusServer serves the kubelet's probes, Prometheus, and (to loopback
 // callers only) the drain controls and /debug/flows.
 type statusServer struct {
-	a   *Agent
+	a   *agent
 	srv *http.Server
 	ln  net.Listener
 }
 
-func newStatusServer(a *Agent, ln net.Listener) *statusServer {
+func newStatusServer(a *agent, ln net.Listener) *statusServer {
 	s := &statusServer{a: a, ln: ln}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz/ready", s.ready)
@@ -75,14 +76,20 @@ func (s *statusServer) live(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// drain starts the drain. `draind drain` (a native sidecar's preStop hook)
+// says so with ?cause=prestop.
 func (s *statusServer) drain(w http.ResponseWriter, r *http.Request) {
-	s.a.requestDrain("POST /drain")
+	cause := drain.CausePOST
+	if r.URL.Query().Get("cause") == "prestop" {
+		cause = drain.CausePreStop
+	}
+	s.a.machine.Trigger(cause)
 	w.WriteHeader(http.StatusAccepted)
 	w.Write([]byte("draining\n"))
 }
 
 func (s *statusServer) quit(w http.ResponseWriter, r *http.Request) {
-	s.a.requestQuit()
+	s.a.machine.Quit()
 	w.WriteHeader(http.StatusAccepted)
 	w.Write([]byte("stopping\n"))
 }
@@ -91,7 +98,7 @@ func (s *statusServer) flows(w http.ResponseWriter, r *http.Request) {
 	snap := s.a.tracker.Snapshot()
 	w.Header().Set("Content-Type", "application/json")
 	b, err := json.Marshal(map[string]any{"summary": snap.Summary, "listeners": snap.Listeners, "flows": snap.Flows,
-		"taken": snap.Taken, "namespace": snap.Namespace, "phase": s.a.Phase().String()})
+		"taken": snap.Taken, "namespace": snap.Namespace, "phase": s.a.machine.Phase().String()})
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return

@@ -10,7 +10,11 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/draind/draind/internal/conntrack"
+	"github.com/draind/draind/internal/agent"
+	"github.com/draind/draind/internal/appprocs"
+	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/namespace"
+	"github.com/draind/draind/internal/sockdiag"
 )
 
 // nsFlags are the namespace-targeting and attribution flags shared by
@@ -28,7 +32,7 @@ func (n *nsFlags) register(fs *flagSet, withTarget bool) {
 		fs.StringVar(&n.netns, "netns", "", "network namespace file to look into (e.g. /run/netns/NAME)")
 		fs.IntVar(&n.pid, "pid", 0, "look into the network namespace of this process")
 	}
-	fs.UintVar(&n.proxyUID, "proxy-uid", conntrack.DefaultProxyUID, "uid whose sockets are the proxy's")
+	fs.UintVar(&n.proxyUID, "proxy-uid", agent.DefaultProxyUID, "uid whose sockets are the proxy's")
 	fs.Var(&n.proxyPorts, "proxy-ports", "extra ports whose sockets are the proxy's (comma-separated)")
 	fs.durationVar(&n.idleTimeout, "idle-timeout", 0, "a flow idle longer than this stops holding the drain (0: off)")
 }
@@ -46,18 +50,18 @@ func (n *nsFlags) validate(cmd string) error {
 	return nil
 }
 
-func (n *nsFlags) open() (*conntrack.NetNS, error) {
+func (n *nsFlags) open() (*namespace.Net, error) {
 	switch {
 	case n.netns != "":
-		return conntrack.OpenNetNS(n.netns)
+		return namespace.Open(n.netns)
 	case n.pid != 0:
-		return conntrack.OpenNetNSByPID(n.pid)
+		return namespace.ByPID(n.pid)
 	}
-	return conntrack.CurrentNetNS()
+	return namespace.Current()
 }
 
-func (n *nsFlags) policy() conntrack.Policy {
-	return conntrack.Policy{ProxyUID: uint32(n.proxyUID), ProxyPorts: n.proxyPorts, IdleTimeout: n.idleTimeout}
+func (n *nsFlags) policy() flows.Policy {
+	return flows.Policy{ProxyUID: uint32(n.proxyUID), ProxyPorts: n.proxyPorts, IdleTimeout: n.idleTimeout}
 }
 
 func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -89,39 +93,39 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer ns.Close()
-	d, err := conntrack.DialDiag(ns)
+	d, err := sockdiag.Dial(ns)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
 	d.SetInfo(*withIdle || nf.idleTimeout > 0)
-	socks, err := d.Sockets(conntrack.AllStates)
+	socks, err := d.Sockets(sockdiag.AllStates)
 	if err != nil {
 		return err
 	}
-	snap := conntrack.NewClassifier(nf.policy()).Classify(socks)
+	snap := flows.NewClassifier(nf.policy()).Classify(socks)
 	snap.Taken = time.Now()
 	snap.Namespace = ns.Name()
 	if !*withProcs {
 		if out.val == "json" {
-			_, err := stdout.Write(conntrack.AppendJSON(make([]byte, 0, 256*(len(socks)+1)), &snap))
+			_, err := stdout.Write(AppendJSON(make([]byte, 0, 256*(len(socks)+1)), &snap))
 			return err
 		}
-		return conntrack.WriteTable(stdout, &snap)
+		return WriteTable(stdout, &snap)
 	}
 	procs, source, err := appProcesses(ns, uint32(nf.proxyUID))
 	if out.val == "json" {
 		v := struct {
-			*conntrack.Snapshot
-			AppProcesses []conntrack.Process `json:"app_processes"`
-			ProcSource   string              `json:"app_process_source"`
+			*flows.Snapshot
+			AppProcesses []appprocs.Process `json:"app_processes"`
+			ProcSource   string             `json:"app_process_source"`
 		}{&snap, procs, source}
 		if err != nil {
 			v.ProcSource = "unavailable: " + err.Error()
 		}
 		return json.NewEncoder(stdout).Encode(v)
 	}
-	if err := conntrack.WriteTable(stdout, &snap); err != nil {
+	if err := WriteTable(stdout, &snap); err != nil {
 		return err
 	}
 	if err != nil {
@@ -133,8 +137,8 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // appProcesses lists the app's processes in ns once (draind and the proxy
 // uid excluded, and the pause process by its rule).
-func appProcesses(ns *conntrack.NetNS, proxyUID uint32) ([]conntrack.Process, string, error) {
-	src, reason, err := conntrack.OpenAppProcSource(ns.Inode(), conntrack.AppProcRules{ProxyUID: proxyUID}, conntrack.ProcModeAuto)
+func appProcesses(ns *namespace.Net, proxyUID uint32) ([]appprocs.Process, string, error) {
+	src, reason, err := appprocs.OpenAppProcSource(ns.Inode(), appprocs.AppProcRules{ProxyUID: proxyUID}, appprocs.ProcModeAuto)
 	if err != nil {
 		return nil, "", err
 	}
@@ -142,7 +146,7 @@ func appProcesses(ns *conntrack.NetNS, proxyUID uint32) ([]conntrack.Process, st
 	return src.AppProcs(), src.Source() + ": " + reason, nil
 }
 
-func writeProcs(w io.Writer, procs []conntrack.Process, source string) error {
+func writeProcs(w io.Writer, procs []appprocs.Process, source string) error {
 	fmt.Fprintf(w, "\napp processes (%s): %d\n", source, len(procs))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PID\tPPID\tUID\tCOMM")

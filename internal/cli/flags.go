@@ -18,6 +18,7 @@ import (
 type flagSet struct {
 	*flag.FlagSet
 	aliases    map[string][]string // flag name → alias env vars
+	set        map[string]bool     // flags given, on the command line or by env
 	stdout     io.Writer
 	printUsage func()
 }
@@ -70,6 +71,7 @@ func (fs *flagSet) parse(args []string) error {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	fs.set = set
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		if set[f.Name] || err != nil || len(f.Name) == 1 {
@@ -83,11 +85,16 @@ func (fs *flagSet) parse(args []string) error {
 			if e := fs.Set(f.Name, v); e != nil {
 				err = usageErr("%s: %s=%q (for --%s): %v", fs.Name(), env, v, f.Name, e)
 			}
+			set[f.Name] = true
 			return
 		}
 	})
 	return err
 }
+
+// isSet reports whether a flag was given on the command line or through
+// one of its environment variables (after parse).
+func (fs *flagSet) isSet(name string) bool { return fs.set[name] }
 
 // portList is a comma-separated list of TCP ports.
 type portList []uint16

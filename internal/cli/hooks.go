@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/agent"
-	"github.com/draind/draind/internal/conntrack"
+	"github.com/draind/draind/internal/appprocs"
+	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/sockdiag"
 	"go.uber.org/zap"
 )
 
@@ -75,7 +77,7 @@ func runPrestop(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	_, err = agent.Prestop(ctx, ns, agent.PrestopConfig{
-		Tracker:       conntrack.TrackerConfig{Mode: tracker.val, Policy: nf.policy(), Logger: log},
+		Tracker:       flows.TrackerConfig{Mode: tracker.val, Policy: nf.policy(), Logger: log},
 		Timeout:       timeout,
 		WaitListeners: *waitListeners,
 		AppPorts:      appPorts,
@@ -94,7 +96,7 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tracker := &oneOf{val: "auto", words: []string{"auto", "ebpf", "sockdiag"}}
 	fs.Var(tracker, "tracker", "auto|ebpf|sockdiag")
 	var period time.Duration
-	fs.durationVar(&period, "poll-period", conntrack.DefaultPollPeriod, "sockdiag mode's polling period")
+	fs.durationVar(&period, "poll-period", flows.DefaultPollPeriod, "sockdiag mode's polling period")
 	out := &oneOf{val: "table", words: []string{"table", "json"}}
 	fs.Var(out, "o", "output format: table|json (JSON lines)")
 	withProcs := fs.Bool("procs", true, "also follow the app's processes (eBPF, else /proc where visible)")
@@ -112,7 +114,7 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer ns.Close()
-	tr, err := conntrack.OpenTracker(ns, conntrack.TrackerConfig{Mode: tracker.val, Policy: nf.policy(), PollPeriod: period, Logger: zap.NewNop()})
+	tr, err := flows.OpenTracker(ns, flows.TrackerConfig{Mode: tracker.val, Policy: nf.policy(), PollPeriod: period, Logger: zap.NewNop()})
 	if err != nil {
 		return err
 	}
@@ -127,18 +129,18 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		json.NewEncoder(stdout).Encode(map[string]any{"time": time.Now(), "namespace": ns.Name(), "mode": mode, "reason": why, "summary": sum})
 	} else {
 		poll := ""
-		if mode == conntrack.ModeSockDiag {
+		if mode == flows.ModeSockDiag {
 			poll = fmt.Sprintf(", polling every %s: changes between polls are reported at the next poll", period)
 		}
 		fmt.Fprintf(stdout, "watching %s: %s mode (%s%s)\n%s\n", ns.Name(), mode, why, poll, summaryLine(sum))
 	}
 	var procsChanged <-chan struct{}
-	var procs conntrack.AppProcSource
+	var procs appprocs.AppProcSource
 	if *withProcs {
-		src, reason, perr := conntrack.OpenAppProcSource(ns.Inode(), conntrack.AppProcRules{ProxyUID: uint32(nf.proxyUID)}, conntrack.ProcModeAuto)
+		src, reason, perr := appprocs.OpenAppProcSource(ns.Inode(), appprocs.AppProcRules{ProxyUID: uint32(nf.proxyUID)}, appprocs.ProcModeAuto)
 		if perr != nil {
 			why := perr.Error()
-			var pu *conntrack.ProcUnavailableError
+			var pu *appprocs.ProcUnavailableError
 			if errors.As(perr, &pu) {
 				why = pu.Reason
 			}
@@ -177,31 +179,31 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 type watchJSON struct {
-	Time      time.Time           `json:"time"`
-	Cookie    uint64              `json:"cookie"`
-	Owner     conntrack.Owner     `json:"owner"`
-	Direction conntrack.Direction `json:"direction"`
-	OldState  conntrack.State     `json:"old_state"`
-	NewState  conntrack.State     `json:"new_state"`
-	Local     string              `json:"local"`
-	Remote    string              `json:"remote"`
-	UID       uint32              `json:"uid"`
-	Summary   conntrack.Summary   `json:"summary"`
+	Time      time.Time       `json:"time"`
+	Cookie    uint64          `json:"cookie"`
+	Owner     flows.Owner     `json:"owner"`
+	Direction flows.Direction `json:"direction"`
+	OldState  sockdiag.State  `json:"old_state"`
+	NewState  sockdiag.State  `json:"new_state"`
+	Local     string          `json:"local"`
+	Remote    string          `json:"remote"`
+	UID       uint32          `json:"uid"`
+	Summary   flows.Summary   `json:"summary"`
 }
 
-func watchLine(c conntrack.Change) watchJSON {
+func watchLine(c flows.Change) watchJSON {
 	return watchJSON{Time: c.Time, Cookie: c.Flow.Cookie, Owner: c.Flow.Owner, Direction: c.Flow.Direction,
 		OldState: c.OldState, NewState: c.NewState, Local: c.Flow.Local.String(), Remote: c.Flow.Remote.String(),
 		UID: c.Flow.UID, Summary: c.Summary}
 }
 
-func summaryLine(s conntrack.Summary) string {
+func summaryLine(s flows.Summary) string {
 	return fmt.Sprintf("[app listeners %d inbound %d outbound %d idle %d | proxy listeners %d flows %d]",
 		s.AppListeners, s.AppInbound, s.AppOutbound, s.AppIdle, s.ProxyListeners, s.ProxyFlows)
 }
 
 // printProcs prints the app's processes (a JSON line with -o json).
-func printProcs(w io.Writer, format string, procs []conntrack.Process, note string) {
+func printProcs(w io.Writer, format string, procs []appprocs.Process, note string) {
 	if format == "json" {
 		json.NewEncoder(w).Encode(map[string]any{"time": time.Now(), "app_processes": procs, "source": note})
 		return

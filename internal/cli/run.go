@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/draind/draind/internal/agent"
+	"github.com/draind/draind/internal/drain"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -34,13 +35,14 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Var(&appPorts, "app-ports", "ports the app must listen on before the pod is ready (comma-separated)")
 	exclude := portList(append([]uint16(nil), agent.DefaultExcludePorts...))
 	fs.Var(&exclude, "exclude-ports", "Envoy listener ports that carry no traffic (status, metrics)")
-	fs.durationVar(&cfg.MinDrain, "min-drain", cfg.MinDrain, "wait this long after draining starts (endpoint propagation)")
-	fs.durationVar(&cfg.Settle, "settle", 0, "the gate must stay open this long before the proxy is stopped")
-	appExit := &oneOf{val: cfg.AppExit, words: []string{agent.AppExitWait, agent.AppExitFlows}}
+	d := &cfg.Drain
+	fs.durationVar(&d.MinDrain, "min-drain", d.MinDrain, "wait this long after draining starts (endpoint propagation)")
+	fs.durationVar(&d.Settle, "settle", 0, "the gate must stay open this long before the proxy is stopped")
+	appExit := &oneOf{val: string(d.AppExit), words: []string{string(drain.AppExitWait), string(drain.AppExitFlows)}}
 	fs.Var(appExit, "app-exit", "when the app is done: wait (for its processes, else its sockets) | flows")
-	fs.durationVar(&cfg.DrainDeadline, "drain-deadline", cfg.DrainDeadline, "stop the proxy anyway this long after the drain began")
-	fs.durationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "time the proxy gets after /quitquitquit, then after SIGTERM, before SIGKILL")
-	fs.BoolVar(&cfg.Gateway, "gateway", false, "drain every listener, and wait for no app")
+	fs.durationVar(&d.Deadline, "drain-deadline", d.Deadline, "the whole drain, stop steps included, ends this long after it began")
+	fs.durationVar(&d.StopTimeout, "stop-timeout", d.StopTimeout, "time the proxy gets after /quitquitquit, then after SIGTERM, before SIGKILL")
+	fs.BoolVar(&d.Gateway, "gateway", false, "drain every listener, and wait for no app")
 	tracker := &oneOf{val: "auto", words: []string{"auto", "ebpf", "sockdiag"}}
 	fs.Var(tracker, "tracker", "how sockets are followed: auto|ebpf|sockdiag")
 	procs := &oneOf{val: "auto", words: []string{"auto", "ebpf", "proc", "off"}}
@@ -65,10 +67,11 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	cfg.ProxyUID = uint32(nf.proxyUID)
 	cfg.ProxyPorts = nf.proxyPorts
-	cfg.IdleTimeout = nf.idleTimeout
+	d.IdleTimeout = nf.idleTimeout
+	d.AppExit = drain.AppExit(appExit.val)
+	cfg.DeadlineSet = fs.isSet("drain-deadline")
 	cfg.AppPorts = appPorts
 	cfg.ExcludePorts = exclude
-	cfg.AppExit = appExit.val
 	cfg.Tracker = tracker.val
 	cfg.AppProcs = procs.val
 	cfg.Command = fs.Args()
@@ -79,9 +82,6 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defer log.Sync()
 	cfg.Logger = log
-	if err := cfg.Validate(); err != nil {
-		return usageErr("run: %v", err)
-	}
 	res, err := agent.Run(ctx, cfg)
 	if err != nil {
 		var ce *agent.ConfigError

@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 echo "## snapshot"; bash tools/bench/snapshot.sh
-echo "## go benchmarks (conntrack)"; go test -run '^$' -bench . -benchtime 20x ./internal/conntrack | grep -E '^(Benchmark|cpu)'
+echo "## go benchmarks (sockdiag, flows)"; go test -run '^$' -bench . -benchtime 20x ./internal/sockdiag ./internal/flows | grep -E '^(Benchmark|cpu)'
 echo "## events"; bash tools/bench/events.sh
 echo "## exit latency"; bash tools/bench/exit.sh "${DRAINS:-50}"

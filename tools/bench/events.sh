@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Event-path benchmarks of the eBPF probe (internal/conntrack, probe_linux_test.go).
+# Event-path benchmarks of the eBPF probe (internal/probes, tcpstate_linux_test.go).
 # Needs root and a kernel with BTF. Usage: tools/bench/events.sh [CONNS] [CLOSES]
 #
 #   BenchmarkProbeThroughput/connect  CONNS loopback connections opened and closed
@@ -15,5 +15,5 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 conns=${1:-50000}
 closes=${2:-1000}
-go test -count=1 -run '^$' -bench 'BenchmarkProbeThroughput' -benchtime="${conns}x" ./internal/conntrack/
-go test -count=1 -run '^$' -bench 'BenchmarkProbeCloseLatency' -benchtime="${closes}x" ./internal/conntrack/
+go test -count=1 -run '^$' -bench 'BenchmarkProbeThroughput' -benchtime="${conns}x" ./internal/probes/
+go test -count=1 -run '^$' -bench 'BenchmarkProbeCloseLatency' -benchtime="${closes}x" ./internal/probes/

@@ -22,8 +22,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/draind/draind/internal/conntrack"
+	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/nsrun"
+	"github.com/draind/draind/internal/sockdiag"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -72,19 +74,20 @@ func round(ctx context.Context, stdout io.Writer, n int, draindBin string, budge
 		return err
 	}
 	defer env.close()
-	ns, err := conntrack.OpenNetNSByPID(env.anchor.Process.Pid)
+	ns, err := namespace.ByPID(env.anchor.Process.Pid)
 	if err != nil {
 		return err
 	}
 	defer ns.Close()
-	d, err := conntrack.DialDiag(ns)
+	d, err := sockdiag.Dial(ns)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
 	// The last handshakes may still be settling when the children report.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		got, err := d.Count(conntrack.Mask(conntrack.Established))
+		got := 0
+		err := d.Each(sockdiag.Mask(sockdiag.Established), func(*sockdiag.Socket) { got++ })
 		if err == nil && got >= 2*n {
 			break
 		}
@@ -93,14 +96,14 @@ func round(ctx context.Context, stdout io.Writer, n int, draindBin string, budge
 		}
 	}
 	pid := strconv.Itoa(env.anchor.Process.Pid)
-	cls := conntrack.NewClassifier(conntrack.DefaultPolicy())
+	cls := flows.NewClassifier(flows.DefaultPolicy())
 	methods := []struct {
 		name string
 		fn   func() error
 	}{
-		{"draind listener check (in process)", func() error { _, err := d.Sockets(conntrack.ListenMask); return err }},
+		{"draind listener check (in process)", func() error { _, err := d.Sockets(sockdiag.ListenMask); return err }},
 		{"draind full snapshot + attribution (in process)", func() error {
-			s, err := d.Sockets(conntrack.AllStates)
+			s, err := d.Sockets(sockdiag.AllStates)
 			if err == nil {
 				cls.Classify(s)
 			}

@@ -1,7 +1,7 @@
 // Command vmexec runs a Go test binary inside a throw-away qemu VM booted on a
 // chosen kernel. It is a `go test -exec` program:
 //
-//	go test -exec "vmexec --kernel 6.1" ./internal/conntrack
+//	go test -exec "vmexec --kernel 6.1" ./internal/flows
 //
 // The VM sees the host's root read-only (virtio-9p) under a tmpfs overlay,
 // the repository and the test binary's directory read-write, and the kernel's

@@ -1,0 +1,206 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// nginx runs the Debian package's nginx in the pod as the app, serving a
+// file slowly (limit_rate) so a download is in flight when it is told to
+// quit.
+type nginx struct {
+	cmd  *exec.Cmd
+	size int
+}
+
+const nginxRate = 200 << 10 // bytes per second
+
+func startNginx(t *testing.T, p *pod, size int) *nginx {
+	t.Helper()
+	bin, err := exec.LookPath("nginx")
+	if err != nil {
+		for _, c := range []string{"/usr/sbin/nginx", "/sbin/nginx"} {
+			if _, e := os.Stat(c); e == nil {
+				bin, err = c, nil
+			}
+		}
+	}
+	if err != nil {
+		t.Skip("nginx is not installed (apt-get install nginx)")
+	}
+	www := filepath.Join(p.dir, "www")
+	os.MkdirAll(www, 0o755)
+	if err := os.WriteFile(filepath.Join(www, "big"), bytes.Repeat([]byte("x"), size), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	conf := fmt.Sprintf(`daemon off;
+master_process on;
+worker_processes 1;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log;
+events { worker_connections 64; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s/tmp;
+  proxy_temp_path %[1]s/tmp;
+  fastcgi_temp_path %[1]s/tmp;
+  uwsgi_temp_path %[1]s/tmp;
+  scgi_temp_path %[1]s/tmp;
+  server {
+    listen 0.0.0.0:8080;
+    root %[1]s/www;
+    location / { limit_rate %[2]d; }
+  }
+}
+`, p.dir, nginxRate)
+	path := filepath.Join(p.dir, "nginx.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-c", path, "-e", filepath.Join(p.dir, "error.log"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	var serr error
+	p.ns.Do(t, func() { serr = cmd.Start() })
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	// Ready when it answers.
+	end := time.Now().Add(10 * time.Second)
+	for {
+		c, err := p.remote.Dialer()(t.Context(), "tcp4", podIP+":8080")
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("nginx did not start: %v\n%s", err, errb.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return &nginx{cmd: cmd, size: size}
+}
+
+// quit is `nginx -s quit`: SIGQUIT to the master, a graceful shutdown
+// that closes the listener at once and lets workers finish downloads.
+func (n *nginx) quit() { n.cmd.Process.Signal(syscall.SIGQUIT) }
+
+// download fetches /big from url's host; done receives bytes and the time.
+type download struct {
+	n   int64
+	err error
+	at  time.Time
+}
+
+func startDownload(p *pod, url string) chan download {
+	done := make(chan download, 1)
+	go func() {
+		resp, err := p.client.Get(url)
+		if err != nil {
+			done <- download{err: err, at: time.Now()}
+			return
+		}
+		n, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		done <- download{n: n, err: err, at: time.Now()}
+	}()
+	return done
+}
+
+// 6. draind prestop with nginx as the app: after `nginx -s quit` the
+// listener closes at once, yet prestop returns only after the download
+// finished. The netstat loop, run the same way, returns while it runs.
+func TestPrestopNginx(t *testing.T) {
+	if _, err := exec.LookPath("netstat"); err != nil {
+		t.Skip("netstat is not installed (apt-get install net-tools): it is the comparison")
+	}
+	p := newPod(t)
+	ng := startNginx(t, p, 3*nginxRate) // ~3 s
+	dl := startDownload(p, "http://"+podIP+":8080/big")
+	time.Sleep(300 * time.Millisecond)
+	quitAt := time.Now()
+	ng.quit()
+
+	type ret struct {
+		name string
+		at   time.Time
+		out  string
+		err  error
+	}
+	rets := make(chan ret, 2)
+	run := func(name string, cmd *exec.Cmd) {
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		var serr error
+		p.ns.Do(t, func() { serr = cmd.Start() })
+		if serr != nil {
+			t.Fatal(serr)
+		}
+		go func() { err := cmd.Wait(); rets <- ret{name, time.Now(), out.String(), err} }()
+	}
+	run("draind prestop", exec.Command(p.bin, "__draind", "prestop", "--timeout", "20s"))
+	// The hook people paste (DESIGN.md), shown for comparison.
+	run("netstat loop", exec.Command("sh", "-c", `while [ $(netstat -plunt | grep tcp | grep -v envoy | wc -l) -ne 0 ]; do sleep 1; done`))
+
+	d := <-dl
+	if d.err != nil || d.n != int64(ng.size) {
+		t.Fatalf("download: %d of %d bytes, %v", d.n, ng.size, d.err)
+	}
+	for range 2 {
+		r := <-rets
+		t.Logf("%s returned %s after nginx -s quit (download finished at +%s), err %v", r.name, r.at.Sub(quitAt), d.at.Sub(quitAt), r.err)
+		switch r.name {
+		case "draind prestop":
+			if r.err != nil {
+				t.Errorf("prestop: %v\n%s", r.err, r.out)
+			}
+			if r.at.Before(d.at.Add(-50 * time.Millisecond)) {
+				t.Errorf("prestop returned at +%s, before the download finished at +%s\n%s", r.at.Sub(quitAt), d.at.Sub(quitAt), r.out)
+			}
+		case "netstat loop":
+			if r.at.Before(d.at) {
+				t.Logf("the netstat loop returned %s before the download finished: it would have let the proxy go", d.at.Sub(r.at))
+			}
+		}
+	}
+}
+
+// Issue 7, 3: nginx as the app under draind run --app-exit wait: the gate
+// holds until nginx's master exits, after the download, then stops Envoy.
+func TestRunNginxAppExitWait(t *testing.T) {
+	p := newPod(t)
+	ng := startNginx(t, p, 2*nginxRate) // ~2 s
+	p.startDraind([]string{"--min-drain", "200ms", "--app-exit", "wait"})
+	dl := startDownload(p, "http://"+podIP+":15006/big") // through Envoy
+	time.Sleep(300 * time.Millisecond)
+	p.terminate()
+	ng.quit()
+	masterGone := make(chan time.Time, 1)
+	go func() { ng.cmd.Wait(); masterGone <- time.Now() }()
+	d := <-dl
+	p.client.CloseIdleConnections() // the client hangs up; an idle keep-alive would hold Envoy (see TestIdleKeepAlive)
+	code, took := p.waitExit(20 * time.Second)
+	exitAt := <-masterGone
+	stopping := p.phaseTime("stopping")
+	t.Logf("download done +%s (%d bytes); nginx master exited +%s; quitquitquit +%s (%s after the master); draind exit %d at +%s",
+		d.at.Sub(p.drainedAt), d.n, exitAt.Sub(p.drainedAt), stopping.Sub(p.drainedAt), stopping.Sub(exitAt), code, took)
+	if d.err != nil || d.n != int64(ng.size) {
+		t.Errorf("download through envoy: %d of %d bytes, %v", d.n, ng.size, d.err)
+	}
+	if code != 0 || stopping.Before(exitAt.Add(-50*time.Millisecond)) {
+		t.Errorf("exit %d; proxy stopped at +%s before nginx exited at +%s; log:\n%s", code, stopping.Sub(p.drainedAt), exitAt.Sub(p.drainedAt), p.draindLog.String())
+	}
+	if !strings.Contains(p.draindLog.String(), `"source":"ebpf"`) {
+		t.Logf("app liveness was not eBPF here:\n%s", p.draindLog.String())
+	}
+}

@@ -1,0 +1,249 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/draind/draind/internal/appprocs"
+	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/envoy"
+	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/namespace"
+	"github.com/draind/draind/internal/proxy"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+// Result is how a run ended (drain.Result: exit code and reason).
+type Result = drain.Result
+
+// agent is one `draind run`: the parts, built by Run, and what the status
+// server and the metrics read.
+type agent struct {
+	cfg     Config
+	log     *zap.Logger
+	ns      *namespace.Net
+	tracker *flows.Tracker
+	procs   appprocs.AppProcSource // nil: not followed
+	admin   adminView
+	proxy   *proxy.Process
+	machine *drain.Machine
+	metrics *metrics
+	// appPorts must be listened on by the app for readiness.
+	appPorts map[uint16]bool
+}
+
+// Run is `draind run`: it starts the proxy, serves the status endpoints and
+// drains on SIGTERM/SIGINT or POST /drain, until the proxy is stopped.
+// Cancelling ctx stops the proxy at once (no drain). Errors are start-up
+// failures; a *ConfigError is the operator's to fix.
+func Run(ctx context.Context, cfg Config) (res Result, err error) {
+	if err := cfg.Validate(); err != nil {
+		return Result{}, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if d, warn := cfg.Drain.Reconcile(cfg.DeadlineSet); warn != "" {
+		cfg.Drain = d
+		log.Warn(warn)
+	}
+	if warn := cfg.Drain.GraceWarning(); warn != "" {
+		log.Warn(warn)
+	}
+	a := &agent{cfg: cfg, log: log, appPorts: portSet(cfg.AppPorts)}
+
+	// Signals first: a SIGTERM during start-up must drain, not kill us.
+	sigc := make(chan os.Signal, 4)
+	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigc)
+
+	var closers []func() error
+	defer func() {
+		var errs []error
+		for _, c := range slices.Backward(closers) {
+			errs = append(errs, c())
+		}
+		if cerr := errors.Join(errs...); cerr != nil && err == nil {
+			log.Warn("cleanup", zap.Error(cerr))
+		}
+	}()
+
+	ln, err := net.Listen("tcp", cfg.StatusAddr)
+	if err != nil {
+		return Result{}, configErr("--status-addr %s: %v", cfg.StatusAddr, errors.Unwrap(err))
+	}
+	closers = append(closers, func() error { ln.Close(); return nil })
+	_, statusPort, _ := splitPort(ln.Addr().String())
+	_, adminPort, _ := splitPort(cfg.AdminAddr)
+
+	if a.ns, err = namespace.Current(); err != nil {
+		return Result{}, err
+	}
+	closers = append(closers, a.ns.Close)
+	policy := flows.Policy{
+		ProxyUID:         cfg.ProxyUID,
+		ProxyPorts:       append(slices.Clone(cfg.ProxyPorts), statusPort),
+		ProxyRemotePorts: []uint16{adminPort, statusPort},
+		IdleTimeout:      cfg.Drain.IdleTimeout,
+	}
+	a.tracker, err = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: policy, Logger: log})
+	if err != nil {
+		return Result{}, fmt.Errorf("tracker: %w", err)
+	}
+	closers = append(closers, a.tracker.Close)
+	mode, why := a.tracker.Mode()
+	log.Info("tracker", zap.String("mode", mode), zap.String("reason", why))
+
+	client := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second))
+	closers = append(closers, func() error { client.CloseIdleConnections(); return nil })
+	a.admin = adminView{c: client, exclude: envoy.ExcludeSet{Ports: cfg.ExcludePorts}}
+
+	if a.proxy, err = proxy.Start(cfg.Command, cfg.Proxy); err != nil {
+		return Result{}, err
+	}
+	// From here on the proxy must not outlive us: every return path below
+	// ends with it stopped (the machine's stop, or Pdeathsig).
+	log.Info("proxy started", zap.Int("pid", a.proxy.Pid()), zap.Strings("command", cfg.Command))
+	a.openAppProcs()
+	if a.procs != nil {
+		closers = append(closers, a.procs.Close)
+	}
+
+	nonTraffic := portSet(cfg.ExcludePorts)
+	nonTraffic[statusPort], nonTraffic[adminPort] = true, true
+	fv := newFlowView(a.tracker, nonTraffic, nil, cfg.Drain.IdleTimeout)
+	defer fv.Close()
+	parts := drain.Parts{Flows: fv, Admin: a.admin, Proxy: a.proxy, Log: log}
+	if a.procs != nil {
+		parts.Apps = appView{a.procs}
+	}
+	a.machine = drain.New(cfg.Drain, parts)
+	a.metrics = newMetrics(a)
+	status := newStatusServer(a, ln)
+
+	// Owned goroutines: the tracker, the status server, the signal
+	// forwarder. All end before Run returns.
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := a.tracker.Run(runCtx); err != nil {
+			log.Error("tracker stopped", zap.Error(err))
+		}
+	})
+	wg.Go(func() {
+		if err := status.serve(); err != nil {
+			log.Error("status server", zap.Error(err))
+		}
+	})
+	wg.Go(func() {
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case sig := <-sigc:
+				log.Info("signal", zap.Stringer("signal", sig))
+				a.machine.Trigger(drain.CauseSignal)
+			}
+		}
+	})
+	defer func() {
+		status.shutdown()
+		cancelRun()
+		wg.Wait()
+	}()
+	return a.machine.Run(ctx), nil
+}
+
+func portSet(ports []uint16) map[uint16]bool {
+	m := make(map[uint16]bool, len(ports))
+	for _, p := range ports {
+		m[p] = true
+	}
+	return m
+}
+
+// openAppProcs picks the app-liveness source (docs/design.md, "When is the
+// app done?"), logging which and why.
+func (a *agent) openAppProcs() {
+	if a.cfg.AppProcs == "off" || a.cfg.Drain.Gateway {
+		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "process tracking off"))
+		return
+	}
+	if hostNetNS(a.ns) {
+		// hostNetwork: every process of the node shares this namespace.
+		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "host network namespace: its processes are the node's, not the app's"))
+		return
+	}
+	rules := appprocs.AppProcRules{SelfPIDs: []int{os.Getpid()}, ProxyUID: a.cfg.ProxyUID, ProxyPIDs: []int{a.proxy.Pid()}}
+	mode := appprocs.ProcModeAuto
+	switch a.cfg.AppProcs {
+	case "ebpf":
+		mode = appprocs.ProcModeEBPF
+	case "proc":
+		mode = appprocs.ProcModeProc
+	}
+	src, reason, err := appprocs.OpenAppProcSource(a.ns.Inode(), rules, mode)
+	if err != nil {
+		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", err.Error()))
+		return
+	}
+	if src.Source() == "proc" && a.cfg.AppProcs == "auto" && src.Count() == 0 {
+		// /proc shows only our own PID namespace: with no app process in
+		// view, the app is most likely in another container, not absent.
+		src.Close()
+		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", reason+"; no app process visible in /proc (no shared PID namespace)"))
+		return
+	}
+	a.procs = src
+	a.log.Info("app liveness", zap.String("source", src.Source()), zap.String("reason", reason), zap.Int("app_processes", src.Count()))
+}
+
+// hostNetNS reports whether ns is the host's (init's) network namespace.
+// It can only tell from the host's PID namespace, where /proc/1 is the
+// node's init; in a container's own PID namespace /proc/1 is a neighbour.
+func hostNetNS(ns *namespace.Net) bool {
+	var net unix.Stat_t
+	_, initial, err := namespace.SelfPID()
+	return err == nil && initial && unix.Stat("/proc/1/ns/net", &net) == nil && net.Ino == ns.Inode()
+}
+
+// readiness: the proxy LIVE with workers started, not draining, and the
+// app listening on --app-ports.
+func (a *agent) readiness(ctx context.Context) (bool, string) {
+	if p := a.machine.Phase(); p != drain.Ready {
+		if p == drain.Starting {
+			if ok, why := a.admin.Live(ctx); !ok {
+				return false, why
+			}
+			return false, "starting"
+		}
+		return false, p.String()
+	}
+	if ok, why := a.admin.Live(ctx); !ok {
+		return false, why
+	}
+	if len(a.appPorts) > 0 {
+		have := map[uint16]bool{}
+		for _, f := range a.tracker.Flows(func(f *flows.Flow) bool {
+			return f.Direction == flows.DirListen && f.Owner == flows.OwnerApp
+		}) {
+			have[f.Local.Port()] = true
+		}
+		for p := range a.appPorts {
+			if !have[p] {
+				return false, fmt.Sprintf("app not listening on port %d", p)
+			}
+		}
+	}
+	return true, ""
+}

@@ -1,0 +1,162 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"github.com/draind/draind/internal/appprocs"
+	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/envoy"
+	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/sockdiag"
+)
+
+// The drain machine reads the pod through small interfaces (package drain);
+// these adapters put draind's real parts behind them.
+
+// flowView is drain.Flows over a flows.Tracker: what of the namespace's
+// sockets the gate reads.
+type flowView struct {
+	tr *flows.Tracker
+	// nonTraffic are local ports whose connections are not Envoy's
+	// downstream traffic: --exclude-ports, draind's status port, the admin.
+	nonTraffic map[uint16]bool
+	// appPorts, when not nil, limits the app's listeners that count to
+	// these ports (prestop --wait-listeners --app-ports).
+	appPorts map[uint16]bool
+	idle     time.Duration
+	changed  <-chan struct{}
+	unsub    func()
+}
+
+func newFlowView(tr *flows.Tracker, nonTraffic, appPorts map[uint16]bool, idle time.Duration) *flowView {
+	ch, unsub := tr.Subscribe()
+	return &flowView{tr: tr, nonTraffic: nonTraffic, appPorts: appPorts, idle: idle, changed: ch, unsub: unsub}
+}
+
+func (v *flowView) Changed() <-chan struct{} { return v.changed }
+func (v *flowView) Refresh() error           { return v.tr.Resync() }
+func (v *flowView) Close()                   { v.unsub() }
+
+// downstream reports whether f is one of Envoy's downstream flows: the
+// proxy's accepted side of a connection on a traffic listener.
+func (v *flowView) downstream(f *flows.Flow) bool {
+	return f.Owner == flows.OwnerProxy && f.Direction == flows.DirInbound && !v.nonTraffic[f.Local.Port()]
+}
+
+// Observe reads the flows the gate decides on.
+func (v *flowView) Observe() drain.FlowView {
+	var out drain.FlowView
+	snapAt := v.tr.LastSnapshot()
+	for _, f := range v.tr.Flows(nil) {
+		switch {
+		case f.State == sockdiag.Listen:
+			if f.Owner == flows.OwnerApp && (v.appPorts == nil || v.appPorts[f.Local.Port()]) {
+				out.AppListeners++
+			}
+			continue
+		case !f.State.HoldsDrain():
+			continue
+		}
+		down := v.downstream(&f.Flow)
+		app := f.Owner == flows.OwnerApp
+		switch {
+		case down:
+			out.Downstream++
+			if f.IdleExpired {
+				out.DownstreamIdle++
+			}
+		case app && f.Holds:
+			out.AppHolding++
+		}
+		if v.idle > 0 && f.Holds && (down || app) {
+			if at := idleExpiry(f.Flow, snapAt, v.idle); out.IdleWake.IsZero() || at.Before(out.IdleWake) {
+				out.IdleWake = at
+			}
+		}
+	}
+	return out
+}
+
+// idleExpiry is the earliest moment a holding flow can pass the idle
+// timeout, judged from the snapshot that measured its idle time (a flow
+// without one was born after it, so it cannot expire before snapAt +
+// timeout). At that moment a fresh snapshot tells.
+func idleExpiry(f flows.Flow, snapAt time.Time, timeout time.Duration) time.Time {
+	idle := time.Duration(max(f.IdleMS, 0)) * time.Millisecond
+	return snapAt.Add(timeout - idle + time.Millisecond)
+}
+
+// Holding lists the flows that hold the gate: the app's holding flows and
+// Envoy's downstream flows. draind's own connections (to the admin API, to
+// its status port) hold nothing and are left out.
+func (v *flowView) Holding() []drain.OpenFlow {
+	var out []drain.OpenFlow
+	for _, f := range v.tr.Flows(func(f *flows.Flow) bool {
+		return f.State != sockdiag.Listen && f.State.HoldsDrain() &&
+			(f.Owner == flows.OwnerApp && f.Holds || v.downstream(f))
+	}) {
+		out = append(out, drain.OpenFlow{
+			Owner: f.Owner.String(), Direction: f.Direction.String(), State: f.State.String(),
+			Local: f.Local, Remote: f.Remote, IdleMS: f.IdleMS, Age: f.Age,
+		})
+	}
+	return out
+}
+
+// appView is drain.Apps over an app process source.
+type appView struct{ src appprocs.AppProcSource }
+
+func (a appView) Changed() <-chan struct{} { return a.src.Notify() }
+func (a appView) Count() (int, drain.ProcView) {
+	if a.src.Err() != nil {
+		return 0, drain.ProcsUnseen
+	}
+	return a.src.Count(), drain.ProcsComplete
+}
+
+// adminView is drain.Admin over the Envoy admin client.
+type adminView struct {
+	c       *envoy.Client
+	exclude envoy.ExcludeSet
+}
+
+func (a adminView) Live(ctx context.Context) (bool, string) {
+	stats, err := a.c.Stats(ctx, envoy.StatsQuery{Filter: `^(server\.state|listener_manager\.workers_started)$`})
+	if err != nil {
+		return false, "envoy admin: " + err.Error()
+	}
+	state, workers := uint64(99), uint64(0)
+	for _, s := range stats {
+		switch s.Name {
+		case "server.state":
+			state = s.Value
+		case "listener_manager.workers_started":
+			workers = s.Value
+		}
+	}
+	if state != uint64(envoy.StateLive) {
+		return false, "envoy state " + envoy.ServerState(state).String()
+	}
+	if workers != 1 {
+		return false, "envoy workers not started"
+	}
+	return true, ""
+}
+
+func (a adminView) DrainListeners(ctx context.Context, inboundOnly bool) error {
+	return a.c.DrainListeners(ctx, envoy.DrainOptions{InboundOnly: inboundOnly, Graceful: true})
+}
+
+func (a adminView) ActiveDownstream(ctx context.Context) (int, error) {
+	ac, err := a.c.ActiveDownstream(ctx, a.exclude)
+	if err != nil {
+		return 0, err
+	}
+	return int(ac.Total), nil
+}
+
+// Gauges: the client cannot tell yet; Envoy is assumed to keep them.
+func (a adminView) Gauges(ctx context.Context) (bool, error) { return true, nil }
+
+func (a adminView) Quit(ctx context.Context) error { return a.c.QuitQuitQuit(ctx) }

@@ -1,0 +1,246 @@
+package appprocs
+
+import (
+	"slices"
+	"testing"
+)
+
+func pids(ps []Process) []int {
+	out := make([]int, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, p.PID)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// A pod as the kernel shows it: the shim (pid 50, outside the namespace)
+// started pause, draind and the app's container init; draind started Envoy.
+var podProcs = []Process{
+	{PID: 100, PPID: 50, UID: 65535, Comm: "pause", StartTime: 1000},
+	{PID: 200, PPID: 51, UID: 0, Comm: "draind", StartTime: 2000},
+	{PID: 201, PPID: 200, UID: 1337, Comm: "envoy", StartTime: 2100},
+	{PID: 300, PPID: 52, UID: 1000, Comm: "java", StartTime: 3000},
+	{PID: 301, PPID: 300, UID: 1000, Comm: "sh", StartTime: 3100},
+	{PID: 302, PPID: 301, UID: 1000, Comm: "curl", StartTime: 3200},
+	{PID: 400, PPID: 53, UID: 0, Comm: "otel-agent", StartTime: 4000}, // another sidecar: the app's
+}
+
+func TestClassifyProcs(t *testing.T) {
+	tests := []struct {
+		name  string
+		all   []Process
+		rules AppProcRules
+		want  []int
+	}{
+		{
+			name:  "pod: draind, envoy and pause excluded, other sidecars are the app",
+			all:   podProcs,
+			rules: AppProcRules{SelfPIDs: []int{200}},
+			want:  []int{300, 301, 302, 400},
+		},
+		{
+			name: "empty namespace",
+			want: []int{},
+		},
+		{
+			name:  "without SelfPIDs draind is the app (uid 0), envoy still the proxy's by uid",
+			all:   podProcs,
+			rules: AppProcRules{},
+			want:  []int{200, 300, 301, 302, 400},
+		},
+		{
+			name: "proxy by uid and its child of another uid by ProxyPIDs",
+			all: []Process{
+				{PID: 10, PPID: 1, UID: 0, Comm: "pause", StartTime: 1},
+				{PID: 20, PPID: 1, UID: 1337, Comm: "pilot-agent", StartTime: 2},
+				{PID: 21, PPID: 20, UID: 1337, Comm: "envoy", StartTime: 3},
+				{PID: 22, PPID: 21, UID: 0, Comm: "helper", StartTime: 4},
+				{PID: 30, PPID: 1, UID: 0, Comm: "app", StartTime: 5},
+			},
+			rules: AppProcRules{ProxyPIDs: []int{20}},
+			want:  []int{30},
+		},
+		{
+			name: "a child of a uid-1337 process is not the proxy's by descent alone",
+			all: []Process{
+				{PID: 21, PPID: 1, UID: 1337, Comm: "envoy", StartTime: 3},
+				{PID: 22, PPID: 21, UID: 0, Comm: "helper", StartTime: 4},
+			},
+			want: []int{22},
+		},
+		{
+			name: "custom proxy uid; uid 1337 is then the app's",
+			all: []Process{
+				{PID: 21, PPID: 1, UID: 101, Comm: "envoy", StartTime: 3},
+				{PID: 22, PPID: 1, UID: 1337, Comm: "app", StartTime: 4},
+			},
+			rules: AppProcRules{ProxyUID: 101},
+			want:  []int{22},
+		},
+		{
+			name: "draind outside the namespace: its children inside are its own",
+			all: []Process{
+				{PID: 500, PPID: 7, UID: 0, Comm: "sleep", StartTime: 10},
+				{PID: 501, PPID: 500, UID: 0, Comm: "sleep", StartTime: 11},
+				{PID: 600, PPID: 1, UID: 0, Comm: "app", StartTime: 12},
+			},
+			rules: AppProcRules{SelfPIDs: []int{7}},
+			want:  []int{600},
+		},
+		{
+			name: "pid reuse: a 'parent' younger than its child is not its parent",
+			all: []Process{
+				{PID: 200, PPID: 1, UID: 0, Comm: "draind", StartTime: 900},
+				{PID: 300, PPID: 200, UID: 0, Comm: "orphan", StartTime: 500},
+			},
+			rules: AppProcRules{SelfPIDs: []int{1000}},
+			want:  []int{200, 300},
+		},
+		{
+			name: "pid reuse: SelfPIDs matched on the walk only through genuine parents",
+			all: []Process{
+				{PID: 200, PPID: 7, UID: 0, Comm: "draind", StartTime: 900},
+				{PID: 300, PPID: 200, UID: 0, Comm: "orphan", StartTime: 500},
+			},
+			rules: AppProcRules{SelfPIDs: []int{7}},
+			want:  []int{300},
+		},
+		{
+			name: "orphan reparented out of draind's tree is the app's",
+			all: []Process{
+				{PID: 200, PPID: 1, UID: 0, Comm: "draind", StartTime: 10},
+				{PID: 300, PPID: 250, UID: 0, Comm: "worker", StartTime: 30}, // 250 exited
+			},
+			rules: AppProcRules{SelfPIDs: []int{200}},
+			want:  []int{300},
+		},
+		{
+			name: "PPID cycle (corrupt input) terminates",
+			all: []Process{
+				{PID: 2, PPID: 3, UID: 0, Comm: "a", StartTime: 5},
+				{PID: 3, PPID: 2, UID: 0, Comm: "b", StartTime: 5},
+			},
+			rules: AppProcRules{SelfPIDs: []int{99}},
+			want:  []int{2, 3},
+		},
+		{
+			name:  "PausePIDs exclude a process of any name",
+			all:   []Process{{PID: 5, PPID: 1, Comm: "infra", StartTime: 1}, {PID: 6, PPID: 1, Comm: "app", StartTime: 2}},
+			rules: AppProcRules{PausePIDs: []int{5}},
+			want:  []int{6},
+		},
+		{
+			name:  "pause rule off: a pause process is the app's",
+			all:   podProcs[:1],
+			rules: AppProcRules{NoPauseRule: true},
+			want:  []int{100},
+		},
+		{
+			name: "pause's orphans (shared PID namespace) stay the app's",
+			all: []Process{
+				{PID: 1, PPID: 0, Comm: "pause", StartTime: 1},
+				{PID: 40, PPID: 1, Comm: "worker", StartTime: 50},
+			},
+			want: []int{40},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := pids(ClassifyProcs(tt.all, tt.rules))
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("app = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestPauseRule(t *testing.T) {
+	tests := []struct {
+		name  string
+		all   []Process
+		rules AppProcRules
+		want  int // 0: none
+	}{
+		{name: "the pod", all: podProcs, rules: AppProcRules{SelfPIDs: []int{200}}, want: 100},
+		{name: "empty", want: 0},
+		{
+			name: "oldest is not named pause (CRI-O without infra): none",
+			all: []Process{
+				{PID: 10, PPID: 1, Comm: "nginx", StartTime: 1},
+				{PID: 11, PPID: 1, Comm: "pause", StartTime: 2}, // an app binary named pause
+			},
+			want: 0,
+		},
+		{
+			name: "draind and the proxy are not candidates even when older",
+			all: []Process{
+				{PID: 10, PPID: 1, UID: 0, Comm: "draind", StartTime: 1},
+				{PID: 11, PPID: 10, UID: 1337, Comm: "envoy", StartTime: 2},
+				{PID: 12, PPID: 1, UID: 0, Comm: "pause", StartTime: 3},
+				{PID: 13, PPID: 1, UID: 0, Comm: "app", StartTime: 4},
+			},
+			rules: AppProcRules{SelfPIDs: []int{10}},
+			want:  12,
+		},
+		{
+			name: "equal start times (/proc ticks): lowest pid",
+			all: []Process{
+				{PID: 21, PPID: 1, Comm: "sleep", StartTime: 7},
+				{PID: 20, PPID: 1, Comm: "sleep", StartTime: 7},
+			},
+			rules: AppProcRules{PauseComm: "sleep"},
+			want:  20,
+		},
+		{
+			name: "a candidate whose parent is in the namespace is no infra process",
+			all: []Process{
+				{PID: 30, PPID: 31, Comm: "pause", StartTime: 5},
+				{PID: 31, PPID: 1, Comm: "sh", StartTime: 5},
+			},
+			want: 0,
+		},
+		{
+			name:  "disabled",
+			all:   podProcs,
+			rules: AppProcRules{SelfPIDs: []int{200}, NoPauseRule: true},
+			want:  0,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, ok := PauseProcess(tt.all, tt.rules)
+			got := 0
+			if ok {
+				got = p.PID
+			}
+			if got != tt.want {
+				t.Errorf("pause = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestProcClasses(t *testing.T) {
+	got := ProcClasses(podProcs, AppProcRules{SelfPIDs: []int{200}})
+	want := []ProcClass{ProcPause, ProcSelf, ProcSelf, ProcApp, ProcApp, ProcApp, ProcApp}
+	if !slices.Equal(got, want) {
+		t.Errorf("classes = %v, want %v", got, want)
+	}
+	// Envoy is draind's child and uid 1337: self wins, it is excluded
+	// either way.
+	if b, _ := ProcProxy.MarshalText(); string(b) != "proxy" {
+		t.Errorf("ProcProxy text = %q", b)
+	}
+}
+
+func TestParseProcMode(t *testing.T) {
+	for in, want := range map[string]ProcMode{"": ProcModeAuto, "auto": ProcModeAuto, "EBPF": ProcModeEBPF, " proc ": ProcModeProc} {
+		if got, err := ParseProcMode(in); err != nil || got != want {
+			t.Errorf("ParseProcMode(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := ParseProcMode("sockdiag"); err == nil {
+		t.Error("ParseProcMode(sockdiag): no error")
+	}
+}

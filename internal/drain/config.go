@@ -1,0 +1,136 @@
+package drain
+
+import (
+	"fmt"
+	"time"
+)
+
+// Config is what the machine is told. Defaults are in DefaultConfig.
+type Config struct {
+	// MinDrain is the wait after the drain starts, for endpoint removal to
+	// propagate (--min-drain); interruptible.
+	MinDrain time.Duration
+	// Settle is how long the gate must stay open before the proxy stops.
+	Settle time.Duration
+	// IdleTimeout: a flow idle longer stops holding the drain (0: off).
+	IdleTimeout time.Duration
+	// AppExit is the --app-exit policy; Gateway drains every listener and
+	// waits for no app.
+	AppExit AppExit
+	Gateway bool
+	// Deadline bounds the whole drain, the stop steps included, counted
+	// from the trigger (--drain-deadline).
+	Deadline time.Duration
+	// StopTimeout is what the proxy gets after /quitquitquit, then after
+	// SIGTERM, before SIGKILL.
+	StopTimeout time.Duration
+	// Prestop makes the machine `draind prestop`: no admin API, no proxy;
+	// it drains at once and ends when the app's flows are done (and, with
+	// WaitListeners, its listeners), or at the deadline.
+	Prestop       bool
+	WaitListeners bool
+}
+
+// Defaults.
+const (
+	DefaultMinDrain    = 5 * time.Second
+	DefaultDeadline    = 25 * time.Second
+	DefaultStopTimeout = 2 * time.Second
+	// KillWait is what the kernel gets to reap the proxy after SIGKILL.
+	KillWait = 500 * time.Millisecond
+	// GracePeriod is Kubernetes' default terminationGracePeriodSeconds: a
+	// deadline that does not fit inside it draws a warning at start.
+	GracePeriod = 30 * time.Second
+)
+
+// DefaultConfig returns the defaults: the worst case, stop steps included,
+// ends 25 s after SIGTERM, inside the default 30 s grace period with room
+// for the kubelet's own delays.
+func DefaultConfig() Config {
+	return Config{
+		MinDrain:    DefaultMinDrain,
+		AppExit:     AppExitWait,
+		Deadline:    DefaultDeadline,
+		StopTimeout: DefaultStopTimeout,
+	}
+}
+
+// quitTimeout bounds the POST /quitquitquit call.
+func (c Config) quitTimeout() time.Duration { return min(time.Second, c.StopTimeout) }
+
+// StopReserve is the part of the deadline kept for the stop steps: the
+// quit call, the wait after it, the wait after SIGTERM, and the kernel's
+// part after SIGKILL. Prestop stops nothing.
+func (c Config) StopReserve() time.Duration {
+	if c.Prestop {
+		return 0
+	}
+	return c.quitTimeout() + 2*c.StopTimeout + KillWait
+}
+
+// GateDeadline is when, after the trigger, the machine stops waiting and
+// starts stopping the proxy: the deadline less the stop reserve.
+func (c Config) GateDeadline() time.Duration { return c.Deadline - c.StopReserve() }
+
+// ConfigError is a setting that cannot work: one line naming it. Callers
+// map it to a usage error (exit 2).
+type ConfigError struct{ Msg string }
+
+func (e *ConfigError) Error() string { return e.Msg }
+
+// Validate checks the settings against each other. It never changes them:
+// see Reconcile for the ones that can be mended.
+func (c Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return &ConfigError{Msg: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case c.Deadline <= 0:
+		return bad("--drain-deadline must be positive")
+	case c.StopTimeout <= 0 && !c.Prestop:
+		return bad("--stop-timeout must be positive")
+	case c.MinDrain < 0 || c.Settle < 0 || c.IdleTimeout < 0:
+		return bad("durations must not be negative")
+	case c.GateDeadline() <= 0:
+		return bad("--drain-deadline %s leaves no time to drain: the stop steps alone take up to %s (quit call, 2 × --stop-timeout %s, %s after SIGKILL)",
+			c.Deadline, c.StopReserve(), c.StopTimeout, KillWait)
+	}
+	switch c.AppExit {
+	case AppExitWait, AppExitFlows:
+	default:
+		return bad("--app-exit %q: must be wait or flows", c.AppExit)
+	}
+	return nil
+}
+
+// Reconcile mends a min-drain that does not fit before the deadline, as an
+// operator would expect (Istio accepts MINIMUM_DRAIN_DURATION=30s, so draind
+// must not crash-loop on it): a deadline left at its default grows to fit
+// the min-drain; a deadline set explicitly wins, and the min-drain is cut
+// to fit. It returns the mended config and, when it changed anything, one
+// line for a warning.
+func (c Config) Reconcile(deadlineSet bool) (Config, string) {
+	if c.MinDrain <= c.GateDeadline() {
+		return c, ""
+	}
+	if !deadlineSet {
+		old := c.Deadline
+		c.Deadline = c.MinDrain + c.StopReserve()
+		return c, fmt.Sprintf("--min-drain %s does not fit in the default --drain-deadline %s: the deadline is raised to %s (min-drain + %s of stop steps)",
+			c.MinDrain, old, c.Deadline, c.StopReserve())
+	}
+	old := c.MinDrain
+	c.MinDrain = c.GateDeadline()
+	return c, fmt.Sprintf("--min-drain %s does not fit in --drain-deadline %s (less %s of stop steps): min-drain is cut to %s",
+		old, c.Deadline, c.StopReserve(), c.MinDrain)
+}
+
+// GraceWarning is one line when the worst case does not fit inside
+// Kubernetes' default grace period, else "".
+func (c Config) GraceWarning() string {
+	if c.Prestop || c.Deadline <= GracePeriod {
+		return ""
+	}
+	return fmt.Sprintf("--drain-deadline %s is longer than Kubernetes' default grace period (%s): set the pod's terminationGracePeriodSeconds to at least %d, or the kubelet kills the proxy mid-drain",
+		c.Deadline, GracePeriod, int((c.Deadline+time.Second-1)/time.Second)+2)
+}

@@ -1,0 +1,194 @@
+package drain
+
+import (
+	"fmt"
+	"time"
+)
+
+// AppExit says when the app is done (--app-exit).
+type AppExit string
+
+// App-exit policies.
+const (
+	// AppExitWait waits for the app itself: its processes when they can be
+	// seen, else its listeners and flows.
+	AppExitWait AppExit = "wait"
+	// AppExitFlows ends the app's part once no app flow holds the drain.
+	AppExitFlows AppExit = "flows"
+)
+
+// ProcView says how much of the app's processes draind can see.
+type ProcView uint8
+
+const (
+	// ProcsUnseen: no process tracking (no eBPF and no shared PID
+	// namespace, a hostNetwork pod, or --app-procs off).
+	ProcsUnseen ProcView = iota
+	// ProcsComplete: every process of the namespace is seen.
+	ProcsComplete
+	// ProcsPartial: processes are seen, but the kernel could not promise
+	// all of them (a truncated walk): a count of zero is not proof.
+	ProcsPartial
+)
+
+// GateInput is everything the gate decides on. It is plain data, so the
+// decision is a pure function, table-tested on its own.
+type GateInput struct {
+	Now time.Time
+	// AppExit is the --app-exit policy; Gateway means there is no app to
+	// wait for; WaitListeners (prestop --wait-listeners) also waits for the
+	// app's listeners under AppExitFlows.
+	AppExit       AppExit
+	Gateway       bool
+	WaitListeners bool
+	// The app's processes, as far as ProcView goes.
+	ProcView ProcView
+	AppProcs int
+	// The kernel's view of the app's sockets.
+	AppListeners int
+	AppHolding   int // app flows holding the drain (idle-expired excluded)
+	// NoProxy: there is no Envoy to wait for (prestop).
+	NoProxy bool
+	// EnvoyKnown is set when the admin API answered with listener gauges;
+	// EnvoyActive is then the sum of downstream_cx_active over the traffic
+	// listeners.
+	EnvoyKnown  bool
+	EnvoyActive int
+	// Downstream is the kernel's count of Envoy's downstream flows (the
+	// proxy's accepted connections on traffic listeners) that still hold
+	// the drain; DownstreamIdle of them are idle past --idle-timeout.
+	Downstream     int
+	DownstreamIdle int
+	IdleTimeout    time.Duration
+}
+
+// HoldKind says which part of the gate holds.
+type HoldKind uint8
+
+// What can hold the gate.
+const (
+	HoldAppProcs HoldKind = iota + 1
+	HoldAppSockets
+	HoldAppFlows
+	HoldEnvoyActive
+	HoldEnvoyKernel
+	HoldSettle
+)
+
+// Hold says what keeps the gate closed.
+type Hold struct {
+	Kind HoldKind
+	What string
+}
+
+func (h Hold) String() string {
+	who := "app"
+	switch h.Kind {
+	case HoldEnvoyActive, HoldEnvoyKernel:
+		who = "envoy"
+	case HoldSettle:
+		who = "settle"
+	}
+	return who + ": " + h.What
+}
+
+// AppDone applies "When is the app done?" (docs/design.md).
+func AppDone(in GateInput) (bool, Hold) {
+	sockets := func() (bool, Hold) {
+		if in.AppListeners > 0 || in.AppHolding > 0 {
+			return false, Hold{HoldAppSockets, fmt.Sprintf("%d listeners, %d flows", in.AppListeners, in.AppHolding)}
+		}
+		return true, Hold{}
+	}
+	switch {
+	case in.Gateway:
+		return true, Hold{}
+	case in.AppExit == AppExitFlows:
+		if in.WaitListeners {
+			return sockets()
+		}
+		if in.AppHolding > 0 {
+			return false, Hold{HoldAppFlows, fmt.Sprintf("%d flows", in.AppHolding)}
+		}
+		return true, Hold{}
+	case in.ProcView != ProcsUnseen && in.AppProcs > 0:
+		return false, Hold{HoldAppProcs, fmt.Sprintf("%d processes", in.AppProcs)}
+	case in.ProcView == ProcsComplete:
+		return true, Hold{}
+	}
+	// No process view, or one that cannot prove the app gone: zero
+	// processes never overrides live app sockets.
+	return sockets()
+}
+
+// EnvoyDrained: downstream_cx_active is 0, or every downstream flow the
+// kernel still sees is idle past --idle-timeout. When the admin API does
+// not answer, or Envoy keeps no listener gauges, the kernel's view of
+// Envoy's downstream sockets decides alone (an admin that hangs must not
+// hold the pod).
+func EnvoyDrained(in GateInput) (bool, Hold) {
+	if in.NoProxy || in.EnvoyKnown && in.EnvoyActive == 0 {
+		return true, Hold{}
+	}
+	live := in.Downstream - in.DownstreamIdle
+	if in.IdleTimeout > 0 && live == 0 {
+		return true, Hold{}
+	}
+	if !in.EnvoyKnown {
+		if in.Downstream == 0 {
+			return true, Hold{}
+		}
+		return false, Hold{HoldEnvoyKernel, fmt.Sprintf("%d downstream flows (kernel view)", in.Downstream)}
+	}
+	return false, Hold{HoldEnvoyActive, fmt.Sprintf("%d active downstream connections", in.EnvoyActive)}
+}
+
+// Gate holds the decision for --settle: it opens only when both halves
+// have been done for that long without a break.
+type Gate struct {
+	Settle    time.Duration
+	doneSince time.Time
+}
+
+// Verdict is one evaluation of the gate.
+type Verdict struct {
+	Open  bool
+	Holds []Hold
+	// WakeAt, when not zero, is when to evaluate again even if nothing
+	// changes (the end of --settle).
+	WakeAt time.Time
+}
+
+// Kinds is the set of what holds, for logging when it changes.
+func (v Verdict) Kinds() uint32 {
+	var k uint32
+	for _, h := range v.Holds {
+		k |= 1 << h.Kind
+	}
+	return k
+}
+
+// Step evaluates the gate at in.Now.
+func (g *Gate) Step(in GateInput) Verdict {
+	var v Verdict
+	if ok, h := AppDone(in); !ok {
+		v.Holds = append(v.Holds, h)
+	}
+	if ok, h := EnvoyDrained(in); !ok {
+		v.Holds = append(v.Holds, h)
+	}
+	if len(v.Holds) > 0 {
+		g.doneSince = time.Time{}
+		return v
+	}
+	if g.doneSince.IsZero() {
+		g.doneSince = in.Now
+	}
+	if end := g.doneSince.Add(g.Settle); in.Now.Before(end) {
+		v.Holds = []Hold{{HoldSettle, fmt.Sprintf("done for %s of %s", in.Now.Sub(g.doneSince), g.Settle)}}
+		v.WakeAt = end
+		return v
+	}
+	v.Open = true
+	return v
+}

@@ -1,0 +1,671 @@
+package drain
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Flows is the kernel's view of the pod's flows, as the gate reads it.
+// *flows.Tracker behind an adapter in package agent implements it.
+type Flows interface {
+	// Changed is signalled (coalesced) whenever what Observe returns may
+	// have changed.
+	Changed() <-chan struct{}
+	// Observe reads the flows the gate decides on.
+	Observe() FlowView
+	// Refresh re-reads every flow from the kernel (idle times are only
+	// measured by a snapshot).
+	Refresh() error
+	// Holding lists the flows that hold the gate, for the deadline report.
+	Holding() []OpenFlow
+}
+
+// FlowView is what the gate reads from the flows.
+type FlowView struct {
+	AppListeners int `json:"app_listeners"`
+	AppHolding   int `json:"app_holding"`
+	// Downstream counts Envoy's downstream flows (its accepted connections
+	// on traffic listeners) that hold the drain; DownstreamIdle of them are
+	// idle past --idle-timeout.
+	Downstream     int `json:"envoy_downstream"`
+	DownstreamIdle int `json:"envoy_downstream_idle"`
+	// IdleWake, when not zero, is the earliest moment a holding flow can
+	// pass --idle-timeout: a fresh snapshot then tells.
+	IdleWake time.Time `json:"-"`
+}
+
+// OpenFlow is one flow still holding at the deadline.
+type OpenFlow struct {
+	Owner, Direction, State string
+	Local, Remote           netip.AddrPort
+	IdleMS                  int64
+	Age                     time.Duration
+}
+
+// Apps follows the app's processes. Nil when they are not followed.
+type Apps interface {
+	// Changed is signalled (coalesced) whenever the count may have changed.
+	Changed() <-chan struct{}
+	// Count is the number of the app's processes and how complete that
+	// view is.
+	Count() (int, ProcView)
+}
+
+// Admin is Envoy's admin API. Every call returns by its context's end.
+type Admin interface {
+	// Live reports whether Envoy is LIVE with its workers started, or why
+	// not.
+	Live(ctx context.Context) (bool, string)
+	// DrainListeners starts Envoy's graceful drain (inbound listeners only,
+	// unless all). Repeating it is harmless.
+	DrainListeners(ctx context.Context, inboundOnly bool) error
+	// ActiveDownstream is the sum of downstream_cx_active over the traffic
+	// listeners; ErrNoGauges when Envoy keeps no such gauges.
+	ActiveDownstream(ctx context.Context) (int, error)
+	// Gauges reports whether Envoy keeps the listener gauges at all.
+	Gauges(ctx context.Context) (bool, error)
+	// Quit asks Envoy to exit (POST /quitquitquit).
+	Quit(ctx context.Context) error
+}
+
+// ErrNoGauges means Envoy exposes no downstream_cx_active listener gauges
+// (Istio's stats matcher hides them unless EXIT_ON_ZERO_ACTIVE_CONNECTIONS
+// is set): the kernel's view of Envoy's sockets decides alone.
+var ErrNoGauges = errors.New("envoy keeps no downstream_cx_active listener gauges")
+
+// Proxy is the supervised proxy process.
+type Proxy interface {
+	// Exited is closed once the proxy has exited.
+	Exited() <-chan struct{}
+	// Signal signals the proxy's process group.
+	Signal(sig syscall.Signal) error
+	// ExitCode is the exit status once Exited is closed: the code, or
+	// 128+N for signal N.
+	ExitCode() int
+	// ExitDescription says how it ended, for logs.
+	ExitDescription() string
+}
+
+// Result is how the machine ended.
+type Result struct {
+	// ExitCode is what draind exits with: 0 after a drain where the proxy
+	// stopped when asked (also at the deadline), the proxy's code (or
+	// 128+signal) when it ended on its own, 137 when it had to be killed.
+	ExitCode int
+	Reason   string
+	// Clean is set when the gate opened: the app was done and Envoy
+	// drained (for prestop: the app's flows were done).
+	Clean bool
+}
+
+// Parts are the machine's inputs. Admin and Proxy are nil for prestop;
+// Apps is nil when the app's processes are not followed.
+type Parts struct {
+	Flows Flows
+	Apps  Apps
+	Admin Admin
+	Proxy Proxy
+	Log   *zap.Logger
+}
+
+// DrainListenersState is where the drain_listeners call stands.
+type DrainListenersState int32
+
+// States of the drain_listeners call.
+const (
+	DrainListenersNotSent DrainListenersState = iota
+	DrainListenersRetrying
+	DrainListenersDone
+	DrainListenersGaveUp // the drain ended before it succeeded
+)
+
+func (s DrainListenersState) String() string {
+	return [...]string{"not-sent", "retrying", "done", "gave-up"}[s]
+}
+
+// GaugesState says whether Envoy keeps the listener gauges.
+type GaugesState int32
+
+// States of the gauge check (made once Envoy is LIVE).
+const (
+	GaugesUnknown GaugesState = iota
+	GaugesPresent
+	GaugesAbsent
+)
+
+func (s GaugesState) String() string { return [...]string{"unknown", "present", "absent"}[s] }
+
+// Machine is the drain state machine. Build it with New, run it once.
+type Machine struct {
+	cfg Config
+	Parts
+
+	inputs chan input
+
+	phase   atomic.Int32
+	cause   atomic.Int32
+	dlState atomic.Int32
+	dlTries atomic.Int64
+	gauges  atomic.Int32
+	drainNS atomic.Int64 // from the trigger to the stop, once stopping
+
+	// Owned by Run's goroutine.
+	started  time.Time // the trigger
+	gate     Gate
+	holds    uint32 // kinds logged last
+	backoff  time.Duration
+	timers   timers
+	liveC    chan struct{}
+	stopLive func()
+	stopDL   func()
+}
+
+type input struct {
+	cause Cause // CauseNone: a quit
+}
+
+// timers are the loop's: each channel is nil while its timer is not armed.
+type timers struct {
+	minDrain, deadline, wake *time.Timer
+	idleWake                 time.Time // the wake is (also) an idle expiry
+}
+
+func (t *timers) stopAll() {
+	for _, tm := range []*time.Timer{t.minDrain, t.deadline, t.wake} {
+		if tm != nil {
+			tm.Stop()
+		}
+	}
+}
+
+func chanOf(t *time.Timer) <-chan time.Time {
+	if t == nil {
+		return nil
+	}
+	return t.C
+}
+
+// New builds a machine. cfg must be valid (Config.Validate).
+func New(cfg Config, parts Parts) *Machine {
+	if parts.Log == nil {
+		parts.Log = zap.NewNop()
+	}
+	m := &Machine{cfg: cfg, Parts: parts, inputs: make(chan input, 8), gate: Gate{Settle: cfg.Settle}}
+	m.phase.Store(int32(Starting))
+	return m
+}
+
+// Trigger asks for a drain (a signal, POST /drain, the preStop hook, the
+// app's completion). It never blocks; a trigger while draining is logged
+// and, for a signal after the preStop hook, ends the min-drain.
+func (m *Machine) Trigger(c Cause) {
+	select {
+	case m.inputs <- input{cause: c}:
+	default: // eight pending triggers say all there is to say
+	}
+}
+
+// Quit asks for the proxy's stop now, without a drain (POST /quitquitquit).
+func (m *Machine) Quit() {
+	select {
+	case m.inputs <- input{}:
+	default:
+	}
+}
+
+// Phase is the current phase.
+func (m *Machine) Phase() Phase { return Phase(m.phase.Load()) }
+
+// Cause is what started the drain (CauseNone before).
+func (m *Machine) Cause() Cause { return Cause(m.cause.Load()) }
+
+// DrainListeners is where the drain_listeners call stands, and how many
+// attempts it took.
+func (m *Machine) DrainListeners() (DrainListenersState, int64) {
+	return DrainListenersState(m.dlState.Load()), m.dlTries.Load()
+}
+
+// Gauges says whether Envoy keeps the listener gauges (checked once LIVE).
+func (m *Machine) Gauges() GaugesState { return GaugesState(m.gauges.Load()) }
+
+// DrainDuration is the time from the trigger to the stop (0 before).
+func (m *Machine) DrainDuration() time.Duration { return time.Duration(m.drainNS.Load()) }
+
+// Config is the machine's configuration.
+func (m *Machine) Config() Config { return m.cfg }
+
+// Run runs the machine until the proxy is stopped (prestop: until the app
+// is done or the deadline). Cancelling ctx stops the proxy at once.
+func (m *Machine) Run(ctx context.Context) Result {
+	defer m.timers.stopAll()
+	var exited <-chan struct{}
+	if m.Proxy != nil {
+		exited = m.Proxy.Exited()
+	}
+	if m.cfg.Prestop {
+		m.begin(CausePreStop)
+	} else {
+		m.watchLive(ctx)
+	}
+	defer func() {
+		m.stopLiveWatch()
+		m.stopDrainListeners()
+	}()
+	var flowsChanged, appsChanged <-chan struct{}
+	flowsChanged = m.Flows.Changed()
+	if m.Apps != nil {
+		appsChanged = m.Apps.Changed()
+	}
+	for {
+		var fc, ac <-chan struct{}
+		if m.Phase() == Gating {
+			if res, done := m.evaluate(ctx); done {
+				return res
+			}
+			fc, ac = flowsChanged, appsChanged
+		}
+		select {
+		case <-ctx.Done():
+			return m.stop("context cancelled", false)
+		case <-exited:
+			return m.proxyDied()
+		case in := <-m.inputs:
+			if in.cause == CauseNone {
+				return m.stop("POST /quitquitquit", false)
+			}
+			m.onTrigger(in.cause)
+		case <-m.liveC:
+			m.onLive(ctx)
+		case <-chanOf(m.timers.minDrain):
+			m.timers.minDrain = nil
+			m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.Flows.Observe()))
+		case <-chanOf(m.timers.deadline):
+			m.timers.deadline = nil
+			return m.deadline()
+		case <-chanOf(m.timers.wake):
+			m.timers.wake = nil
+			if !m.timers.idleWake.IsZero() && !time.Now().Before(m.timers.idleWake) {
+				if err := m.Flows.Refresh(); err != nil {
+					m.Log.Warn("re-reading flows for idle times", zap.Error(err))
+				}
+			}
+		case <-fc:
+		case <-ac:
+		}
+	}
+}
+
+// enter is the one place the phase changes.
+func (m *Machine) enter(p Phase, fields ...zap.Field) {
+	m.phase.Store(int32(p))
+	m.Log.Info("phase", append([]zap.Field{zap.String("phase", p.String())}, fields...)...)
+}
+
+// watchLive asks the admin API until Envoy is LIVE with its workers
+// started: the only polling draind does while not draining, and only until
+// Ready. It ends with Run, or when the machine leaves Starting.
+func (m *Machine) watchLive(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	live := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			cctx, ccancel := context.WithTimeout(ctx, time.Second)
+			ok, _ := m.Admin.Live(cctx)
+			ccancel()
+			if ok {
+				close(live)
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	})
+	m.liveC = live
+	m.stopLive = func() { cancel(); wg.Wait() }
+}
+
+func (m *Machine) stopLiveWatch() {
+	if m.stopLive != nil {
+		m.stopLive()
+		m.stopLive = nil
+	}
+	m.liveC = nil
+}
+
+// onLive: Envoy is LIVE. Ready, unless a drain began meanwhile; and once,
+// whether Envoy keeps the listener gauges the gate would read.
+func (m *Machine) onLive(ctx context.Context) {
+	m.stopLiveWatch()
+	if m.Phase() == Starting {
+		m.enter(Ready)
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	present, err := m.Admin.Gauges(cctx)
+	cancel()
+	switch {
+	case err != nil:
+		m.Log.Warn("could not tell whether Envoy keeps listener gauges; will ask again when draining", zap.Error(err))
+	case present:
+		m.gauges.Store(int32(GaugesPresent))
+	default:
+		m.gauges.Store(int32(GaugesAbsent))
+		m.Log.Warn("Envoy keeps no downstream_cx_active listener gauges (e.g. Istio's stats matcher without EXIT_ON_ZERO_ACTIVE_CONNECTIONS): the kernel's view of Envoy's downstream connections decides alone")
+	}
+}
+
+// onTrigger handles a drain trigger in any phase.
+func (m *Machine) onTrigger(c Cause) {
+	switch p := m.Phase(); p {
+	case Starting, Ready:
+		m.begin(c)
+	case Draining:
+		if c == CauseSignal && m.Cause() == CausePreStop && m.appGone() {
+			// A native sidecar: the kubelet sends SIGTERM only after every
+			// app container exited. The endpoint propagation wait already
+			// ran alongside the app's shutdown: finish now.
+			m.timers.minDrain.Stop()
+			m.timers.minDrain = nil
+			m.Log.Info("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now")
+			m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.Flows.Observe()))
+			return
+		}
+		fallthrough
+	default:
+		m.Log.Info("drain trigger ignored: already draining", zap.Stringer("trigger", c), zap.Stringer("phase", p),
+			zap.Stringer("drain_trigger", m.Cause()))
+	}
+}
+
+// appGone reports whether the machine's own view says the app has no
+// process left (a complete view only).
+func (m *Machine) appGone() bool {
+	if m.Apps == nil {
+		v := m.Flows.Observe()
+		return v.AppListeners == 0 && v.AppHolding == 0
+	}
+	n, view := m.Apps.Count()
+	return view == ProcsComplete && n == 0
+}
+
+// begin starts the drain: Draining, drain_listeners, the min-drain and the
+// deadline.
+func (m *Machine) begin(c Cause) {
+	m.stopLiveWatch()
+	m.started = time.Now()
+	m.cause.Store(int32(c))
+	m.timers.deadline = time.NewTimer(m.cfg.GateDeadline())
+	minDrain := m.cfg.MinDrain
+	if c == CauseAppDone || m.cfg.Prestop {
+		minDrain = 0 // no endpoint to leave
+	}
+	m.enter(Draining, zap.Stringer("trigger", c), zap.Duration("min_drain", minDrain),
+		zap.Duration("deadline", m.cfg.Deadline), zap.Duration("gate_deadline", m.cfg.GateDeadline()),
+		zap.Any("flows", m.Flows.Observe()))
+	if m.Admin != nil {
+		m.startDrainListeners()
+	}
+	if minDrain == 0 {
+		m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)))
+		return
+	}
+	m.timers.minDrain = time.NewTimer(minDrain)
+}
+
+// startDrainListeners sends POST /drain_listeners until it succeeds or the
+// drain ends (it is idempotent): an admin API stalled at SIGTERM must not
+// leave Envoy undrained, its clients never told Connection: close.
+func (m *Machine) startDrainListeners() {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	m.dlState.Store(int32(DrainListenersRetrying))
+	inbound := !m.cfg.Gateway
+	wg.Go(func() {
+		backoff := 50 * time.Millisecond
+		var lastErr string
+		for {
+			m.dlTries.Add(1)
+			cctx, ccancel := context.WithTimeout(ctx, time.Second)
+			err := m.Admin.DrainListeners(cctx, inbound)
+			ccancel()
+			if err == nil {
+				m.dlState.Store(int32(DrainListenersDone))
+				m.Log.Info("drain_listeners sent", zap.Bool("inbound_only", inbound), zap.Int64("attempts", m.dlTries.Load()))
+				return
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if e := err.Error(); e != lastErr {
+				lastErr = e
+				m.Log.Warn("drain_listeners failed; retrying until it succeeds or the drain ends", zap.Error(err), zap.Int64("attempts", m.dlTries.Load()))
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 500*time.Millisecond)
+		}
+	})
+	m.stopDL = func() {
+		cancel()
+		wg.Wait()
+		if DrainListenersState(m.dlState.Load()) == DrainListenersRetrying {
+			m.dlState.Store(int32(DrainListenersGaveUp))
+			m.Log.Warn("drain_listeners never succeeded", zap.Int64("attempts", m.dlTries.Load()))
+		}
+	}
+}
+
+func (m *Machine) stopDrainListeners() {
+	if m.stopDL != nil {
+		m.stopDL()
+		m.stopDL = nil
+	}
+}
+
+// evaluate looks at the gate once; done means the machine ended.
+func (m *Machine) evaluate(ctx context.Context) (Result, bool) {
+	in := m.gateInput(ctx)
+	v := m.gate.Step(in)
+	if v.Open {
+		return m.stop("drained", true), true
+	}
+	if k := v.Kinds(); k != m.holds {
+		m.holds = k
+		m.Log.Info("gate holds", zap.Stringers("holds", v.Holds), zap.Duration("since_drain", time.Since(m.started)))
+	}
+	// Wake on the next change, or at a computed moment: the end of
+	// --settle, a flow's idle expiry, or a re-ask of an admin API that lags
+	// behind the kernel. Never on a fixed tick.
+	wake, idle := v.WakeAt, m.Flows.Observe().IdleWake
+	if m.cfg.IdleTimeout > 0 && !idle.IsZero() && (wake.IsZero() || idle.Before(wake)) {
+		wake = idle
+	}
+	if envoyOnlyHold(in, v) {
+		m.backoff = min(max(2*m.backoff, 5*time.Millisecond), 250*time.Millisecond)
+		if w := in.Now.Add(m.backoff); wake.IsZero() || w.Before(wake) {
+			wake = w
+		}
+	} else {
+		m.backoff = 0
+	}
+	if m.timers.wake != nil {
+		m.timers.wake.Stop()
+		m.timers.wake = nil
+	}
+	m.timers.idleWake = time.Time{}
+	if !wake.IsZero() {
+		m.timers.wake = time.NewTimer(time.Until(wake))
+		if wake.Equal(idle) {
+			m.timers.idleWake = idle
+		}
+	}
+	return Result{}, false
+}
+
+// envoyOnlyHold: the kernel sees no live downstream flow of Envoy's but its
+// admin API still counts some (its counters trail the sockets by a moment):
+// re-ask with backoff.
+func envoyOnlyHold(in GateInput, v Verdict) bool {
+	if in.Downstream-in.DownstreamIdle > 0 {
+		return false
+	}
+	for _, h := range v.Holds {
+		if h.Kind == HoldEnvoyActive {
+			return true
+		}
+	}
+	return false
+}
+
+// gateInput gathers the gate's inputs. It asks Envoy's admin API only when
+// the app is done and the kernel sees no live downstream flow (otherwise
+// Envoy certainly has some), so a busy drain does not hammer the admin API.
+func (m *Machine) gateInput(ctx context.Context) GateInput {
+	fv := m.Flows.Observe()
+	in := GateInput{
+		Now: time.Now(), AppExit: m.cfg.AppExit, Gateway: m.cfg.Gateway, WaitListeners: m.cfg.WaitListeners,
+		NoProxy: m.cfg.Prestop, IdleTimeout: m.cfg.IdleTimeout,
+		AppListeners: fv.AppListeners, AppHolding: fv.AppHolding,
+		Downstream: fv.Downstream, DownstreamIdle: fv.DownstreamIdle,
+	}
+	if m.Apps != nil {
+		in.AppProcs, in.ProcView = m.Apps.Count()
+	}
+	if m.Admin == nil {
+		return in
+	}
+	if in.Downstream-in.DownstreamIdle > 0 {
+		in.EnvoyKnown, in.EnvoyActive = true, in.Downstream // the kernel's count stands in
+		return in
+	}
+	if done, _ := AppDone(in); !done || m.Gauges() == GaugesAbsent {
+		return in
+	}
+	actx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	n, err := m.Admin.ActiveDownstream(actx)
+	cancel()
+	switch {
+	case err == nil:
+		in.EnvoyKnown, in.EnvoyActive = true, n
+	case errors.Is(err, ErrNoGauges):
+		if m.gauges.Swap(int32(GaugesAbsent)) != int32(GaugesAbsent) {
+			m.Log.Warn("Envoy keeps no downstream_cx_active listener gauges: the kernel's view of Envoy's downstream connections decides alone")
+		}
+	default:
+		m.Log.Debug("admin active connections", zap.Error(err))
+	}
+	return in
+}
+
+// deadline stops the proxy anyway, naming every flow that still held.
+func (m *Machine) deadline() Result {
+	open := m.Flows.Holding()
+	fields := []zap.Field{zap.Duration("after", time.Since(m.started)), zap.Int("open_flows", len(open))}
+	if m.Apps != nil {
+		n, view := m.Apps.Count()
+		fields = append(fields, zap.Int("app_processes", n), zap.Bool("app_processes_complete", view == ProcsComplete))
+	}
+	msg := "drain deadline reached: stopping the proxy with flows still open"
+	if m.cfg.Prestop {
+		msg = "prestop deadline reached: returning with app flows still open"
+	}
+	m.Log.Warn(msg, fields...)
+	for _, f := range open {
+		m.Log.Warn("open flow at deadline",
+			zap.String("local", f.Local.String()), zap.String("remote", f.Remote.String()),
+			zap.String("owner", f.Owner), zap.String("direction", f.Direction), zap.String("state", f.State),
+			zap.Int64("idle_ms", f.IdleMS), zap.Duration("age", f.Age))
+	}
+	return m.stop("deadline", false)
+}
+
+// proxyDied: the proxy left on its own. A sidecar proxy that leaves on its
+// own is a failure, whatever its code.
+func (m *Machine) proxyDied() Result {
+	m.stopDrainListeners()
+	code := m.Proxy.ExitCode()
+	if code == 0 {
+		code = 1
+	}
+	when := "during the drain"
+	if p := m.Phase(); p == Starting || p == Ready {
+		when = "before any drain"
+	}
+	m.enter(Exited, zap.String("why", "proxy exited on its own"), zap.String("when", when),
+		zap.String("how", m.Proxy.ExitDescription()), zap.Int("exit_code", code))
+	return Result{ExitCode: code, Reason: "proxy " + m.Proxy.ExitDescription() + " " + when}
+}
+
+// stop: /quitquitquit, then SIGTERM, then SIGKILL, each given
+// --stop-timeout. clean says whether the gate opened.
+func (m *Machine) stop(why string, clean bool) Result {
+	m.stopDrainListeners()
+	t0 := time.Now()
+	if m.started.IsZero() {
+		m.started = t0 // stopped without a drain (a quit, a cancel)
+	}
+	m.drainNS.Store(int64(t0.Sub(m.started)))
+	if m.cfg.Prestop {
+		m.enter(Exited, zap.String("why", why), zap.Duration("waited", t0.Sub(m.started)), zap.Bool("clean", clean))
+		return Result{Reason: why, Clean: clean}
+	}
+	m.enter(Stopping, zap.String("why", why), zap.Duration("drain", t0.Sub(m.started)),
+		zap.Int64("quit_sent_unix_ns", t0.UnixNano()), zap.Any("flows", m.Flows.Observe()))
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.quitTimeout())
+	err := m.Admin.Quit(ctx)
+	cancel()
+	if err != nil {
+		m.Log.Warn("quitquitquit failed", zap.Error(err))
+	}
+	killed := false
+	for _, sig := range []syscall.Signal{0, syscall.SIGTERM, syscall.SIGKILL} {
+		if sig != 0 {
+			m.Log.Warn("proxy still running: signalling", zap.Stringer("signal", sig))
+			m.Proxy.Signal(sig)
+			killed = sig == syscall.SIGKILL
+		}
+		wait := m.cfg.StopTimeout
+		if sig == syscall.SIGKILL {
+			wait = KillWait
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-m.Proxy.Exited():
+		case <-t.C:
+			continue
+		}
+		t.Stop()
+		break
+	}
+	res := Result{Reason: why, Clean: clean}
+	select {
+	case <-m.Proxy.Exited():
+		code := m.Proxy.ExitCode()
+		switch {
+		case killed:
+			res.ExitCode, res.Reason = 137, why+"; proxy had to be killed"
+		case code == 0 || code == 128+int(syscall.SIGTERM):
+		default:
+			res.ExitCode, res.Reason = code, why+"; proxy "+m.Proxy.ExitDescription()
+		}
+	default:
+		res.ExitCode, res.Reason = 137, why+"; proxy did not exit even after SIGKILL"
+	}
+	res.Clean = clean && res.ExitCode == 0
+	m.enter(Exited, zap.String("why", res.Reason), zap.Int("exit_code", res.ExitCode),
+		zap.Duration("total", time.Since(m.started)), zap.Bool("clean", res.Clean))
+	return res
+}

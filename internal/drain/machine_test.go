@@ -1,0 +1,816 @@
+package drain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// The machine runs here against fakes of its four inputs: no root, no
+// kernel, no Envoy. Timings are short but never asserted: each scenario
+// checks what happened (phases, calls, result), not how fast.
+
+type fakeFlows struct {
+	mu        sync.Mutex
+	v         FlowView
+	holding   []OpenFlow
+	changed   chan struct{}
+	refreshes int
+	onRefresh func(*FlowView)
+}
+
+func newFakeFlows(v FlowView) *fakeFlows {
+	return &fakeFlows{v: v, changed: make(chan struct{}, 1)}
+}
+
+func (f *fakeFlows) Changed() <-chan struct{} { return f.changed }
+func (f *fakeFlows) Observe() FlowView {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.v
+}
+func (f *fakeFlows) Refresh() error {
+	f.mu.Lock()
+	f.refreshes++
+	if f.onRefresh != nil {
+		f.onRefresh(&f.v)
+	}
+	f.mu.Unlock()
+	return nil
+}
+func (f *fakeFlows) Holding() []OpenFlow {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.holding
+}
+func (f *fakeFlows) set(fn func(*FlowView)) {
+	f.mu.Lock()
+	fn(&f.v)
+	f.mu.Unlock()
+	select {
+	case f.changed <- struct{}{}:
+	default:
+	}
+}
+
+type fakeApps struct {
+	n       atomic.Int32
+	view    ProcView
+	changed chan struct{}
+}
+
+func newFakeApps(n int, view ProcView) *fakeApps {
+	a := &fakeApps{view: view, changed: make(chan struct{}, 1)}
+	a.n.Store(int32(n))
+	return a
+}
+func (a *fakeApps) Changed() <-chan struct{} { return a.changed }
+func (a *fakeApps) Count() (int, ProcView)   { return int(a.n.Load()), a.view }
+func (a *fakeApps) exit()                    { a.set(0) }
+func (a *fakeApps) set(n int) {
+	a.n.Store(int32(n))
+	select {
+	case a.changed <- struct{}{}:
+	default:
+	}
+}
+
+type fakeProxy struct {
+	exited   chan struct{}
+	once     sync.Once
+	code     atomic.Int32
+	mu       sync.Mutex
+	signals  []syscall.Signal
+	ignore   map[syscall.Signal]bool // signals it survives
+	noExitOn bool                    // /quitquitquit does not make it exit
+}
+
+func newFakeProxy() *fakeProxy {
+	return &fakeProxy{exited: make(chan struct{}), ignore: map[syscall.Signal]bool{}}
+}
+func (p *fakeProxy) Exited() <-chan struct{} { return p.exited }
+func (p *fakeProxy) exit(code int) {
+	p.once.Do(func() { p.code.Store(int32(code)); close(p.exited) })
+}
+func (p *fakeProxy) Signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	p.signals = append(p.signals, sig)
+	p.mu.Unlock()
+	if !p.ignore[sig] {
+		p.exit(128 + int(sig))
+	}
+	return nil
+}
+func (p *fakeProxy) ExitCode() int { return int(p.code.Load()) }
+func (p *fakeProxy) ExitDescription() string {
+	return fmt.Sprintf("exited with code %d", p.code.Load())
+}
+func (p *fakeProxy) sent() []syscall.Signal {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]syscall.Signal(nil), p.signals...)
+}
+
+type fakeAdmin struct {
+	proxy *fakeProxy
+
+	notLive     atomic.Bool  // Live says no
+	dlFailures  atomic.Int32 // drain_listeners fails this many times first
+	dlCalls     atomic.Int32
+	dlInbound   atomic.Bool
+	active      atomic.Int32 // downstream_cx_active
+	activeErr   error
+	activeCalls atomic.Int32
+	noGauges    bool
+	quitErr     error
+	quitCalls   atomic.Int32
+	hang        atomic.Bool // every call blocks until its context ends
+	liveCalls   atomic.Int32
+	gaugeCalls  atomic.Int32
+}
+
+func (a *fakeAdmin) block(ctx context.Context) error {
+	if a.hang.Load() {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return nil
+}
+func (a *fakeAdmin) Live(ctx context.Context) (bool, string) {
+	a.liveCalls.Add(1)
+	if err := a.block(ctx); err != nil {
+		return false, err.Error()
+	}
+	if a.notLive.Load() {
+		return false, "envoy state INITIALIZING"
+	}
+	return true, ""
+}
+func (a *fakeAdmin) DrainListeners(ctx context.Context, inboundOnly bool) error {
+	a.dlCalls.Add(1)
+	a.dlInbound.Store(inboundOnly)
+	if err := a.block(ctx); err != nil {
+		return err
+	}
+	if a.dlFailures.Add(-1) >= 0 {
+		return errors.New("admin: 503")
+	}
+	return nil
+}
+func (a *fakeAdmin) ActiveDownstream(ctx context.Context) (int, error) {
+	a.activeCalls.Add(1)
+	if err := a.block(ctx); err != nil {
+		return 0, err
+	}
+	if a.noGauges {
+		return 0, ErrNoGauges
+	}
+	return int(a.active.Load()), a.activeErr
+}
+func (a *fakeAdmin) Gauges(ctx context.Context) (bool, error) {
+	a.gaugeCalls.Add(1)
+	if err := a.block(ctx); err != nil {
+		return false, err
+	}
+	return !a.noGauges, nil
+}
+func (a *fakeAdmin) Quit(ctx context.Context) error {
+	a.quitCalls.Add(1)
+	if err := a.block(ctx); err != nil {
+		return err
+	}
+	if a.quitErr != nil {
+		return a.quitErr
+	}
+	if !a.proxy.noExitOn {
+		a.proxy.exit(0)
+	}
+	return nil
+}
+
+// rig is one machine with its fakes, running.
+type rig struct {
+	t      *testing.T
+	m      *Machine
+	flows  *fakeFlows
+	apps   *fakeApps
+	admin  *fakeAdmin
+	proxy  *fakeProxy
+	logs   *observer.ObservedLogs
+	res    chan Result
+	cancel context.CancelFunc
+}
+
+func testConfig() Config {
+	return Config{MinDrain: 30 * time.Millisecond, AppExit: AppExitWait, Deadline: 5 * time.Second, StopTimeout: 50 * time.Millisecond}
+}
+
+type rigOption func(*rig, *Config)
+
+func newRig(t *testing.T, opts ...rigOption) *rig {
+	t.Helper()
+	cfg := testConfig()
+	proxy := newFakeProxy()
+	r := &rig{t: t, flows: newFakeFlows(FlowView{}), apps: newFakeApps(1, ProcsComplete), proxy: proxy, admin: &fakeAdmin{proxy: proxy}, res: make(chan Result, 1)}
+	for _, o := range opts {
+		o(r, &cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.DebugLevel)
+	r.logs = logs
+	parts := Parts{Flows: r.flows, Log: zap.New(core)}
+	if r.apps != nil {
+		parts.Apps = r.apps
+	}
+	if !cfg.Prestop {
+		parts.Admin, parts.Proxy = r.admin, r.proxy
+	}
+	r.m = New(cfg, parts)
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	t.Cleanup(cancel)
+	go func() { r.res <- r.m.Run(ctx) }()
+	return r
+}
+
+func withConfig(fn func(*Config)) rigOption { return func(_ *rig, c *Config) { fn(c) } }
+func withoutApps() rigOption                { return func(r *rig, _ *Config) { r.apps = nil } }
+
+// waitPhase waits (generously) for the machine to reach p.
+func (r *rig) waitPhase(p Phase) {
+	r.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.m.Phase() != p {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("phase %s, want %s; log:\n%s", r.m.Phase(), p, r.log())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (r *rig) result() Result {
+	r.t.Helper()
+	select {
+	case res := <-r.res:
+		return res
+	case <-time.After(20 * time.Second):
+		r.t.Fatalf("machine still running in %s; log:\n%s", r.m.Phase(), r.log())
+	}
+	return Result{}
+}
+
+// notDone checks the machine is still running, after letting it work.
+func (r *rig) notDone(settle time.Duration) {
+	r.t.Helper()
+	select {
+	case res := <-r.res:
+		r.t.Fatalf("machine ended early: %+v; log:\n%s", res, r.log())
+	case <-time.After(settle):
+	}
+}
+
+func (r *rig) log() string {
+	var b strings.Builder
+	for _, e := range r.logs.All() {
+		fmt.Fprintf(&b, "%s %s", e.Level, e.Message)
+		for k, v := range e.ContextMap() {
+			fmt.Fprintf(&b, " %s=%v", k, v)
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+func (r *rig) count(msg string) int { return r.logs.FilterMessage(msg).Len() }
+
+// phases is the sequence of phases the machine logged.
+func (r *rig) phases() []string {
+	var out []string
+	for _, e := range r.logs.FilterMessage("phase").All() {
+		out = append(out, e.ContextMap()["phase"].(string))
+	}
+	return out
+}
+
+func (r *rig) wantPhases(want ...string) {
+	r.t.Helper()
+	if got := strings.Join(r.phases(), " "); got != strings.Join(want, " ") {
+		r.t.Errorf("phases %q, want %q", got, strings.Join(want, " "))
+	}
+}
+
+func (r *rig) wantResult(res Result, code int, clean bool, reason string) {
+	r.t.Helper()
+	if res.ExitCode != code || res.Clean != clean || !strings.Contains(res.Reason, reason) {
+		r.t.Errorf("result %+v, want exit %d clean %v reason containing %q; log:\n%s", res, code, clean, reason, r.log())
+	}
+}
+
+// --- triggers ---------------------------------------------------------
+
+func TestTriggers(t *testing.T) {
+	for _, c := range Causes {
+		t.Run(c.String(), func(t *testing.T) {
+			r := newRig(t)
+			r.waitPhase(Ready)
+			r.m.Trigger(c)
+			r.waitPhase(Gating)
+			if r.m.Cause() != c {
+				t.Errorf("cause %s, want %s", r.m.Cause(), c)
+			}
+			r.notDone(20 * time.Millisecond) // the app still runs
+			r.apps.exit()
+			res := r.result()
+			r.wantResult(res, 0, true, "drained")
+			r.wantPhases("ready", "draining", "gating", "stopping", "exited")
+			if r.admin.quitCalls.Load() != 1 || len(r.proxy.sent()) != 0 {
+				t.Errorf("quit calls %d, signals %v: want one quit and no signal", r.admin.quitCalls.Load(), r.proxy.sent())
+			}
+			if st, _ := r.m.DrainListeners(); st != DrainListenersDone || !r.admin.dlInbound.Load() {
+				t.Errorf("drain_listeners %s inbound %v", st, r.admin.dlInbound.Load())
+			}
+			// The app's completion needs no endpoint propagation wait.
+			minDrain := r.logs.FilterMessage("phase").Filter(func(e observer.LoggedEntry) bool { return e.ContextMap()["phase"] == "draining" }).All()[0].ContextMap()["min_drain"]
+			want := 30 * time.Millisecond
+			if c == CauseAppDone {
+				want = 0
+			}
+			if minDrain != want {
+				t.Errorf("min_drain %v, want %v", minDrain, want)
+			}
+		})
+	}
+}
+
+func TestTriggerWhileStarting(t *testing.T) {
+	r := newRig(t)
+	r.admin.notLive.Store(true)
+	r.m.Trigger(CauseSignal)
+	r.waitPhase(Gating)
+	r.apps.exit()
+	r.wantResult(r.result(), 0, true, "drained")
+	r.wantPhases("draining", "gating", "stopping", "exited")
+}
+
+func TestGatewayDrainsAllListenersAndWaitsForNoApp(t *testing.T) {
+	r := newRig(t, withConfig(func(c *Config) { c.Gateway = true }))
+	r.waitPhase(Ready)
+	r.m.Trigger(CauseSignal)
+	res := r.result() // app processes still there: a gateway has no app
+	r.wantResult(res, 0, true, "drained")
+	if r.admin.dlInbound.Load() {
+		t.Error("gateway drained inbound listeners only")
+	}
+}
+
+// --- the gate -----------------------------------------------------------
+
+func TestGateWaitsForEnvoyDownstream(t *testing.T) {
+	r := newRig(t)
+	r.flows.set(func(v *FlowView) { v.Downstream = 2 })
+	r.waitPhase(Ready)
+	r.m.Trigger(CauseSignal)
+	r.waitPhase(Gating)
+	r.apps.exit()
+	r.notDone(30 * time.Millisecond)
+	if r.admin.activeCalls.Load() != 0 {
+		t.Errorf("asked the admin API while the kernel sees live downstream flows")
+	}
+	// The kernel sees them go; Envoy's counter trails by a moment.
+	r.admin.active.Store(1)
+	r.flows.set(func(v *FlowView) { v.Downstream = 0 })
+	r.notDone(30 * time.Millisecond)
+	r.admin.active.Store(0) // re-asked with backoff, no event needed
+	r.wantResult(r.result(), 0, true, "drained")
+	if n := r.admin.activeCalls.Load(); n < 2 {
+		t.Errorf("admin asked %d times, want a re-ask", n)
+	}
+	if n := r.count("gate holds"); n != 2 {
+		// app and envoy, then envoy alone (the kernel's count, then the
+		// admin API's): logged when what holds changes, not its counts.
+		t.Errorf("%d 'gate holds' lines, want 2; log:\n%s", n, r.log())
+	}
+}
+
+func TestGateHoldsLoggedOnlyWhenTheyChange(t *testing.T) {
+	r := newRig(t)
+	r.flows.set(func(v *FlowView) { v.Downstream = 1 })
+	r.waitPhase(Ready)
+	r.m.Trigger(CauseSignal)
+	r.waitPhase(Gating)
+	for i := 2; i < 40; i++ {
+		r.flows.set(func(v *FlowView) { v.Downstream = i })
+		time.Sleep(time.Millisecond)
+	}
+	if n := r.count("gate holds"); n != 1 {
+		t.Errorf("%d 'gate holds' lines for 40 count changes, want 1; log:\n%s", n, r.log())
+	}
+	r.apps.exit()
+	r.waitForLog("gate holds", "[envoy: 39")
+	r.flows.set(func(v *FlowView) { v.Downstream = 0 })
+	r.wantResult(r.result(), 0, true, "drained")
+}
+
+func TestGateNoGauges(t *testing.T) {
+	r := newRig(t, setup(func(r *rig) { r.admin.noGauges = true }))
+	r.waitPhase(Ready)
+	for r.m.Gauges() != GaugesAbsent {
+		time.Sleep(time.Millisecond)
+	}
+	r.m.Trigger(CauseSignal)
+	r.apps.exit()
+	r.wantResult(r.result(), 0, true, "drained")
+	if n := r.admin.activeCalls.Load(); n != 0 {
+		t.Errorf("asked for gauges Envoy does not keep %d times", n)
+	}
+	if r.count("Envoy keeps no downstream_cx_active listener gauges (e.g. Istio's stats matcher without EXIT_ON_ZERO_ACTIVE_CONNECTIONS): the kernel's view of Envoy's downstream connections decides alone") != 1 {
+		t.Errorf("no warning about the missing gauges; log:\n%s", r.log())
+	}
+}
+
+func TestGateAdminErrorsLeaveTheKernel(t *testing.T) {
+	r := newRig(t, setup(func(r *rig) { r.admin.activeErr = errors.New("admin: 500") }))
+	r.admin.active.Store(3)
+	r.waitPhase(Ready)
+	r.m.Trigger(CauseSignal)
+	r.apps.exit()
+	// The kernel sees no downstream flow: an erroring admin must not hold.
+	r.wantResult(r.result(), 0, true, "drained")
+}
+
+func TestMachineSettle(t *testing.T) {
+	r := newRig(t, withConfig(func(c *Config) { c.Settle = 80 * time.Millisecond }))
+	r.waitPhase(Ready)
+	r.m.Trigger(CauseSignal)
+	r.waitPhase(Gating)
+	r.apps.exit()
+	r.waitForLog("gate holds", "settle")
+	r.apps.set(1) // a break restarts the settle
+	r.apps.set(0)
+	r.wantResult(r.result(), 0, true, "drained")
+}
+
+func (r *rig) waitForLog(msg, contains string) {
+	r.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for _, e := range r.logs.FilterMessage(msg).All() {
+			if strings.Contains(fmt.Sprint(e.ContextMap()), contains) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("no %q line with %q; log:\n%s", msg, contains, r.log())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestGateIdleWake(t *testing.T) {
+	// One keep-alive downstream flow, idle, expiring in 50 ms: no event
+	// will come; the machine must wake itself and re-read the flows.
+	r := newRig(t, withConfig(func(c *Config) { c.IdleTimeout = time.Second }), setup(func(r *rig) {
+		r.flows.v = FlowView{Downstream: 1, IdleWake: time.Now().Add(50 * time.Millisecond)}
+		r.flows.onRefresh = func(v *FlowView) {
+			if time.Now().After(v.IdleWake) {
+				v.DownstreamIdle = 1
+			}
+		}
+	}))
+	r.apps.exit()
+	r.waitPhase(Ready)
+	r.m.Trigger(CauseSignal)
+	r.wantResult(r.result(), 0, true, "drained")
+	r.flows.mu.Lock()
+	defer r.flows.mu.Unlock()
+	if r.flows.refreshes == 0 {
+		t.Error("the idle expiry did not re-read the flows")
+	}
+}
+
+func TestGatePartialProcessViewNeverOverridesSockets(t *testing.T) {
+	r := newRig(t, func(r *rig, _ *Config) { r.apps = newFakeApps(0, ProcsPartial) })
+	r.flows.set(func(v *FlowView) { v.AppListeners = 1 })
+	r.waitPhase(Ready)
+	r.m.Trigger(CauseSignal)
+	r.waitPhase(Gating)
+	r.notDone(30 * time.Millisecond)
+	r.flows.set(func(v *FlowView) { v.AppListeners = 0 })
+	r.wantResult(r.result(), 0, true, "drained")
+}
+
+// --- second signals -------------------------------------------------------
+
+func TestSecondSignalIgnored(t *testing.T) {
+	r := newRig(t, withConfig(func(c *Config) { c.MinDrain = 100 * time.Millisecond }))
+	r.waitPhase(Ready)
+	r.m.Trigger(CauseSignal)
+	r.waitPhase(Draining)
+	r.m.Trigger(CauseSignal)
+	r.waitForLog("drain trigger ignored: already draining", "signal")
+	if r.m.Phase() != Draining {
+		t.Errorf("a second signal ended the min-drain")
+	}
+	r.apps.exit()
+	r.wantResult(r.result(), 0, true, "drained")
+	r.wantPhases("ready", "draining", "gating", "stopping", "exited")
+}
+
+func TestNativeSidecarSIGTERMAfterPreStop(t *testing.T) {
+	r := newRig(t, withConfig(func(c *Config) { c.MinDrain = time.Hour; c.Deadline = 2 * time.Hour }))
+	r.waitPhase(Ready)
+	r.m.Trigger(CausePreStop)
+	r.waitPhase(Draining)
+	// The app still runs: a SIGTERM now is not the kubelet's "app gone".
+	r.m.Trigger(CauseSignal)
+	r.waitForLog("drain trigger ignored: already draining", "signal")
+	r.apps.exit()
+	r.m.Trigger(CauseSignal)
+	res := r.result()
+	r.wantResult(res, 0, true, "drained")
+	if r.count("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now") != 1 {
+		t.Errorf("no native-sidecar line; log:\n%s", r.log())
+	}
+}
+
+// --- quit, cancel -----------------------------------------------------------
+
+func TestQuitAndCancel(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		phase Phase
+		do    func(*rig)
+		why   string
+	}{
+		{"quit when ready", Ready, func(r *rig) { r.m.Quit() }, "POST /quitquitquit"},
+		{"quit when gating", Gating, func(r *rig) { r.m.Quit() }, "POST /quitquitquit"},
+		{"cancel when ready", Ready, func(r *rig) { r.cancel() }, "context cancelled"},
+		{"cancel when gating", Gating, func(r *rig) { r.cancel() }, "context cancelled"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			r.waitPhase(Ready)
+			if tc.phase == Gating {
+				r.m.Trigger(CauseSignal)
+				r.waitPhase(Gating)
+			}
+			tc.do(r)
+			r.wantResult(r.result(), 0, false, tc.why)
+			if r.admin.quitCalls.Load() != 1 {
+				t.Errorf("%d quit calls, want 1", r.admin.quitCalls.Load())
+			}
+		})
+	}
+}
+
+// --- the proxy ends on its own, in each phase ---------------------------------
+
+func TestProxyExitsInEachPhase(t *testing.T) {
+	for _, tc := range []struct {
+		phase    Phase
+		minDrain time.Duration
+		when     string
+	}{
+		{Starting, time.Hour, "before any drain"},
+		{Ready, time.Hour, "before any drain"},
+		{Draining, time.Hour, "during the drain"},
+		{Gating, 0, "during the drain"},
+	} {
+		t.Run(tc.phase.String(), func(t *testing.T) {
+			r := newRig(t, withConfig(func(c *Config) { c.MinDrain = tc.minDrain; c.Deadline = 2 * time.Hour }))
+			if tc.phase == Starting {
+				r.admin.notLive.Store(true)
+			} else {
+				r.waitPhase(Ready)
+			}
+			if tc.phase >= Draining {
+				r.m.Trigger(CauseSignal)
+				r.waitPhase(tc.phase)
+			}
+			r.proxy.exit(134)
+			r.wantResult(r.result(), 134, false, "proxy exited with code 134 "+tc.when)
+			if r.admin.quitCalls.Load() != 0 {
+				t.Error("asked a dead proxy to quit")
+			}
+		})
+	}
+	t.Run("exit 0 is a failure too", func(t *testing.T) {
+		r := newRig(t)
+		r.waitPhase(Ready)
+		r.proxy.exit(0)
+		r.wantResult(r.result(), 1, false, "before any drain")
+	})
+	t.Run("stopping", func(t *testing.T) {
+		r := newRig(t, setup(func(r *rig) {
+			r.admin.quitErr = errors.New("admin: 500")
+			r.proxy.ignore[syscall.SIGTERM] = true
+			r.proxy.noExitOn = true
+		}))
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		r.apps.exit()
+		r.waitPhase(Stopping)
+		r.proxy.exit(134) // crashes while being stopped
+		r.wantResult(r.result(), 134, false, "proxy exited with code 134")
+	})
+}
+
+// --- the stop steps -------------------------------------------------------------
+
+func TestStopEscalates(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		setup   func(*rig)
+		signals []syscall.Signal
+		code    int
+	}{
+		{"quit works", func(r *rig) {}, nil, 0},
+		{"quit fails, SIGTERM works", func(r *rig) { r.admin.quitErr = errors.New("admin: 500") }, []syscall.Signal{syscall.SIGTERM}, 0},
+		{"quit ignored, SIGTERM works", func(r *rig) { r.proxy.noExitOn = true }, []syscall.Signal{syscall.SIGTERM}, 0},
+		{"SIGTERM ignored too", func(r *rig) { r.proxy.noExitOn = true; r.proxy.ignore[syscall.SIGTERM] = true }, []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}, 137},
+		{"admin hangs", nil, []syscall.Signal{syscall.SIGTERM}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.setup == nil { // the admin API hangs once Envoy is LIVE
+				tc.setup = func(*rig) {}
+			}
+			r := newRig(t, setup(tc.setup))
+			r.waitPhase(Ready)
+			if tc.name == "admin hangs" {
+				r.admin.hang.Store(true)
+			}
+			r.m.Trigger(CauseSignal)
+			r.apps.exit()
+			res := r.result()
+			if res.ExitCode != tc.code || fmt.Sprint(r.proxy.sent()) != fmt.Sprint(tc.signals) {
+				t.Errorf("exit %d signals %v, want %d %v; log:\n%s", res.ExitCode, r.proxy.sent(), tc.code, tc.signals, r.log())
+			}
+		})
+	}
+}
+
+// --- deadlines -----------------------------------------------------------------
+
+func TestDeadlineInEachPhase(t *testing.T) {
+	t.Run("gating", func(t *testing.T) {
+		r := newRig(t, withConfig(func(c *Config) { c.Deadline = time.Second }), setup(func(r *rig) {
+			r.flows.holding = []OpenFlow{{Owner: "app", Direction: "inbound", State: "ESTABLISHED"}}
+		}))
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		res := r.result() // the app never exits
+		r.wantResult(res, 0, false, "deadline")
+		if r.count("drain deadline reached: stopping the proxy with flows still open") != 1 || r.count("open flow at deadline") != 1 {
+			t.Errorf("deadline report missing; log:\n%s", r.log())
+		}
+	})
+	t.Run("draining", func(t *testing.T) {
+		// Reconcile keeps a min-drain inside the deadline; the machine must
+		// still end by the deadline if handed one that is not.
+		cfg := testConfig()
+		cfg.Deadline, cfg.MinDrain = time.Second, time.Hour
+		r := newRig(t, withConfig(func(c *Config) { *c = cfg }))
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		r.wantResult(r.result(), 0, false, "deadline")
+		r.wantPhases("ready", "draining", "stopping", "exited")
+	})
+	t.Run("the whole drain fits", func(t *testing.T) {
+		// Everything stuck: the app never exits, the admin API hangs, the
+		// proxy ignores SIGTERM. The stop steps run inside the deadline.
+		r := newRig(t, withConfig(func(c *Config) { c.Deadline = time.Second }), setup(func(r *rig) {
+			r.proxy.noExitOn = true
+			r.proxy.ignore[syscall.SIGTERM] = true
+		}))
+		r.waitPhase(Ready)
+		r.admin.hang.Store(true)
+		start := time.Now()
+		r.m.Trigger(CauseSignal)
+		res := r.result()
+		took := time.Since(start)
+		r.wantResult(res, 137, false, "deadline")
+		if took > 3*time.Second {
+			t.Errorf("ended %s after the trigger: the stop steps ran past the deadline", took)
+		}
+		t.Logf("everything stuck: ended %s after the trigger (deadline 1s, stop reserve %s)", took, r.m.Config().StopReserve())
+	})
+}
+
+// --- drain_listeners is retried ----------------------------------------------------
+
+func TestDrainListenersRetried(t *testing.T) {
+	r := newRig(t)
+	r.admin.dlFailures.Store(3)
+	r.waitPhase(Ready)
+	r.m.Trigger(CauseSignal)
+	r.waitPhase(Gating)
+	for st, _ := r.m.DrainListeners(); st != DrainListenersDone; st, _ = r.m.DrainListeners() {
+		time.Sleep(time.Millisecond)
+	}
+	if _, n := r.m.DrainListeners(); n != 4 {
+		t.Errorf("%d attempts, want 4", n)
+	}
+	if r.count("drain_listeners failed; retrying until it succeeds or the drain ends") != 1 {
+		t.Errorf("the same failure logged more than once; log:\n%s", r.log())
+	}
+	r.apps.exit()
+	r.wantResult(r.result(), 0, true, "drained")
+}
+
+func TestDrainListenersGivesUpWithTheDrain(t *testing.T) {
+	r := newRig(t)
+	r.admin.dlFailures.Store(1 << 30)
+	r.waitPhase(Ready)
+	r.m.Trigger(CauseSignal)
+	r.waitPhase(Gating)
+	r.apps.exit()
+	r.wantResult(r.result(), 0, true, "drained")
+	if st, n := r.m.DrainListeners(); st != DrainListenersGaveUp || n < 1 {
+		t.Errorf("drain_listeners %s after %d attempts, want gave-up", st, n)
+	}
+}
+
+// --- prestop is the same machine --------------------------------------------------
+
+func TestPrestop(t *testing.T) {
+	t.Run("flows done", func(t *testing.T) {
+		r := newRig(t, withoutApps(), withConfig(func(c *Config) { c.Prestop = true; c.AppExit = AppExitFlows }),
+			setup(func(r *rig) { r.flows.v = FlowView{AppHolding: 1, AppListeners: 1} }))
+		r.waitPhase(Gating)
+		r.notDone(20 * time.Millisecond)
+		r.flows.set(func(v *FlowView) { v.AppHolding = 0 })
+		r.wantResult(r.result(), 0, true, "drained")
+		r.wantPhases("draining", "gating", "exited")
+	})
+	t.Run("wait listeners", func(t *testing.T) {
+		r := newRig(t, withoutApps(), withConfig(func(c *Config) { c.Prestop = true; c.AppExit = AppExitFlows; c.WaitListeners = true }),
+			setup(func(r *rig) { r.flows.v = FlowView{AppListeners: 1} }))
+		r.waitPhase(Gating)
+		r.notDone(20 * time.Millisecond)
+		r.flows.set(func(v *FlowView) { v.AppListeners = 0 })
+		r.wantResult(r.result(), 0, true, "drained")
+	})
+	t.Run("timeout", func(t *testing.T) {
+		r := newRig(t, withoutApps(), withConfig(func(c *Config) { c.Prestop = true; c.AppExit = AppExitFlows; c.Deadline = 100 * time.Millisecond }),
+			setup(func(r *rig) { r.flows.v = FlowView{AppHolding: 1} }))
+		r.wantResult(r.result(), 0, false, "deadline")
+		if r.count("prestop deadline reached: returning with app flows still open") != 1 {
+			t.Errorf("no prestop deadline line; log:\n%s", r.log())
+		}
+	})
+}
+
+// --- configuration -----------------------------------------------------------------
+
+func TestConfigReserveAndReconcile(t *testing.T) {
+	d := DefaultConfig()
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if got := d.StopReserve(); got != time.Second+4*time.Second+KillWait {
+		t.Errorf("default stop reserve %s", got)
+	}
+	if d.Deadline >= GracePeriod || d.GraceWarning() != "" {
+		t.Errorf("defaults do not fit the default grace period: %s", d.Deadline)
+	}
+	bad := d
+	bad.Deadline = 3 * time.Second
+	var ce *ConfigError
+	if err := bad.Validate(); !errors.As(err, &ce) || !strings.Contains(err.Error(), "leaves no time to drain") {
+		t.Errorf("3s deadline with 2s stop timeout: %v", err)
+	}
+	long := d
+	long.Deadline = time.Hour
+	if w := long.GraceWarning(); !strings.Contains(w, "terminationGracePeriodSeconds to at least 3602") {
+		t.Errorf("grace warning %q", w)
+	}
+	// Istio: MINIMUM_DRAIN_DURATION=30s with the default deadline.
+	c := d
+	c.MinDrain = 30 * time.Second
+	got, warn := c.Reconcile(false)
+	if got.Deadline != 30*time.Second+d.StopReserve() || got.MinDrain != 30*time.Second || warn == "" {
+		t.Errorf("default deadline: %+v %q", got, warn)
+	}
+	got, warn = c.Reconcile(true)
+	if got.Deadline != d.Deadline || got.MinDrain != d.GateDeadline() || warn == "" {
+		t.Errorf("explicit deadline: %+v %q", got, warn)
+	}
+	if got, warn := d.Reconcile(true); got != d || warn != "" {
+		t.Errorf("nothing to mend: %+v %q", got, warn)
+	}
+}
+
+// setup changes the fakes before the machine starts (their plain fields
+// are not safe to change while it runs).
+func setup(fn func(*rig)) rigOption { return func(r *rig, _ *Config) { fn(r) } }

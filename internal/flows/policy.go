@@ -1,0 +1,254 @@
+package flows
+
+import (
+	"time"
+
+	"github.com/draind/draind/internal/sockdiag"
+)
+
+// DefaultProxyUID is Istio's convention: Envoy runs as 1337 and iptables
+// exempts that uid from redirection.
+const DefaultProxyUID = 1337
+
+// Policy holds the attribution rules of DESIGN.md ("Who owns a socket").
+type Policy struct {
+	// ProxyUID owns the proxy's sockets.
+	ProxyUID uint32
+	// ProxyPorts are local ports whose sockets are the proxy's whatever
+	// their uid (e.g. an Envoy not running as ProxyUID).
+	ProxyPorts []uint16
+	// ProxyRemotePorts: a flow whose peer is a loopback address on one of
+	// these ports is the proxy's (Envoy's admin API: draind's own calls to
+	// it must not count as the app's outbound flows, whatever uid draind
+	// runs under).
+	ProxyRemotePorts []uint16
+	// IdleTimeout: a flow idle for longer stops holding the drain
+	// (keep-alive pools). 0 turns it off.
+	IdleTimeout time.Duration
+}
+
+// DefaultPolicy is the policy with DESIGN.md's defaults.
+func DefaultPolicy() Policy { return Policy{ProxyUID: DefaultProxyUID} }
+
+// Flow is a socket with its attribution.
+type Flow struct {
+	sockdiag.Socket
+	Owner     Owner     `json:"owner"`
+	Direction Direction `json:"direction"`
+	// Holds is true when the flow keeps the drain open: its state holds
+	// (see State.HoldsDrain) and it is not idle past the idle timeout.
+	Holds bool `json:"holds"`
+	// IdleExpired is true when the state holds but the flow has been idle
+	// past Policy.IdleTimeout.
+	IdleExpired bool `json:"idle_expired,omitempty"`
+	// IdleMS is Socket.Idle in milliseconds, or -1 when the kernel sent
+	// no tcp_info (TIME_WAIT, request sockets).
+	IdleMS int64 `json:"idle_ms"`
+}
+
+// Summary counts a namespace's sockets by class. The flow counts include
+// only flows whose state holds the drain (ESTABLISHED, SYN_SENT, SYN_RECV,
+// CLOSE_WAIT); of those, the *_idle counts are idle past the idle timeout
+// and so no longer hold it. Closing counts the rest (FIN_WAIT*, LAST_ACK,
+// CLOSING, TIME_WAIT) for information.
+type Summary struct {
+	AppListeners   int `json:"app_listeners"`
+	AppInbound     int `json:"app_inbound"`
+	AppOutbound    int `json:"app_outbound"`
+	AppIdle        int `json:"app_idle"`
+	ProxyListeners int `json:"proxy_listeners"`
+	ProxyFlows     int `json:"proxy_flows"`
+	ProxyIdle      int `json:"proxy_idle"`
+	Closing        int `json:"closing"`
+}
+
+// AppHolding is the number of app flows that still hold the drain.
+func (s Summary) AppHolding() int { return s.AppInbound + s.AppOutbound - s.AppIdle }
+
+// ProxyHolding is the number of proxy flows that still hold the drain.
+func (s Summary) ProxyHolding() int { return s.ProxyFlows - s.ProxyIdle }
+
+// Classifier attributes sockets under a Policy. It remembers which ports
+// each owner listens on, so listeners must be observed (Observe or
+// Classify over a full set) before the flows that use them.
+type Classifier struct {
+	p          Policy
+	proxyPorts map[uint16]struct{}
+	peerPorts  map[uint16]struct{}
+	// listenPorts counts listeners per (owner, port): a port can have
+	// several (IPv4 and IPv6, or SO_REUSEPORT).
+	listenPorts map[listenKey]int
+}
+
+type listenKey struct {
+	owner Owner
+	port  uint16
+}
+
+// NewClassifier returns a Classifier for p.
+func NewClassifier(p Policy) *Classifier {
+	c := &Classifier{p: p, proxyPorts: map[uint16]struct{}{}, peerPorts: map[uint16]struct{}{}, listenPorts: map[listenKey]int{}}
+	for _, port := range p.ProxyPorts {
+		c.proxyPorts[port] = struct{}{}
+	}
+	for _, port := range p.ProxyRemotePorts {
+		c.peerPorts[port] = struct{}{}
+	}
+	return c
+}
+
+// Policy returns the classifier's policy.
+func (c *Classifier) Policy() Policy { return c.p }
+
+// Reset forgets every listener.
+func (c *Classifier) Reset() { clear(c.listenPorts) }
+
+// AddListener records a listener; RemoveListener forgets one.
+func (c *Classifier) AddListener(s *sockdiag.Socket) {
+	c.listenPorts[listenKey{c.owner(s), s.Local.Port()}]++
+}
+
+// RemoveListener forgets a listener recorded by AddListener.
+func (c *Classifier) RemoveListener(s *sockdiag.Socket) {
+	k := listenKey{c.owner(s), s.Local.Port()}
+	if c.listenPorts[k] <= 1 {
+		delete(c.listenPorts, k)
+		return
+	}
+	c.listenPorts[k]--
+}
+
+// Listens reports whether owner has a listener on port.
+func (c *Classifier) Listens(owner Owner, port uint16) bool {
+	return c.listenPorts[listenKey{owner, port}] > 0
+}
+
+// owner applies the ownership rules to one socket.
+func (c *Classifier) owner(s *sockdiag.Socket) Owner {
+	if _, ok := c.proxyPorts[s.Local.Port()]; ok {
+		return OwnerProxy
+	}
+	if _, ok := c.peerPorts[s.Remote.Port()]; ok && s.State != sockdiag.Listen && s.Remote.Addr().IsLoopback() {
+		return OwnerProxy
+	}
+	if s.Inode == 0 && s.UID == 0 && s.State != sockdiag.Listen {
+		// Request sockets (SYN_RECV) and TIME_WAIT sockets carry neither
+		// uid nor inode: they belong to whoever listens on the port.
+		port := s.Local.Port()
+		if c.listenPorts[listenKey{OwnerProxy, port}] > 0 {
+			return OwnerProxy
+		}
+		if c.listenPorts[listenKey{OwnerApp, port}] > 0 {
+			return OwnerApp
+		}
+	}
+	if s.UID == c.p.ProxyUID {
+		return OwnerProxy
+	}
+	return OwnerApp
+}
+
+// Flow attributes one socket, at now (for idle checks the socket's own
+// tcp_info times are used; now is not needed).
+func (c *Classifier) Flow(s *sockdiag.Socket) Flow {
+	f := Flow{Socket: *s, Owner: c.owner(s), IdleMS: -1}
+	if s.HasInfo {
+		f.IdleMS = idle(s).Milliseconds()
+	}
+	switch {
+	case s.State == sockdiag.Listen:
+		f.Direction = DirListen
+	case c.Listens(f.Owner, s.Local.Port()):
+		f.Direction = DirInbound
+	default:
+		f.Direction = DirOutbound
+	}
+	if s.State.HoldsDrain() && s.State != sockdiag.Listen {
+		f.Holds = true
+		if c.p.IdleTimeout > 0 && s.HasInfo && idle(s) > c.p.IdleTimeout {
+			f.Holds = false
+			f.IdleExpired = true
+		}
+	}
+	return f
+}
+
+// Count adds one attributed flow to the summary.
+func (s *Summary) Count(f *Flow) {
+	switch {
+	case f.Direction == DirListen && f.Owner == OwnerApp:
+		s.AppListeners++
+	case f.Direction == DirListen:
+		s.ProxyListeners++
+	case !f.State.HoldsDrain():
+		s.Closing++
+	case f.Owner == OwnerProxy:
+		s.ProxyFlows++
+		if f.IdleExpired {
+			s.ProxyIdle++
+		}
+	default:
+		if f.Direction == DirInbound {
+			s.AppInbound++
+		} else {
+			s.AppOutbound++
+		}
+		if f.IdleExpired {
+			s.AppIdle++
+		}
+	}
+}
+
+// Uncount removes a flow counted by Count.
+func (s *Summary) Uncount(f *Flow) {
+	var n Summary
+	n.Count(f)
+	s.AppListeners -= n.AppListeners
+	s.AppInbound -= n.AppInbound
+	s.AppOutbound -= n.AppOutbound
+	s.AppIdle -= n.AppIdle
+	s.ProxyListeners -= n.ProxyListeners
+	s.ProxyFlows -= n.ProxyFlows
+	s.ProxyIdle -= n.ProxyIdle
+	s.Closing -= n.Closing
+}
+
+// Snapshot is one attributed view of a namespace.
+type Snapshot struct {
+	Taken     time.Time `json:"taken"`
+	Namespace string    `json:"namespace"`
+	Summary   Summary   `json:"summary"`
+	Listeners []Flow    `json:"listeners"`
+	Flows     []Flow    `json:"flows"`
+}
+
+// Classify attributes a full set of sockets (listeners and flows, in any
+// order) into a snapshot, replacing the classifier's listener set.
+func (c *Classifier) Classify(socks []sockdiag.Socket) Snapshot {
+	c.Reset()
+	for i := range socks {
+		if socks[i].State == sockdiag.Listen {
+			c.AddListener(&socks[i])
+		}
+	}
+	var snap Snapshot
+	for i := range socks {
+		f := c.Flow(&socks[i])
+		snap.Summary.Count(&f)
+		if f.Direction == DirListen {
+			snap.Listeners = append(snap.Listeners, f)
+		} else {
+			snap.Flows = append(snap.Flows, f)
+		}
+	}
+	return snap
+}
+
+// idle is how long the flow has carried no data in either direction, or 0
+// when the kernel gave no tcp_info.
+func idle(s *sockdiag.Socket) time.Duration {
+	if !s.HasInfo {
+		return 0
+	}
+	return min(s.LastDataSent, s.LastDataRecv)
+}

@@ -1,0 +1,391 @@
+package flows
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/draind/draind/internal/namespace"
+	"github.com/draind/draind/internal/probes"
+	"github.com/draind/draind/internal/sockdiag"
+	"go.uber.org/zap"
+)
+
+// Tracker modes.
+const (
+	ModeAuto     = "auto"
+	ModeEBPF     = "ebpf"
+	ModeSockDiag = "sockdiag"
+)
+
+// TrackerConfig configures OpenTracker. The zero value tracks in auto mode
+// with DESIGN.md's defaults.
+type TrackerConfig struct {
+	// Mode is auto, ebpf or sockdiag. auto tries eBPF and falls back.
+	Mode   string
+	Policy Policy
+	// PollPeriod is the sock_diag polling period (sockdiag mode).
+	PollPeriod time.Duration
+	// ReconcilePeriod is how often eBPF mode re-reads a full snapshot to
+	// correct any drift (0: 5 minutes; negative: never). It is the only
+	// timer eBPF mode arms while nothing happens.
+	ReconcilePeriod time.Duration
+	// RingSize is the eBPF ring buffer size in bytes (0: default).
+	RingSize int
+	// Logger receives the mode choice and resync notices (nil: none).
+	Logger *zap.Logger
+}
+
+// DefaultPollPeriod is sockdiag mode's polling period: a LISTEN-and-flows
+// dump of a pod's namespace costs well under a millisecond.
+const DefaultPollPeriod = 100 * time.Millisecond
+
+// Tracker keeps a FlowTable of one namespace live: from eBPF events with
+// sock_diag snapshots at start and after any loss, or from sock_diag polls.
+// Subscribers are told whenever the per-class counts change.
+type Tracker struct {
+	cfg    TrackerConfig
+	name   string
+	diag   *sockdiag.Conn
+	probe  *probes.TCPState
+	mode   string
+	reason string
+	log    *zap.Logger
+
+	mu      sync.Mutex
+	table   *FlowTable
+	since   time.Duration // eBPF: events older than the last snapshot are stale
+	snapAt  time.Time     // when the last snapshot (and its tcp_info) was read
+	subs    map[chan struct{}]struct{}
+	watches map[chan Change]struct{}
+
+	resyncs  atomic.Uint64
+	lostSeen atomic.Uint64
+	dropped  atomic.Uint64 // changes a slow watcher did not take
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// ErrTrackerMode is returned for an unknown mode.
+var ErrTrackerMode = errors.New("tracker mode must be auto, ebpf or sockdiag")
+
+// OpenTracker opens the sources for ns (which must stay open while the
+// tracker runs) and takes the first snapshot. Call Run to keep it live.
+func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
+	if cfg.Mode == "" {
+		cfg.Mode = ModeAuto
+	}
+	if cfg.PollPeriod <= 0 {
+		cfg.PollPeriod = DefaultPollPeriod
+	}
+	if cfg.ReconcilePeriod == 0 {
+		cfg.ReconcilePeriod = 5 * time.Minute
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	t := &Tracker{cfg: cfg, name: ns.Name(), log: log, subs: map[chan struct{}]struct{}{}, watches: map[chan Change]struct{}{}}
+	defer func() {
+		if err != nil {
+			t.Close()
+		}
+	}()
+	if t.diag, err = sockdiag.Dial(ns); err != nil {
+		return nil, err
+	}
+	// Idle times are only needed for the idle timeout: without it, spare
+	// the kernel the tcp_info of every socket on every snapshot.
+	t.diag.SetInfo(cfg.Policy.IdleTimeout > 0)
+	switch cfg.Mode {
+	case ModeSockDiag:
+		t.mode, t.reason = ModeSockDiag, "asked for (--tracker sockdiag)"
+	case ModeEBPF, ModeAuto:
+		p, perr := probes.OpenTCPState(ns.Inode(), probes.TCPStateOptions{RingSize: cfg.RingSize})
+		if perr != nil {
+			var pu *probes.UnavailableError
+			if cfg.Mode == ModeEBPF || !errors.As(perr, &pu) {
+				return nil, fmt.Errorf("ebpf tracker: %w", perr)
+			}
+			t.mode, t.reason = ModeSockDiag, "eBPF unavailable: "+pu.Reason
+		} else {
+			t.probe = p
+			t.mode, t.reason = ModeEBPF, "eBPF probe loaded"
+			if !p.UsesCookie() {
+				t.reason += " (no socket cookies in tracing programs before 5.12: keyed by 5-tuple)"
+			}
+		}
+	default:
+		return nil, fmt.Errorf("%w, not %q", ErrTrackerMode, cfg.Mode)
+	}
+	t.table = NewFlowTable(cfg.Policy, t.probe == nil || t.probe.UsesCookie())
+	// eBPF: the probe is attached and buffering before this snapshot, so
+	// nothing that happens from here on is missed.
+	if err := t.Resync(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Mode returns the mode that runs and why it was chosen.
+func (t *Tracker) Mode() (mode, reason string) { return t.mode, t.reason }
+
+// Resyncs counts full snapshots taken after the first.
+func (t *Tracker) Resyncs() uint64 { return t.resyncs.Load() }
+
+// Lost counts events the kernel could not queue (eBPF mode). Every loss
+// is followed by a resync.
+func (t *Tracker) Lost() uint64 {
+	if t.probe == nil {
+		return 0
+	}
+	return t.probe.Lost()
+}
+
+// Summary returns the current counts.
+func (t *Tracker) Summary() Summary {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.table.Summary()
+}
+
+// Snapshot returns the table as a Snapshot.
+func (t *Tracker) Snapshot() Snapshot {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.table.Snapshot(time.Now())
+	s.Namespace = t.name
+	return s
+}
+
+// Flows returns the tracked sockets for which keep returns true, with ages.
+func (t *Tracker) Flows(keep func(*Flow) bool) []TrackedFlow {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.table.Flows(time.Now(), keep)
+}
+
+// Subscribe returns a channel that receives a value (coalesced) whenever
+// the counts change, and a function to unsubscribe.
+func (t *Tracker) Subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	t.mu.Lock()
+	t.subs[ch] = struct{}{}
+	t.mu.Unlock()
+	return ch, func() {
+		t.mu.Lock()
+		delete(t.subs, ch)
+		t.mu.Unlock()
+	}
+}
+
+// Watch returns a channel of every change, buffered by buf; changes a slow
+// reader does not take are counted by Dropped, never block the tracker.
+func (t *Tracker) Watch(buf int) (<-chan Change, func()) {
+	ch := make(chan Change, buf)
+	t.mu.Lock()
+	t.watches[ch] = struct{}{}
+	t.mu.Unlock()
+	return ch, func() {
+		t.mu.Lock()
+		delete(t.watches, ch)
+		t.mu.Unlock()
+	}
+}
+
+// Dropped counts changes not delivered to slow watchers.
+func (t *Tracker) Dropped() uint64 { return t.dropped.Load() }
+
+// LastSnapshot is when the table was last read whole from sock_diag: the
+// time its flows' idle times (IdleMS) were measured. Flows added by events
+// since carry no idle time.
+func (t *Tracker) LastSnapshot() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.snapAt
+}
+
+// Resync replaces the table with a fresh snapshot now (it also refreshes
+// every flow's idle time, which events do not carry).
+func (t *Tracker) Resync() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.resyncLocked()
+}
+
+func (t *Tracker) resyncLocked() error {
+	start := ktimeNow()
+	socks, err := t.diag.Sockets(TableMask | sockdiag.Mask(sockdiag.Listen))
+	if err != nil {
+		return err
+	}
+	before := t.table.Summary()
+	changes := t.table.Replace(socks, time.Now())
+	// Events stamped before the dump began are already in it. Those that
+	// race with the dump are re-applied: each sets an absolute state, so
+	// applying one twice is harmless.
+	t.since = start
+	t.snapAt = time.Now()
+	if t.table.Len() > 0 || len(changes) > 0 {
+		t.publishLocked(before, changes...)
+	}
+	return nil
+}
+
+func (t *Tracker) publishLocked(before Summary, changes ...Change) {
+	for _, c := range changes {
+		for w := range t.watches {
+			select {
+			case w <- c:
+			default:
+				t.dropped.Add(1)
+			}
+		}
+	}
+	if t.table.Summary() == before {
+		return
+	}
+	for s := range t.subs {
+		select {
+		case s <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Run keeps the table live until ctx ends or a source fails. In eBPF mode
+// a probe failure after load falls back to polling (logged once) rather
+// than ending the tracker.
+func (t *Tracker) Run(ctx context.Context) error {
+	if t.probe != nil {
+		err := t.runEBPF(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		t.mu.Lock()
+		t.mode, t.reason = ModeSockDiag, fmt.Sprintf("eBPF probe failed after load (%v): polling", err)
+		t.mu.Unlock()
+		t.log.Warn("tracker falls back to sock_diag polling", zap.Error(err))
+	}
+	return t.runPoll(ctx)
+}
+
+func (t *Tracker) runPoll(ctx context.Context) error {
+	tick := time.NewTicker(t.cfg.PollPeriod)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			if err := t.Resync(); err != nil {
+				return fmt.Errorf("poll %s: %w", t.name, err)
+			}
+		}
+	}
+}
+
+// lostCheckAfter is how soon after a burst of events the lost counter is
+// read: a map read per event would cost a syscall each, and a fixed timer
+// would wake an idle draind.
+const lostCheckAfter = 50 * time.Millisecond
+
+func (t *Tracker) runEBPF(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { t.probe.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	var reconcile <-chan time.Time
+	if t.cfg.ReconcilePeriod > 0 {
+		tk := time.NewTicker(t.cfg.ReconcilePeriod)
+		defer tk.Stop()
+		reconcile = tk.C
+	}
+	// A second goroutine owns the timers; it ends with this function.
+	checkLost := make(chan struct{}, 1)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var timer <-chan time.Time
+		for {
+			select {
+			case <-done:
+				return
+			case <-checkLost:
+				if timer == nil {
+					timer = time.After(lostCheckAfter)
+				}
+			case <-timer:
+				timer = nil
+				t.resyncIfLost()
+			case <-reconcile:
+				if err := t.Resync(); err == nil {
+					t.resyncs.Add(1)
+				}
+			}
+		}
+	}()
+	defer func() { close(done); wg.Wait() }()
+
+	var ev probes.TCPEvent
+	n := 0
+	for {
+		if err := t.probe.ReadEvent(&ev); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		t.mu.Lock()
+		if ev.Time >= t.since {
+			before := t.table.Summary()
+			if ch, ok := t.table.Apply(&ev, time.Now()); ok {
+				t.publishLocked(before, ch)
+			}
+		}
+		t.mu.Unlock()
+		if n++; n%4096 == 0 {
+			t.resyncIfLost()
+		}
+		select {
+		case checkLost <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// resyncIfLost takes a snapshot when the kernel dropped events since the
+// last check: the table cannot be trusted past a gap.
+func (t *Tracker) resyncIfLost() {
+	lost := t.probe.Lost()
+	if lost == t.lostSeen.Load() {
+		return
+	}
+	t.lostSeen.Store(lost)
+	if err := t.Resync(); err != nil {
+		t.log.Warn("resync after lost events failed", zap.Uint64("lost", lost), zap.Error(err))
+		return
+	}
+	t.resyncs.Add(1)
+	t.log.Info("resynced after lost events", zap.Uint64("lost", lost))
+}
+
+// Close releases the probe and the netlink socket. Safe twice; call it
+// after Run has returned.
+func (t *Tracker) Close() error {
+	t.closeOnce.Do(func() {
+		var errs []error
+		if t.probe != nil {
+			errs = append(errs, t.probe.Close())
+		}
+		if t.diag != nil {
+			errs = append(errs, t.diag.Close())
+		}
+		t.closeErr = errors.Join(errs...)
+	})
+	return t.closeErr
+}

@@ -1,0 +1,98 @@
+// Package probes holds draind's eBPF programs and what loads them: the
+// compiled objects of bpf/ (bpf2go), one loader helper shared by every
+// object, and the typed readers of what the programs report.
+//
+// # Programs
+//
+// [TCPState] loads bpf/tcpstate.c: every TCP state change
+// (tp_btf/inet_sock_set_state) of one network namespace, delivered through
+// a ring buffer as [TCPEvent]s. The namespace is a load-time constant.
+//
+// # Loading
+//
+// Every object goes through the same steps (load.go): the kernel's BTF must
+// be there (tp_btf attaches by BTF id, CO-RE relocates against it),
+// RLIMIT_MEMLOCK is lifted on kernels before 5.11, ring sizes are checked,
+// and a failure that says "this host cannot run eBPF" (no capability, no
+// BTF, kernel too old, verifier refusal) comes back as an
+// [*UnavailableError] with a one-line Reason, so that callers fall back to
+// polling and log why. Other errors are the caller's (bad options).
+//
+// # Concurrency
+//
+// One goroutine reads a probe's events; SetDeadline, Lost and Close may be
+// called from any goroutine. Close is safe twice and unblocks a reader.
+// The package logs nothing.
+package probes
+
+import (
+	"errors"
+	"net/netip"
+	"time"
+
+	"github.com/draind/draind/internal/sockdiag"
+)
+
+// UnavailableError says why an eBPF object cannot run on this host. Callers
+// fall back (to sock_diag polling, to /proc) and log Reason once.
+//
+// Reason is one line, one of:
+//
+//	"no CAP_BPF/CAP_PERFMON (or CAP_SYS_ADMIN)"
+//	"kernel has no BTF"
+//	"kernel too old (needs 5.5 for tp_btf)"
+//	"kernel too old (needs 5.8 for the BPF ring buffer)"
+//	"kernel too old (needs 5.8 for the BPF task iterator)"
+//	"verifier: <the verifier's last relevant lines>"
+//	"load: <the error>"
+//	"eBPF is not supported on this OS"
+//
+// Err is the underlying error, for the log at debug level.
+type UnavailableError struct {
+	Reason string
+	Err    error
+}
+
+func (e *UnavailableError) Error() string {
+	if e.Err == nil {
+		return "ebpf unavailable: " + e.Reason
+	}
+	return "ebpf unavailable: " + e.Reason + ": " + e.Err.Error()
+}
+
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// ErrUnsupportedOS is the Err of the UnavailableError every loader returns
+// outside Linux.
+var ErrUnsupportedOS = errors.New("eBPF needs Linux")
+
+// TCPStateOptions tunes OpenTCPState. The zero value is valid.
+type TCPStateOptions struct {
+	// RingSize is the ring buffer size in bytes: a power of two and a
+	// multiple of the page size. 0 means DefaultTCPRingSize.
+	RingSize int
+}
+
+// DefaultTCPRingSize holds about 100k events (72 bytes + an 8-byte ring
+// header each): a burst of that many state changes is absorbed while the
+// reader is descheduled.
+const DefaultTCPRingSize = 8 << 20
+
+// TCPEvent is one TCP state change seen by the tcpstate programs, already
+// filtered to the target namespace and to TCP.
+type TCPEvent struct {
+	// Time is the kernel's monotonic clock (bpf_ktime_get_ns) at the change.
+	Time time.Duration
+	// Cookie is the socket cookie, or 0 on kernels whose tracing programs
+	// cannot read it (before 5.12); then SkAddr and the 5-tuple are the key.
+	Cookie uint64
+	// SkAddr is the kernel address of the struct sock: unique while the
+	// socket lives, a fallback key on old kernels.
+	SkAddr   uint64
+	OldState sockdiag.State
+	NewState sockdiag.State
+	Family   uint8
+	Local    netip.AddrPort
+	Remote   netip.AddrPort
+	UID      uint32
+}

@@ -1,0 +1,133 @@
+package sockdiag
+
+import (
+	"fmt"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/draind/draind/internal/namespace"
+	"github.com/draind/draind/internal/testutil"
+)
+
+func dialNS(t *testing.T, ns *testutil.NetNS) *Conn {
+	t.Helper()
+	h, err := namespace.Open(ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	d, err := Dial(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// The kernel reports each state, both families, uids, inodes, cookies and
+// tcp_info where a full socket has one.
+func TestDumpStates(t *testing.T) {
+	ns := testutil.NewNetNS(t)
+	l4 := ns.ListenAs(t, 0, "127.0.0.1:8080")
+	l6 := ns.ListenAs(t, 1337, "[::1]:15006")
+	ns.DialAs(t, 0, "127.0.0.1:8080")
+	testutil.Accept(t, l4)
+	ns.DialAs(t, 0, "[::1]:15006")
+	testutil.AcceptAs(t, l6, 1337).Close() // CLOSE_WAIT on the client, FIN_WAIT2 on the server
+	c := ns.DialAs(t, 0, "127.0.0.1:8080")
+	s := testutil.Accept(t, l4)
+	c.Close()
+	time.Sleep(10 * time.Millisecond)
+	s.Close() // TIME_WAIT on the client side
+
+	d := dialNS(t, ns)
+	want := map[State]int{Listen: 2, Established: 2, CloseWait: 1, FinWait2: 1, TimeWait: 1, LastAck: 0}
+	testutil.Eventually(t, "states", func() error {
+		got := map[State]int{}
+		socks, err := d.Sockets(AllStates)
+		if err != nil {
+			return err
+		}
+		for _, s := range socks {
+			got[s.State]++
+			switch {
+			case s.State == TimeWait && (s.HasInfo || s.Inode != 0):
+				return fmt.Errorf("TIME_WAIT with tcp_info or inode: %+v", s)
+			case s.State == Established && (!s.HasInfo || s.Cookie == 0 || s.Inode == 0):
+				return fmt.Errorf("established without tcp_info, cookie or inode: %+v", s)
+			case s.State == Listen && s.Local.Port() == 15006 && (s.UID != 1337 || s.Family != afInet6):
+				return fmt.Errorf("[::1]:15006 listener: %+v", s)
+			}
+		}
+		for st, n := range want {
+			if got[st] != n {
+				return fmt.Errorf("%d sockets in %s, want %d (all: %v)", got[st], st, n, got)
+			}
+		}
+		return nil
+	})
+}
+
+func TestListenMaskDoesNotReturnFlows(t *testing.T) {
+	ns := testutil.NewNetNS(t)
+	ln := ns.ListenAs(t, 0, "127.0.0.1:0")
+	for range 20 {
+		ns.DialAs(t, 0, ln.Addr().String())
+		testutil.Accept(t, ln)
+	}
+	d := dialNS(t, ns)
+	socks, err := d.Sockets(ListenMask)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(socks) != 1 || socks[0].State != Listen {
+		t.Fatalf("LISTEN dump: %d sockets %v", len(socks), socks)
+	}
+	n := 0
+	if err := d.Each(HoldingMask, func(*Socket) { n++ }); err != nil {
+		t.Fatal(err)
+	}
+	if n != 40 {
+		t.Fatalf("holding sockets %d, want 40", n)
+	}
+}
+
+func TestNamespaceIsolationAndByPID(t *testing.T) {
+	ns := testutil.NewNetNS(t)
+	other := testutil.NewNetNS(t)
+	ns.ListenAs(t, 0, "127.0.0.1:7001")
+	other.ListenAs(t, 0, "127.0.0.1:7002")
+
+	// A process born in ns: ByPID must give ns, not the caller's.
+	cmd := exec.Command("sleep", "30")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var err error
+	ns.Do(t, func() { err = cmd.Start() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+
+	h, err := namespace.ByPID(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if h.Inode() != ns.Inode {
+		t.Fatalf("pid %d netns inode %d, want %d", cmd.Process.Pid, h.Inode(), ns.Inode)
+	}
+	d, err := Dial(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	socks, err := d.Sockets(ListenMask)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(socks) != 1 || socks[0].Local.Port() != 7001 {
+		t.Fatalf("listeners seen through pid %d: %v, want only :7001", cmd.Process.Pid, socks)
+	}
+}

@@ -1,0 +1,27 @@
+// Package sockdiag speaks NETLINK_SOCK_DIAG (inet_diag_req_v2) to list a
+// network namespace's TCP sockets, and decodes the kernel's inet_diag_msg.
+//
+// # Dumps
+//
+// [Dial] opens a sock_diag socket in a namespace (through the namespace's
+// fd: the caller's thread never switches namespace, and a process looking
+// at its own namespace needs no capability). [Conn.Each] walks every TCP
+// socket (IPv4, then IPv6) whose state is in a [StateMask]: the mask is
+// applied by the kernel, so a LISTEN-only dump never walks established
+// sockets. A dump the kernel interrupts (NLM_F_DUMP_INTR, the socket tables
+// changed under it) is read to its end and reported as [ErrDumpInterrupted];
+// [Conn.Sockets] retries it.
+//
+// # Messages
+//
+// [ParseMessage] decodes one inet_diag_msg and the attributes draind uses
+// (tcp_info's idle times, the cgroup id) into a [Socket] without retaining
+// the buffer. [State] numbers TCP states as the kernel does, so values from
+// sock_diag and from the inet_sock_set_state tracepoint need no translation.
+//
+// # Errors
+//
+// Errors are wrapped with %w and name the namespace. [ErrNoInetDiag] means
+// the kernel has no inet_diag for TCP (modules not loaded);
+// [ErrShortMessage] is wrapped by decoding errors. The package logs nothing.
+package sockdiag

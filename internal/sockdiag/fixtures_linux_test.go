@@ -1,0 +1,61 @@
+package sockdiag
+
+import (
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/draind/draind/internal/testutil"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// TestCaptureFixtures rewrites testdata/sockdiag/mixed.bin from a real dump
+// when DRAIND_UPDATE_FIXTURES=1: listeners (v4, v6), established flows,
+// CLOSE_WAIT, FIN_WAIT2 and TIME_WAIT sockets. It speaks netlink itself, so
+// the file holds exactly what the kernel sent.
+func TestCaptureFixtures(t *testing.T) {
+	if os.Getenv("DRAIND_UPDATE_FIXTURES") == "" {
+		t.Skip("set DRAIND_UPDATE_FIXTURES=1 to recapture the sock_diag fixtures")
+	}
+	ns := testutil.NewNetNS(t)
+	l4 := ns.ListenAs(t, 0, "127.0.0.1:8080")
+	l6 := ns.ListenAs(t, 1337, "[::1]:15006")
+	ns.DialAs(t, 0, "127.0.0.1:8080")
+	testutil.Accept(t, l4)
+	ns.DialAs(t, 0, "[::1]:15006")
+	testutil.AcceptAs(t, l6, 1337).Close()
+	c := ns.DialAs(t, 0, "127.0.0.1:8080")
+	s := testutil.Accept(t, l4)
+	c.Close()
+	time.Sleep(20 * time.Millisecond)
+	s.Close()
+	time.Sleep(50 * time.Millisecond)
+
+	nl, err := netlink.Dial(unix.NETLINK_SOCK_DIAG, &netlink.Config{NetNS: int(ns.Handle)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nl.Close()
+	var out []byte
+	for _, family := range []uint8{afInet, afInet6} {
+		msgs, err := nl.Execute(netlink.Message{
+			Header: netlink.Header{Type: sockDiagByFamily, Flags: netlink.Request | netlink.Dump},
+			Data:   encodeRequest(family, AllStates, true),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			out = binary.LittleEndian.AppendUint32(out, uint32(len(m.Data)))
+			out = append(out, m.Data...)
+		}
+	}
+	path := filepath.Join("testdata", "sockdiag", "mixed.bin")
+	if err := os.WriteFile(path, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wrote %d bytes to %s", len(out), path)
+}
