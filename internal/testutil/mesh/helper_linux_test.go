@@ -181,9 +181,10 @@ func (n *node) handle(name, kind string, c *net.TCPConn) {
 		sc := bufio.NewScanner(c)
 		for sc.Scan() {
 			if _, err := fmt.Fprintf(c, "%s %s\n", name, sc.Text()); err != nil {
-				return
+				break
 			}
 		}
+		c.Close() // the peer closed first: its socket goes to TIME_WAIT
 		return
 	}
 	// Envoy's original_dst filter: SO_ORIGINAL_DST, else the local address.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/draind/draind/internal/testutil"
 	"github.com/draind/draind/internal/testutil/mesh"
@@ -298,6 +299,32 @@ func TestTransparentSockopt(t *testing.T) {
 		}
 	}
 	accepts := proxy.accepted()
+	// One more client with IP_TRANSPARENT that closes first: its socket
+	// lingers in TIME_WAIT.
+	closed := dialWith(unix.IP_TRANSPARENT, "15007")
+	closed.Write([]byte("hello\n"))
+	closed.Read(make([]byte, 64))
+	closed.Close()
+	timeWait := func() (diagSock, bool) {
+		socks, err := dumpTCP4(ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, ok := find(socks, closed.LocalAddr().String(), closed.RemoteAddr().String())
+		return s, ok && s.State == "TIME_WAIT"
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	tw, ok := timeWait()
+	for ; !ok && time.Now().Before(deadline); tw, ok = timeWait() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !ok {
+		t.Fatalf("the closed client socket %s never reached TIME_WAIT: %v", closed.LocalAddr(), tw)
+	}
+	t.Logf("TIME_WAIT of a client with IP_TRANSPARENT: uid=%d inode=%d sockopt=%s attrs=%v", tw.UID, tw.Inode, tw.sockoptString(), tw.Attrs)
+	if tw.HasSockopt() {
+		t.Errorf("TIME_WAIT socket carries INET_DIAG_SOCKOPT %x: the kernel now sends it for minisockets too", tw.Sockopt)
+	}
 	socks, err := dumpTCP4(ns)
 	if err != nil {
 		t.Fatal(err)
