@@ -177,33 +177,24 @@ func (ic *Interception) Mode() Mode { return ic.mode }
 // Args are the arguments istio-iptables was run with.
 func (ic *Interception) Args() []string { return slices.Clone(ic.args) }
 
-// Rules is the namespace's iptables-nft-save output followed by its policy
-// routing rules and the routes of table 133 (the TPROXY part), as
-// `ip rule` / `ip route` lines.
+// Rules is the namespace's iptables-nft-save output followed by its
+// fwmark policy routing rules and the routes of table 133 (the TPROXY
+// part), one a line.
 func (ic *Interception) Rules(tb testing.TB) string {
 	tb.Helper()
 	var b strings.Builder
 	b.WriteString(ic.iptablesSave(tb))
-	h, err := netlink.NewHandleAt(ic.ns.Handle)
-	if err != nil {
-		tb.Fatalf("mesh: netlink in netns: %v", err)
-	}
-	defer h.Close()
-	rules, err := h.RuleList(unix.AF_INET)
-	if err != nil {
-		tb.Fatalf("mesh: list ip rules: %v", err)
-	}
-	for _, r := range rules {
-		if r.Mark != 0 {
+	err := withPolicyRouting(ic.ns, func(_ *netlink.Handle, rules []netlink.Rule, routes []netlink.Route) error {
+		for _, r := range rules {
 			fmt.Fprintf(&b, "ip rule: %d: from all fwmark %#x lookup %d\n", r.Priority, r.Mark, r.Table)
 		}
-	}
-	routes, err := h.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: TProxyRouteTable}, netlink.RT_FILTER_TABLE)
+		for _, r := range routes {
+			fmt.Fprintf(&b, "ip route table %d: type %d dst %v scope %v dev index %d\n", r.Table, r.Type, r.Dst, r.Scope, r.LinkIndex)
+		}
+		return nil
+	})
 	if err != nil {
-		tb.Fatalf("mesh: list routes of table %d: %v", TProxyRouteTable, err)
-	}
-	for _, r := range routes {
-		fmt.Fprintf(&b, "ip route table %d: type %d dst %v scope %v dev index %d\n", TProxyRouteTable, r.Type, r.Dst, r.Scope, r.LinkIndex)
+		tb.Fatalf("mesh: %v", err)
 	}
 	return b.String()
 }
@@ -226,7 +217,7 @@ func (ic *Interception) Remove(tb testing.TB) {
 	if out, err := ic.run(tb, args...); err != nil {
 		tb.Errorf("mesh: pilot-agent istio-iptables --cleanup-only: %v\n%s", err, out)
 	}
-	if err := removePolicyRouting(ic.ns); err != nil {
+	if err := withPolicyRouting(ic.ns, removeTProxyRouting); err != nil {
 		tb.Errorf("mesh: %v", err)
 	}
 	if rules := ic.Rules(tb); strings.Contains(rules, "ISTIO_") || strings.Contains(rules, "ip r") {
@@ -234,18 +225,34 @@ func (ic *Interception) Remove(tb testing.TB) {
 	}
 }
 
-// removePolicyRouting deletes every ip rule for TProxyMark → table 133 and
-// the routes of table 133.
-func removePolicyRouting(ns *testutil.NetNS) error {
+// withPolicyRouting calls fn with a netlink handle in ns, the IPv4 ip rules
+// that match a fwmark and the routes of table 133.
+func withPolicyRouting(ns *testutil.NetNS, fn func(*netlink.Handle, []netlink.Rule, []netlink.Route) error) error {
 	h, err := netlink.NewHandleAt(ns.Handle)
 	if err != nil {
 		return fmt.Errorf("netlink in netns: %w", err)
 	}
 	defer h.Close()
-	rules, err := h.RuleList(unix.AF_INET)
+	all, err := h.RuleList(unix.AF_INET)
 	if err != nil {
 		return fmt.Errorf("list ip rules: %w", err)
 	}
+	var rules []netlink.Rule
+	for _, r := range all {
+		if r.Mark != 0 {
+			rules = append(rules, r)
+		}
+	}
+	routes, err := h.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: TProxyRouteTable}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return fmt.Errorf("list routes of table %d: %w", TProxyRouteTable, err)
+	}
+	return fn(h, rules, routes)
+}
+
+// removeTProxyRouting deletes every ip rule fwmark TProxyMark → table 133
+// and the routes of table 133.
+func removeTProxyRouting(h *netlink.Handle, rules []netlink.Rule, routes []netlink.Route) error {
 	var errs []error
 	for _, r := range rules {
 		if r.Mark == TProxyMark && r.Table == TProxyRouteTable {
@@ -253,10 +260,6 @@ func removePolicyRouting(ns *testutil.NetNS) error {
 				errs = append(errs, fmt.Errorf("delete ip rule fwmark %#x: %w", r.Mark, err))
 			}
 		}
-	}
-	routes, err := h.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: TProxyRouteTable}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("list routes of table %d: %w", TProxyRouteTable, err))...)
 	}
 	for _, r := range routes {
 		if err := h.RouteDel(&r); err != nil {

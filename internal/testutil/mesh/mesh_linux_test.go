@@ -359,3 +359,32 @@ func TestTransparentSockopt(t *testing.T) {
 	b, _ := acceptedFrom(accepts, toPlain.LocalAddr().String())
 	check("accepted by the plain listener", b.Local, b.Remote, false, false)
 }
+
+// TestRemove checks that removal leaves the namespace as it was, including
+// the TPROXY policy routing --cleanup-only leaves (and duplicates).
+func TestRemove(t *testing.T) {
+	for _, mode := range []mesh.Mode{mesh.Redirect, mesh.TProxy} {
+		t.Run(string(mode), func(t *testing.T) {
+			testutil.RequireRoot(t)
+			mesh.PilotAgent(t)
+			mesh.RequireIptables(t)
+			ns, peer := testutil.NewNetNS(t), testutil.NewNetNS(t)
+			testutil.Link(t, ns, peer, podIP+"/24", remoteIP+"/24")
+			ic := mesh.Intercept(t, ns, mode, mesh.ExcludeInboundPorts(9901), mesh.ExcludeOutboundPorts(5432))
+			installed := ic.Rules(t)
+			for _, want := range []string{"--dport 9901 -j RETURN", "--dport 5432 -j RETURN"} {
+				if !strings.Contains(installed, want) {
+					t.Errorf("options: no %q in the rules:\n%s", want, installed)
+				}
+			}
+			if hasRule := strings.Contains(installed, "fwmark 0x539 lookup 133"); hasRule != (mode == mesh.TProxy) {
+				t.Errorf("policy routing present=%t in %s mode:\n%s", hasRule, mode, installed)
+			}
+			ic.Remove(t)
+			ic.Remove(t) // safe twice
+			if left := ic.Rules(t); strings.Contains(left, "ISTIO") || strings.Contains(left, "ip r") {
+				t.Errorf("left after Remove:\n%s", left)
+			}
+		})
+	}
+}
