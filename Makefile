@@ -3,7 +3,7 @@ GO       ?= go
 BIN      ?= bin
 KERNELS  ?= 5.10 6.1 6.12
 PKGS     ?= ./...
-VMPKGS   ?= ./internal/sockdiag ./internal/probes ./internal/flows ./internal/appprocs ./e2e
+VMPKGS   ?= ./internal/sockdiag ./internal/probes ./internal/flows ./internal/appprocs ./internal/testutil/mesh ./e2e
 
 .DEFAULT_GOAL := help
 
@@ -27,6 +27,9 @@ vet: ## go vet the product and the tools
 	$(GO) vet ./...
 	$(GO) -C tools vet ./...
 
+peers: ## build the test peers the tests use (Istio's pilot-agent; cached)
+	bash tools/peers/pilot-agent.sh
+
 bench: ## run the benchmarks (see docs/benchmarks.md)
 	bash tools/bench/bench.sh
 
@@ -39,4 +42,4 @@ vmtest: ## run the privileged packages in VMs: make vmtest KERNELS="6.1"
 demo: build ## a self-contained drain on this machine, as root
 	$(GO) -C tools run ./demo --bin $(abspath $(BIN))
 
-.PHONY: help build tools test test-tools vet bench generate vmtest demo
+.PHONY: help build tools test test-tools vet peers bench generate vmtest demo
