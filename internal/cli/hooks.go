@@ -151,14 +151,27 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			printProcs(stdout, out.val, src.AppProcs(), src.Source()+": "+reason)
 		}
 	}
+	// The tracker runs in its own goroutine until this function returns,
+	// and every return waits for it: the deferred Close must never pull
+	// the sockets from under a running tracker (`draind watch | head`
+	// ends with a write error while it runs).
+	runCtx, stopRun := context.WithCancel(ctx)
 	errc := make(chan error, 1)
-	go func() { errc <- tr.Run(ctx) }()
+	go func() { errc <- tr.Run(runCtx) }()
+	running := true
+	defer func() {
+		stopRun()
+		if running {
+			<-errc
+		}
+	}()
 	enc := json.NewEncoder(stdout)
 	for {
 		select {
 		case <-ctx.Done():
-			return <-errc
+			return nil
 		case err := <-errc:
+			running = false
 			return err
 		case <-procsChanged:
 			printProcs(stdout, out.val, procs.AppProcs(), procs.Source())

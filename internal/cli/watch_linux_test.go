@@ -3,9 +3,12 @@ package cli
 import (
 	"bufio"
 	"context"
+	"errors"
+	"io"
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -80,4 +83,82 @@ func TestWatchUnprivilegedFallsBack(t *testing.T) {
 			t.Fatal("no change reported")
 		}
 	}
+}
+
+// failAfter is a writer that fails once it has taken n writes, as a pipe
+// does when `head` has read its lines and exited.
+type failAfter struct{ n int }
+
+func (w *failAfter) Write(p []byte) (int, error) {
+	if w.n <= 0 {
+		return 0, syscall.EPIPE
+	}
+	w.n--
+	return len(p), nil
+}
+
+// TestWatchWaitsForItsTracker is `draind watch | head`: the output fails
+// while the tracker runs. watch must return only once the goroutine
+// running the tracker has ended (it used to return at once and close the
+// tracker under it).
+func TestWatchWaitsForItsTracker(t *testing.T) {
+	ns := testutil.NewNetNS(t)
+	ln := ns.ListenAs(t, 0, "127.0.0.1:7000")
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // churn, so that the tracker is busy when watch returns
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var c net.Conn
+			ns.Do(t, func() { c, _ = net.Dial("tcp4", ln.Addr().String()) })
+			if c != nil {
+				c.Close()
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	for _, mode := range []string{"ebpf", "sockdiag"} {
+		t.Run(mode, func(t *testing.T) {
+			if mode == "ebpf" {
+				testutil.RequireBTF(t)
+			}
+			for range 20 {
+				err := Run(context.Background(), []string{"watch", "--netns", ns.Path(), "--tracker", mode, "--procs=false", "--poll-period", "5ms"}, &failAfter{n: 3}, io.Discard)
+				if !errors.Is(err, syscall.EPIPE) {
+					t.Fatalf("watch: %v, want the write error", err)
+				}
+				if stacks := trackerGoroutines(); stacks != "" {
+					t.Fatalf("watch returned with its tracker still running:\n%s", stacks)
+				}
+			}
+		})
+	}
+}
+
+// trackerGoroutines returns the stacks of goroutines inside Tracker.Run.
+func trackerGoroutines() string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "flows.(*Tracker).Run") {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
 }
