@@ -131,8 +131,13 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 	return t, nil
 }
 
-// Mode returns the mode that runs and why it was chosen.
-func (t *Tracker) Mode() (mode, reason string) { return t.mode, t.reason }
+// Mode returns the mode that runs and why it was chosen. It changes once
+// at most, when a probe failure after load makes Run fall back to polling.
+func (t *Tracker) Mode() (mode, reason string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.mode, t.reason
+}
 
 // Resyncs counts full snapshots taken after the first.
 func (t *Tracker) Resyncs() uint64 { return t.resyncs.Load() }

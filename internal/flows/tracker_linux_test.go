@@ -219,3 +219,38 @@ func keys(fs []TrackedFlow, holding bool) string {
 	sort.Strings(out)
 	return fmt.Sprint(out)
 }
+
+// TestTrackerFallbackMode: when the eBPF probe fails after load, Run falls
+// back to polling, and Mode says so to readers on other goroutines (the
+// metrics, the log) without a data race.
+func TestTrackerFallbackMode(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBTF(t)
+	ns := testutil.NewNetNS(t)
+	tr := startTracker(t, ns, ModeEBPF, DefaultPolicy())
+	stop := make(chan struct{})
+	readers := make(chan struct{})
+	go func() {
+		defer close(readers)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				tr.Mode()
+			}
+		}
+	}()
+	tr.probe.Close() // the probe fails under the running tracker
+	testutil.Eventually(t, "fallback to polling", func() error {
+		if mode, why := tr.Mode(); mode != ModeSockDiag {
+			return fmt.Errorf("mode %s (%s)", mode, why)
+		}
+		return nil
+	})
+	close(stop)
+	<-readers
+	// Polling goes on: a new listener is seen.
+	ns.ListenAs(t, 0, "127.0.0.1:7100")
+	waitSummary(t, tr, Summary{AppListeners: 1})
+}
