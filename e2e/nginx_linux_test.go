@@ -17,7 +17,7 @@ import (
 // file slowly (limit_rate) so a download is in flight when it is told to
 // quit.
 type nginx struct {
-	cmd  *exec.Cmd
+	c    *container
 	size int
 }
 
@@ -65,16 +65,9 @@ http {
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-c", path, "-e", filepath.Join(p.dir, "error.log"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	var errb bytes.Buffer
-	cmd.Stderr = &errb
-	var serr error
-	p.ns.Do(t, func() { serr = cmd.Start() })
-	if serr != nil {
-		t.Fatal(serr)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	// nginx is the app's container: its master is PID 1.
+	var errb syncBuffer
+	c := p.runContainer("nginx", -1, &errb, bin, "-c", path, "-e", filepath.Join(p.dir, "error.log"))
 	// Ready when it answers.
 	end := time.Now().Add(10 * time.Second)
 	for {
@@ -88,12 +81,12 @@ http {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return &nginx{cmd: cmd, size: size}
+	return &nginx{c: c, size: size}
 }
 
 // quit is `nginx -s quit`: SIGQUIT to the master, a graceful shutdown
 // that closes the listener at once and lets workers finish downloads.
-func (n *nginx) quit() { n.cmd.Process.Signal(syscall.SIGQUIT) }
+func (n *nginx) quit() { n.c.Signal(syscall.SIGQUIT) }
 
 // download fetches /big from url's host; done receives bytes and the time.
 type download struct {
@@ -138,19 +131,27 @@ func TestPrestopNginx(t *testing.T) {
 		err  error
 	}
 	rets := make(chan ret, 2)
-	run := func(name string, cmd *exec.Cmd) {
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		var serr error
-		p.ns.Do(t, func() { serr = cmd.Start() })
-		if serr != nil {
-			t.Fatal(serr)
-		}
-		go func() { err := cmd.Wait(); rets <- ret{name, time.Now(), out.String(), err} }()
+	// Each hook runs in a container of its own (a preStop hook runs in the
+	// proxy's container: its own PID namespace, the pod's network).
+	run := func(name string, role string, args ...string) {
+		var out syncBuffer
+		c := p.runContainer(name, -1, &out, role, args...)
+		go func() {
+			<-c.done
+			var err error
+			if c.code != 0 {
+				err = fmt.Errorf("exit %d", c.code)
+			}
+			rets <- ret{name, time.Now(), out.String(), err}
+		}()
 	}
-	run("draind prestop", exec.Command(p.bin, "__draind", "prestop", "--timeout", "20s"))
+	run("draind prestop", "__draind", "prestop", "--timeout", "20s")
 	// The hook people paste (DESIGN.md), shown for comparison.
-	run("netstat loop", exec.Command("sh", "-c", `while [ $(netstat -plunt | grep tcp | grep -v envoy | wc -l) -ne 0 ]; do sleep 1; done`))
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run("netstat loop", sh, "-c", `while [ $(netstat -plunt | grep tcp | grep -v envoy | wc -l) -ne 0 ]; do sleep 1; done`)
 
 	d := <-dl
 	if d.err != nil || d.n != int64(ng.size) {
@@ -186,7 +187,7 @@ func TestRunNginxAppExitWait(t *testing.T) {
 	p.terminate()
 	ng.quit()
 	masterGone := make(chan time.Time, 1)
-	go func() { ng.cmd.Wait(); masterGone <- time.Now() }()
+	go func() { <-ng.c.done; masterGone <- time.Now() }()
 	d := <-dl
 	p.client.CloseIdleConnections() // the client hangs up; an idle keep-alive would hold Envoy (see TestIdleKeepAlive)
 	code, took := p.waitExit(20 * time.Second)

@@ -1,18 +1,15 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -38,6 +35,12 @@ func TestMain(m *testing.M) {
 			os.Exit(envoysimRole(os.Args[2:]))
 		case "__app":
 			os.Exit(appRole(os.Args[2:]))
+		case "__container":
+			os.Exit(containerInit(os.Args[2:]))
+		case "__pause":
+			os.Exit(pauseRole())
+		case "__probe":
+			os.Exit(probeRole())
 		}
 	}
 	code := m.Run()
@@ -145,13 +148,19 @@ type pod struct {
 	client   *http.Client
 	upstream net.Listener
 
-	draind     *exec.Cmd
-	draindLog  *syncBuffer
-	draindDone chan struct{} // closed when draind has exited
-	draindCode int
-	drainedAt  time.Time
-	app        *exec.Cmd
-	appResult  string
+	// The containers: pause, draind (with the proxy), the app. Each is PID
+	// 1 of its own PID namespace (container_linux_test.go).
+	pause      *container
+	draind     *container
+	draindArgs []string // what startDraind was given, for a restart
+	// envoyStartupDelay is how long envoysim takes to go LIVE.
+	envoyStartupDelay time.Duration
+	envoyArgs         []string
+	draindLog         *syncBuffer
+	drainedAt         time.Time
+	app               *container
+	appOut            *syncBuffer
+	appResult         string
 }
 
 const (
@@ -179,6 +188,8 @@ func newPod(t testing.TB) *pod {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "pong\n") })}
 	go srv.Serve(p.upstream)
 	t.Cleanup(func() { srv.Close() })
+	// The sandbox comes first, as the runtime starts it.
+	p.pause = p.runContainer("pause", -1, testWriter{t}, "__pause")
 	return p
 }
 
@@ -203,62 +214,54 @@ func (p *pod) envoyConfig(startupDelay time.Duration) string {
 	return path
 }
 
-// startApp starts the app as uid 1000 in the pod.
+// startApp starts the app's container: the app as its PID 1, uid 1000.
 func (p *pod) startApp(args ...string) {
 	p.t.Helper()
 	p.appResult = filepath.Join(p.dir, "app.result")
-	cmd := exec.Command(p.bin, append([]string{"__app", "--result", p.appResult}, args...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1000, Gid: 1000}, Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		p.t.Fatal(err)
+	p.appOut = &syncBuffer{}
+	p.app = p.runContainer("app", 1000, io.MultiWriter(p.appOut, testWriter{p.t}), "__app", append([]string{"--result", p.appResult}, args...)...)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(p.appOut.String(), "app ready\n") {
+		select {
+		case <-p.app.done:
+			p.t.Fatalf("app exited %d before it was ready: %s", p.app.code, p.appOut.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("app not ready: %q", p.appOut.String())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
-	cmd.Stderr = os.Stderr
-	var serr error
-	p.ns.Do(p.t, func() { serr = cmd.Start() })
-	if serr != nil {
-		p.t.Fatal(serr)
-	}
-	p.t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "app ready\n" {
-		p.t.Fatalf("app: %q %v", line, err)
-	}
-	p.app = cmd
 }
 
-// startDraind starts draind (as root) supervising envoysim (as uid 1337)
-// and waits until the pod is ready.
+// startDraind starts the proxy's container: draind as its PID 1 (root),
+// supervising envoysim as uid 1337, and waits until the pod is ready.
 func (p *pod) startDraind(draindArgs []string, envoyArgs ...string) {
 	p.t.Helper()
-	args := append([]string{"__draind", "run", "--status-addr", "0.0.0.0:15020", "--log-format", "json", "--run-proxy-as", "1337"}, draindArgs...)
-	args = append(args, "--", p.bin, "__envoysim", "-c", p.envoyConfig(0))
-	args = append(args, envoyArgs...)
-	cmd := exec.Command(p.bin, args...)
-	p.draindLog = &syncBuffer{}
-	cmd.Stdout = os.Stdout
-	cmd.Stderr = io.MultiWriter(p.draindLog, testWriter{p.t})
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	var serr error
-	p.ns.Do(p.t, func() { serr = cmd.Start() })
-	if serr != nil {
-		p.t.Fatal(serr)
-	}
-	p.draind = cmd
-	done := make(chan struct{})
-	p.draindDone = done
-	go func() {
-		cmd.Wait()
-		p.draindCode = cmd.ProcessState.ExitCode()
-		close(done)
-	}()
-	p.t.Cleanup(func() {
-		cmd.Process.Kill()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-		}
-	})
+	p.startDraindNoWait(draindArgs, envoyArgs...)
 	p.waitReady(20 * time.Second)
+}
+
+func (p *pod) startDraindNoWait(draindArgs []string, envoyArgs ...string) {
+	p.t.Helper()
+	p.draindArgs, p.envoyArgs = draindArgs, envoyArgs
+	args := append([]string{"run", "--status-addr", "0.0.0.0:15020", "--log-format", "json", "--run-proxy-as", "1337"}, draindArgs...)
+	args = append(args, "--", p.bin, "__envoysim", "-c", p.envoyConfig(p.envoyStartupDelay))
+	args = append(args, envoyArgs...)
+	p.draindLog = &syncBuffer{}
+	p.draind = p.runContainer("draind", -1, io.MultiWriter(p.draindLog, testWriter{p.t}), "__draind", args...)
+}
+
+// restartDraind kills the proxy's container (as an OOM kill or a crash
+// would) and starts it again with the same arguments, while the app runs:
+// the kubelet restarting a sidecar.
+func (p *pod) restartDraind() {
+	p.t.Helper()
+	p.draind.Kill()
+	if !p.draind.wait(10 * time.Second) {
+		p.t.Fatal("the proxy's container did not die")
+	}
+	p.startDraind(p.draindArgs, p.envoyArgs...)
 }
 
 func (p *pod) readyStatus() int {
@@ -276,8 +279,8 @@ func (p *pod) waitReady(d time.Duration) {
 	end := time.Now().Add(d)
 	for p.readyStatus() != 200 {
 		select {
-		case <-p.draindDone:
-			p.t.Fatalf("draind exited %d before the pod was ready; log:\n%s", p.draindCode, p.draindLog.String())
+		case <-p.draind.done:
+			p.t.Fatalf("draind exited %d before the pod was ready; log:\n%s", p.draind.code, p.draindLog.String())
 		default:
 		}
 		if time.Now().After(end) {
@@ -292,17 +295,17 @@ func (p *pod) waitReady(d time.Duration) {
 func (p *pod) terminate() {
 	p.drainedAt = time.Now()
 	if p.app != nil {
-		p.app.Process.Signal(syscall.SIGTERM)
+		p.app.Signal(syscall.SIGTERM)
 	}
-	p.draind.Process.Signal(syscall.SIGTERM)
+	p.draind.Signal(syscall.SIGTERM)
 }
 
 // waitExit waits for draind's exit code and how long after SIGTERM.
 func (p *pod) waitExit(d time.Duration) (int, time.Duration) {
 	p.t.Helper()
 	select {
-	case <-p.draindDone:
-		return p.draindCode, time.Since(p.drainedAt)
+	case <-p.draind.done:
+		return p.draind.code, time.Since(p.drainedAt)
 	case <-time.After(d):
 		p.t.Fatalf("draind still running %s after SIGTERM; log:\n%s", d, p.draindLog.String())
 	}
@@ -422,15 +425,15 @@ func TestAppIgnoringSIGTERM(t *testing.T) {
 		p.terminate()
 		time.Sleep(1500 * time.Millisecond)
 		select {
-		case <-p.draindDone:
-			t.Fatalf("draind exited (%d) while the app still ran; log:\n%s", p.draindCode, p.draindLog.String())
+		case <-p.draind.done:
+			t.Fatalf("draind exited (%d) while the app still ran; log:\n%s", p.draind.code, p.draindLog.String())
 		default:
 		}
 		if !strings.Contains(p.draindLog.String(), "app: 1 processes") && !strings.Contains(p.draindLog.String(), "app: 1 listeners") {
 			t.Errorf("log does not say the app holds the drain:\n%s", p.draindLog.String())
 		}
 		killed := time.Now()
-		p.app.Process.Kill()
+		p.app.Kill()
 		code, _ := p.waitExit(10 * time.Second)
 		t.Logf("draind exited %d, %s after the app was killed", code, time.Since(killed))
 		if code != 0 {
@@ -517,7 +520,7 @@ func TestAppOutboundDuringShutdown(t *testing.T) {
 			stopping := p.phaseTime("stopping")
 			// Let the app finish its own shutdown before reading its results.
 			appDone := make(chan struct{})
-			go func() { p.app.Wait(); close(appDone) }()
+			go func() { <-p.app.done; close(appDone) }()
 			select {
 			case <-appDone:
 			case <-time.After(15 * time.Second):
@@ -617,7 +620,7 @@ func TestProxyFailures(t *testing.T) {
 		p.startDraind([]string{"--min-drain", "300ms"})
 		p.terminate()
 		time.Sleep(100 * time.Millisecond)
-		p.draind.Process.Signal(syscall.SIGTERM)
+		p.draind.Signal(syscall.SIGTERM)
 		code, _ := p.waitExit(10 * time.Second)
 		if code != 0 || len(p.logLines("drain trigger ignored: already draining")) != 1 || len(p.logLines("phase")) == 0 {
 			t.Errorf("exit %d; log:\n%s", code, p.draindLog.String())
@@ -654,31 +657,17 @@ func setFault(t *testing.T, p *pod, body string) {
 // non-zero on timeout.
 func TestWaitCommand(t *testing.T) {
 	p := newPod(t)
-	args := []string{"__draind", "run", "--status-addr", "127.0.0.1:15020", "--run-proxy-as", "1337", "--", p.bin, "__envoysim", "-c", p.envoyConfig(2 * time.Second)}
-	cmd := exec.Command(p.bin, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	var serr error
-	p.ns.Do(t, func() { serr = cmd.Start() })
-	if serr != nil {
-		t.Fatal(serr)
-	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	p.envoyStartupDelay = 2 * time.Second
+	p.startDraindNoWait(nil)
+	// The postStart hook runs in the proxy's container: here, one of its own.
 	wait := func(timeout string) (int, time.Duration, string) {
-		w := exec.Command(p.bin, "__draind", "wait", "--url", "http://127.0.0.1:15020/healthz/ready", "--timeout", timeout, "--period", "100ms")
-		var out bytes.Buffer
-		w.Stderr = &out
+		var out syncBuffer
 		start := time.Now()
-		p.ns.Do(t, func() { serr = w.Start() })
-		if serr != nil {
-			t.Fatal(serr)
+		c := p.runContainer("wait", -1, &out, "__draind", "wait", "--url", "http://127.0.0.1:15020/healthz/ready", "--timeout", timeout, "--period", "100ms")
+		if !c.wait(30 * time.Second) {
+			t.Fatal("draind wait did not return")
 		}
-		err := w.Wait()
-		var ee *exec.ExitError
-		code := 0
-		if errors.As(err, &ee) {
-			code = ee.ExitCode()
-		}
-		return code, time.Since(start), out.String()
+		return c.code, time.Since(start), out.String()
 	}
 	code, took, out := wait("500ms")
 	if code == 0 {

@@ -152,9 +152,6 @@ func (c *Classifier) owner(s *sockdiag.Socket) Owner {
 // tcp_info times are used; now is not needed).
 func (c *Classifier) Flow(s *sockdiag.Socket) Flow {
 	f := Flow{Socket: *s, Owner: c.owner(s), IdleMS: -1}
-	if s.HasInfo {
-		f.IdleMS = idle(s).Milliseconds()
-	}
 	switch {
 	case s.State == sockdiag.Listen:
 		f.Direction = DirListen
@@ -163,9 +160,12 @@ func (c *Classifier) Flow(s *sockdiag.Socket) Flow {
 	default:
 		f.Direction = DirOutbound
 	}
+	if s.HasInfo {
+		f.IdleMS = Idle(s, f.Direction).Milliseconds()
+	}
 	if s.State.HoldsDrain() && s.State != sockdiag.Listen {
 		f.Holds = true
-		if c.p.IdleTimeout > 0 && s.HasInfo && idle(s) > c.p.IdleTimeout {
+		if c.p.IdleTimeout > 0 && s.HasInfo && Idle(s, f.Direction) > c.p.IdleTimeout {
 			f.Holds = false
 			f.IdleExpired = true
 		}
@@ -244,11 +244,32 @@ func (c *Classifier) Classify(socks []sockdiag.Socket) Snapshot {
 	return snap
 }
 
-// idle is how long the flow has carried no data in either direction, or 0
-// when the kernel gave no tcp_info.
-func idle(s *sockdiag.Socket) time.Duration {
+// Idle is how long a flow has been idle in the request/response sense
+// (docs/design.md, "Idle means idle"), or 0 when the kernel gave no
+// tcp_info. A flow is idle only after it finished an exchange:
+//
+//   - the server side (inbound: the accepted end) is busy while the last
+//     data it received is newer than the last it sent: a request is being
+//     processed and its response is owed. Otherwise it has been idle since
+//     its last send (the response).
+//   - the client side (outbound) is busy while the last data it sent is
+//     newer than the last it received: a response is awaited. Otherwise it
+//     has been idle since its last receive.
+//
+// So a slow request (8 s in the backend, nothing on the wire) never looks
+// idle, while a keep-alive connection parked after its response does.
+func Idle(s *sockdiag.Socket, dir Direction) time.Duration {
 	if !s.HasInfo {
 		return 0
 	}
-	return min(s.LastDataSent, s.LastDataRecv)
+	if dir == DirInbound {
+		if s.LastDataRecv < s.LastDataSent {
+			return 0 // a request arrived after the last response
+		}
+		return s.LastDataSent
+	}
+	if s.LastDataSent < s.LastDataRecv {
+		return 0 // a request went out after the last response came in
+	}
+	return s.LastDataRecv
 }

@@ -1,0 +1,212 @@
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/draind/draind/internal/testutil"
+	"golang.org/x/sys/unix"
+)
+
+// A container here is what runc makes of one: a process that is PID 1 of
+// its own PID namespace and has its own mount namespace with its own /proc,
+// in the pod's network namespace. The test binary starts itself as the
+// container's init (role __container), which mounts /proc and execs the
+// real role, so that role runs as PID 1 exactly as in a pod: draind in its
+// container, the app in another, the pause process in a third. Killing
+// PID 1 ends the whole container, as the kubelet's runtime does.
+
+// container is one running container of a pod.
+type container struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{} // closed once PID 1 has exited
+	code int           // its exit code, once done (-1: killed by a signal)
+	sig  syscall.Signal
+}
+
+// Signal signals the container's PID 1.
+func (c *container) Signal(sig syscall.Signal) error { return c.cmd.Process.Signal(sig) }
+
+// Kill ends the container: SIGKILL to PID 1 takes every process of its PID
+// namespace with it.
+func (c *container) Kill() { c.cmd.Process.Kill() }
+
+// Pid is PID 1's pid as the test (the host) sees it.
+func (c *container) Pid() int { return c.cmd.Process.Pid }
+
+// wait waits for the container to end, at most d.
+func (c *container) wait(d time.Duration) bool {
+	select {
+	case <-c.done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// runContainer starts role (a role of this test binary, or a program's
+// absolute path) with args as PID 1 of a new container in the pod's
+// network namespace, under uid (< 0: root), its stdout and stderr to out.
+func (p *pod) runContainer(name string, uid int, out io.Writer, role string, args ...string) *container {
+	p.t.Helper()
+	argv := append([]string{p.bin, "__container", strconv.Itoa(uid), role}, args...)
+	cmd := exec.Command(p.bin)
+	cmd.Args = argv
+	if role == "__pause" {
+		// The pause process is found by its comm, which is its file name.
+		argv[0] = p.pauseBin()
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS,
+		Pdeathsig:  syscall.SIGKILL,
+	}
+	var err error
+	p.ns.Do(p.t, func() { err = cmd.Start() })
+	if err != nil {
+		p.t.Fatalf("start container %s: %v", name, err)
+	}
+	c := &container{name: name, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		cmd.Wait()
+		c.code = cmd.ProcessState.ExitCode()
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			c.sig = ws.Signal()
+		}
+		close(c.done)
+	}()
+	p.t.Cleanup(func() {
+		c.Kill()
+		c.wait(10 * time.Second)
+	})
+	return c
+}
+
+// pauseBin is a copy of the test binary named "pause".
+func (p *pod) pauseBin() string {
+	path := filepath.Join(filepath.Dir(p.bin), "pause")
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	if err := os.Link(p.bin, path); err != nil && !errors.Is(err, os.ErrExist) {
+		p.t.Fatalf("pause binary: %v", err)
+	}
+	return path
+}
+
+// containerInit is role __container: PID 1 of a fresh PID and mount
+// namespace. It makes the mounts private, mounts its own /proc (so /proc
+// shows this container's processes only, as in a pod), takes the uid it is
+// given, and execs the role: the role keeps PID 1.
+func containerInit(args []string) int {
+	if len(args) < 2 {
+		fmt.Fprintln(os.Stderr, "container: uid and role needed")
+		return 2
+	}
+	uid, err := strconv.Atoi(args[0])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "container: uid:", err)
+		return 2
+	}
+	if os.Getpid() != 1 {
+		fmt.Fprintln(os.Stderr, "container: not PID 1 of a new PID namespace")
+		return 2
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		fmt.Fprintln(os.Stderr, "container: make mounts private:", err)
+		return 1
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		fmt.Fprintln(os.Stderr, "container: mount /proc:", err)
+		return 1
+	}
+	if uid >= 0 {
+		if err := unix.Setgroups(nil); err == nil {
+			err = unix.Setresgid(uid, uid, uid)
+		}
+		if err == nil {
+			err = unix.Setresuid(uid, uid, uid)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "container: take uid", uid, ":", err)
+			return 1
+		}
+		// A credential change clears the parent-death signal.
+		unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0)
+	}
+	// A role of this binary: os.Args[0] is its absolute path (for the
+	// pause container, a copy named "pause": a process's comm is its
+	// file's name). Anything else is a program's absolute path.
+	argv := append([]string{os.Args[0]}, args[1:]...)
+	if filepath.IsAbs(args[1]) {
+		argv = args[1:]
+	}
+	err = unix.Exec(argv[0], argv, os.Environ())
+	fmt.Fprintln(os.Stderr, "container: exec:", err)
+	return 1
+}
+
+// pauseRole is the pod's infra process: it holds the namespaces and, as
+// PID 1, reaps what is reparented to it.
+func pauseRole() int {
+	var ws unix.WaitStatus
+	for {
+		if _, err := unix.Wait4(-1, &ws, 0, nil); errors.Is(err, unix.ECHILD) {
+			time.Sleep(time.Hour)
+		}
+	}
+}
+
+// TestContainerIsolation checks the harness itself: each container is PID
+// 1 of its own PID namespace, sees only its own processes in /proc, and
+// shares the pod's network namespace.
+func TestContainerIsolation(t *testing.T) {
+	p := newPod(t)
+	var a, b syncBuffer
+	ca := p.runContainer("a", 1000, &a, "__probe")
+	cb := p.runContainer("b", -1, &b, "__probe")
+	for _, c := range []*container{ca, cb} {
+		if !c.wait(10 * time.Second) {
+			t.Fatalf("%s did not finish", c.name)
+		}
+	}
+	for _, tc := range []struct {
+		out  string
+		want string
+	}{{a.String(), "pid=1 uid=1000 procs=1 netns=" + strconv.FormatUint(p.ns.Inode, 10)}, {b.String(), "pid=1 uid=0 procs=1 netns=" + strconv.FormatUint(p.ns.Inode, 10)}} {
+		if tc.out != tc.want+"\n" {
+			t.Errorf("container says %q, want %q", tc.out, tc.want)
+		}
+	}
+	var ps, pns unix.Stat_t
+	unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", p.pause.Pid()), &ps)
+	unix.Stat("/proc/self/ns/pid", &pns)
+	if ps.Ino == pns.Ino || ps.Ino == 0 {
+		t.Errorf("the pause container shares the test's PID namespace")
+	}
+	_ = testutil.RequireRoot
+}
+
+// probeRole prints what a container sees of itself.
+func probeRole() int {
+	ents, _ := os.ReadDir("/proc")
+	procs := 0
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err == nil {
+			procs++
+		}
+	}
+	var st unix.Stat_t
+	unix.Stat("/proc/self/ns/net", &st)
+	fmt.Printf("pid=%d uid=%d procs=%d netns=%d\n", os.Getpid(), os.Getuid(), procs, st.Ino)
+	return 0
+}

@@ -1,0 +1,37 @@
+package flows
+
+import (
+	"testing"
+	"time"
+
+	"github.com/draind/draind/internal/sockdiag"
+)
+
+func TestIdle(t *testing.T) {
+	ms := time.Millisecond
+	tests := []struct {
+		name       string
+		dir        Direction
+		sent, recv time.Duration // time since the last send / receive
+		want       time.Duration
+	}{
+		{"server: request in flight (received 8 s ago, answered nothing since)", DirInbound, 9000 * ms, 8000 * ms, 0},
+		{"server: keep-alive after its response", DirInbound, 3000 * ms, 3005 * ms, 3000 * ms},
+		{"server: answered in the same millisecond", DirInbound, 500 * ms, 500 * ms, 500 * ms},
+		{"server: streaming a response", DirInbound, 10 * ms, 60000 * ms, 10 * ms},
+		{"client: awaiting a response", DirOutbound, 8000 * ms, 9000 * ms, 0},
+		{"client: pooled after its response", DirOutbound, 3005 * ms, 3000 * ms, 3000 * ms},
+		{"client: receiving a stream", DirOutbound, 60000 * ms, 10 * ms, 10 * ms},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := sockdiag.Socket{State: sockdiag.Established, HasInfo: true, LastDataSent: tt.sent, LastDataRecv: tt.recv}
+			if got := Idle(&s, tt.dir); got != tt.want {
+				t.Fatalf("Idle = %s, want %s", got, tt.want)
+			}
+		})
+	}
+	if got := Idle(&sockdiag.Socket{LastDataSent: time.Hour, LastDataRecv: time.Hour}, DirInbound); got != 0 {
+		t.Errorf("without tcp_info: %s, want 0", got)
+	}
+}
