@@ -72,6 +72,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"conns", "--netns", "/nonexistent"}, nil, 1, "netns /nonexistent: no such file or directory"},
 		{[]string{"conns", "--pid", "1073741824"}, nil, 1, "pid 1073741824: no such process"},
 		{[]string{"frobnicate"}, nil, 2, `unknown command "frobnicate"`},
+		{[]string{"run", "--drain-deadline", "3s", "--", "envoy"}, nil, 2, "--drain-deadline 3s leaves no time to drain"},
+		{[]string{"run", "--", "envoy"}, map[string]string{"TERMINATION_DRAIN_DURATION_SECONDS": "1m"}, 2, `TERMINATION_DRAIN_DURATION_SECONDS="1m"`},
+		{[]string{"run", "--app-exit", "maybe", "--", "envoy"}, nil, 2, "must be one of wait|flows"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

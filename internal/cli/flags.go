@@ -17,14 +17,14 @@ import (
 // an alias, which beats the default.
 type flagSet struct {
 	*flag.FlagSet
-	aliases    map[string][]string // flag name → alias env vars
-	set        map[string]bool     // flags given, on the command line or by env
+	aliases    map[string][]envAlias // flag name → other variables that set it
+	set        map[string]bool       // flags given, on the command line or by env
 	stdout     io.Writer
 	printUsage func()
 }
 
 func newFlagSet(name, synopsis string, stdout io.Writer) *flagSet {
-	fs := &flagSet{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), aliases: map[string][]string{}, stdout: stdout}
+	fs := &flagSet{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), aliases: map[string][]envAlias{}, stdout: stdout}
 	fs.SetOutput(io.Discard)
 	// flag calls Usage on every parse error; print it only for -h.
 	fs.FlagSet.Usage = func() {}
@@ -35,7 +35,7 @@ func newFlagSet(name, synopsis string, stdout io.Writer) *flagSet {
 			if len(f.Name) == 1 {
 				dash = "-"
 			} else {
-				env = " [" + strings.Join(append([]string{envName(f.Name)}, fs.aliases[f.Name]...), ", ") + "]"
+				env = " [" + strings.Join(fs.envVars(f.Name), ", ") + "]"
 			}
 			def := ""
 			if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" {
@@ -47,9 +47,26 @@ func newFlagSet(name, synopsis string, stdout io.Writer) *flagSet {
 	return fs
 }
 
-// alias adds env vars that also set flag name.
-func (fs *flagSet) alias(name string, envs ...string) {
-	fs.aliases[name] = append(fs.aliases[name], envs...)
+// envAlias is another project's variable that sets a flag (Istio's), with
+// its own syntax: convert turns its value into the flag's.
+type envAlias struct {
+	name    string
+	convert func(string) (string, error)
+}
+
+// alias adds a variable that also sets flag name, after the flag's own
+// DRAIND_ twin.
+func (fs *flagSet) alias(name string, a envAlias) {
+	fs.aliases[name] = append(fs.aliases[name], a)
+}
+
+// envVars lists the variables that set a flag, in precedence order.
+func (fs *flagSet) envVars(name string) []string {
+	out := []string{envName(name)}
+	for _, a := range fs.aliases[name] {
+		out = append(out, a.name)
+	}
+	return out
 }
 
 func envName(flagName string) string {
@@ -77,13 +94,21 @@ func (fs *flagSet) parse(args []string) error {
 		if set[f.Name] || err != nil || len(f.Name) == 1 {
 			return
 		}
-		for _, env := range append([]string{envName(f.Name)}, fs.aliases[f.Name]...) {
-			v, ok := os.LookupEnv(env)
+		vars := append([]envAlias{{name: envName(f.Name)}}, fs.aliases[f.Name]...)
+		for _, env := range vars {
+			v, ok := os.LookupEnv(env.name)
 			if !ok || v == "" {
 				continue
 			}
-			if e := fs.Set(f.Name, v); e != nil {
-				err = usageErr("%s: %s=%q (for --%s): %v", fs.Name(), env, v, f.Name, e)
+			val, e := v, error(nil)
+			if env.convert != nil {
+				val, e = env.convert(v)
+			}
+			if e == nil {
+				e = fs.Set(f.Name, val)
+			}
+			if e != nil {
+				err = usageErr("%s: %s=%q (for --%s): %v", fs.Name(), env.name, v, f.Name, e)
 			}
 			set[f.Name] = true
 			return
@@ -154,11 +179,6 @@ func (f durationFlag) String() string {
 func (f durationFlag) Set(v string) error {
 	d, err := time.ParseDuration(v)
 	if err != nil {
-		// Istio's variables sometimes carry bare seconds ("5").
-		if n, nerr := strconv.ParseUint(v, 10, 32); nerr == nil {
-			*f.d = time.Duration(n) * time.Second
-			return nil
-		}
 		return fmt.Errorf("%q is not a duration (e.g. 500ms, 5s, 1m)", v)
 	}
 	if d < 0 {

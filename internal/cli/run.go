@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"syscall"
 
 	"github.com/draind/draind/internal/agent"
@@ -14,18 +15,61 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// istioAliases are Istio's variables honoured where they mean the same
-// (README.md, "Configuration"): flag name → variables.
-var istioAliases = map[string][]string{
-	"min-drain":      {"MINIMUM_DRAIN_DURATION"},
-	"drain-deadline": {"TERMINATION_DRAIN_DURATION"},
+// istioAliases are Istio's variables honoured where they mean the same,
+// with Istio's syntax (README.md, "Configuration"): flag name → variable.
+// A flag beats its DRAIND_ twin, which beats Istio's variable.
+var istioAliases = map[string]envAlias{
+	// A Go duration ("5s"), as pilot-agent reads it.
+	"min-drain": {name: "MINIMUM_DRAIN_DURATION"},
+	// Whole seconds ("45"): the longest a drain may take. pilot-agent waits
+	// exactly this long (without EXIT_ON_ZERO_ACTIVE_CONNECTIONS); draind
+	// ends earlier when the app is done and Envoy is drained.
+	"drain-deadline": {name: "TERMINATION_DRAIN_DURATION_SECONDS", convert: wholeSeconds},
+}
+
+// wholeSeconds reads an integer number of seconds.
+func wholeSeconds(v string) (string, error) {
+	n, err := strconv.ParseUint(v, 10, 31)
+	if err != nil {
+		return "", fmt.Errorf("%q is not a whole number of seconds", v)
+	}
+	return strconv.FormatUint(n, 10) + "s", nil
 }
 
 func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, logFormat, err := runConfig(args, stdout)
+	if err != nil {
+		if errors.Is(err, errHelp) {
+			return nil
+		}
+		return err
+	}
+	log, err := newLogger(logFormat, stderr)
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+	cfg.Logger = log
+	res, err := agent.Run(ctx, cfg)
+	if err != nil {
+		var ce *agent.ConfigError
+		if errors.As(err, &ce) {
+			return usageErr("run: %v", err)
+		}
+		return fmt.Errorf("run: %w", err)
+	}
+	if res.ExitCode != 0 {
+		return &exitError{code: res.ExitCode, err: errors.New(res.Reason)}
+	}
+	return nil
+}
+
+// runConfig reads `draind run`'s flags and variables (errHelp after -h).
+func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	cfg := agent.DefaultConfig()
 	fs := newFlagSet("run", "run [flags] -- COMMAND [ARGS...]", stdout)
-	for name, envs := range istioAliases {
-		fs.alias(name, envs...)
+	for name, a := range istioAliases {
+		fs.alias(name, a)
 	}
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "Envoy's admin API address")
 	fs.StringVar(&cfg.StatusAddr, "status-addr", cfg.StatusAddr, "address of draind's status server (/healthz/ready, /metrics)")
@@ -51,17 +95,14 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Var(logFormat, "log-format", "json|console")
 	runAs := fs.Int("run-proxy-as", -1, "start the proxy under this uid (and gid), when draind runs as root (-1: draind's own)")
 	if err := fs.parse(args); err != nil {
-		if errors.Is(err, errHelp) {
-			return nil
-		}
-		return err
+		return cfg, "", err
 	}
 	if err := nf.validate("run"); err != nil {
-		return err
+		return cfg, "", err
 	}
 	if *runAs >= 0 {
 		if os.Geteuid() != 0 {
-			return usageErr("run: --run-proxy-as needs draind to run as root")
+			return cfg, "", usageErr("run: --run-proxy-as needs draind to run as root")
 		}
 		cfg.Proxy.Credential = &syscall.Credential{Uid: uint32(*runAs), Gid: uint32(*runAs)}
 	}
@@ -76,24 +117,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	cfg.AppProcs = procs.val
 	cfg.Command = fs.Args()
 	cfg.Proxy.ReapAll = os.Getpid() == 1
-	log, err := newLogger(logFormat.val, stderr)
-	if err != nil {
-		return err
-	}
-	defer log.Sync()
-	cfg.Logger = log
-	res, err := agent.Run(ctx, cfg)
-	if err != nil {
-		var ce *agent.ConfigError
-		if errors.As(err, &ce) {
-			return usageErr("run: %v", err)
-		}
-		return fmt.Errorf("run: %w", err)
-	}
-	if res.ExitCode != 0 {
-		return &exitError{code: res.ExitCode, err: errors.New(res.Reason)}
-	}
-	return nil
+	return cfg, logFormat.val, nil
 }
 
 // newLogger builds the zap logger: JSON lines by default, or console.

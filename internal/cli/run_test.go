@@ -1,0 +1,50 @@
+package cli
+
+import (
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Istio's variables, as Istio defines them, with their precedence: a flag
+// beats its DRAIND_ twin, which beats Istio's variable.
+func TestRunConfigIstioVariables(t *testing.T) {
+	tests := []struct {
+		name        string
+		args        []string
+		env         map[string]string
+		minDrain    time.Duration
+		deadline    time.Duration
+		deadlineSet bool
+		err         string
+	}{
+		{"defaults", nil, nil, 5 * time.Second, 25 * time.Second, false, ""},
+		{"Istio's pair", nil, map[string]string{"MINIMUM_DRAIN_DURATION": "30s", "TERMINATION_DRAIN_DURATION_SECONDS": "45"}, 30 * time.Second, 45 * time.Second, true, ""},
+		{"Istio's seconds are whole", nil, map[string]string{"TERMINATION_DRAIN_DURATION_SECONDS": "45s"}, 0, 0, false, `TERMINATION_DRAIN_DURATION_SECONDS="45s" (for --drain-deadline): "45s" is not a whole number of seconds`},
+		{"Istio's duration has a unit", nil, map[string]string{"MINIMUM_DRAIN_DURATION": "30"}, 0, 0, false, `MINIMUM_DRAIN_DURATION="30" (for --min-drain): "30" is not a duration`},
+		{"the twin beats Istio's", nil, map[string]string{"DRAIND_DRAIN_DEADLINE": "20s", "TERMINATION_DRAIN_DURATION_SECONDS": "45"}, 5 * time.Second, 20 * time.Second, true, ""},
+		{"the flag beats both", []string{"--drain-deadline", "15s"}, map[string]string{"DRAIND_DRAIN_DEADLINE": "20s", "TERMINATION_DRAIN_DURATION_SECONDS": "45"}, 5 * time.Second, 15 * time.Second, true, ""},
+		{"the old name means nothing", nil, map[string]string{"TERMINATION_DRAIN_DURATION": "45s"}, 5 * time.Second, 25 * time.Second, false, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			cfg, _, err := runConfig(append(tt.args, "--", "envoy"), io.Discard)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("error %v, want %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Drain.MinDrain != tt.minDrain || cfg.Drain.Deadline != tt.deadline || cfg.DeadlineSet != tt.deadlineSet {
+				t.Errorf("min-drain %s deadline %s (set %v), want %s %s (%v)", cfg.Drain.MinDrain, cfg.Drain.Deadline, cfg.DeadlineSet, tt.minDrain, tt.deadline, tt.deadlineSet)
+			}
+		})
+	}
+}
