@@ -72,6 +72,7 @@ func newMetrics(a *agent) *metrics {
 		flowsOf("app_idle", func() int { return sum().AppIdle }),
 		flowsOf("proxy_listeners", func() int { return sum().ProxyListeners }),
 		flowsOf("proxy_flows", func() int { return sum().ProxyFlows }),
+		flowsOf("proxy_idle", func() int { return sum().ProxyIdle }),
 		flowsOf("closing", func() int { return sum().Closing }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "draind_tracker_lost_events_total", Help: "TCP state events the kernel could not queue (each followed by a resync).",

@@ -547,8 +547,8 @@ func (m *Machine) gateInput(ctx context.Context) GateInput {
 	if m.Admin == nil {
 		return in
 	}
-	if in.Downstream-in.DownstreamIdle > 0 {
-		in.EnvoyKnown, in.EnvoyActive = true, in.Downstream // the kernel's count stands in
+	if live := in.Downstream - in.DownstreamIdle; live > 0 {
+		in.EnvoyKnown, in.EnvoyActive = true, live // the kernel's count stands in
 		return in
 	}
 	if done, _ := AppDone(in); !done || m.Gauges() == GaugesAbsent {

@@ -150,22 +150,35 @@ func TestSnapshotOtherUIDProcess(t *testing.T) {
 	}
 }
 
+// TestSnapshotIdle: a flow owing a response is never idle (docs/design.md,
+// "Idle means idle"); once the exchange is done, both ends are idle since
+// its last byte and stop holding past the idle timeout.
 func TestSnapshotIdle(t *testing.T) {
 	ns := testutil.NewNetNS(t)
-	ln := ns.ListenAs(t, 0, "127.0.0.1:15020") // draind's status listener
-	c := ns.DialAs(t, 0, "127.0.0.1:15020")
-	testutil.Accept(t, ln)
+	ln := ns.ListenAs(t, 0, "127.0.0.1:8080")
+	c := ns.DialAs(t, 0, "127.0.0.1:8080")
+	srv := testutil.Accept(t, ln)
 	d := dialNS(t, ns)
-
-	// With an idle timeout shorter than the flows' idle time, they stop
-	// holding the drain.
-	c.Write([]byte("x"))
-	time.Sleep(300 * time.Millisecond)
 	p := DefaultPolicy()
 	p.IdleTimeout = 100 * time.Millisecond
+	buf := make([]byte, 1)
+
+	// A request sent, not answered: the server owes a response, the client
+	// awaits it. Neither is idle however long it waits.
+	c.Write([]byte("q"))
+	srv.Read(buf)
+	time.Sleep(300 * time.Millisecond)
 	snap := snapshot(t, d, p)
+	if got, want := snap.Summary, (Summary{AppListeners: 1, AppInbound: 1, AppOutbound: 1}); got != want {
+		t.Errorf("request in flight: got %+v, want %+v", got, want)
+	}
+	// The response: the exchange is done, both ends idle from now on.
+	srv.Write([]byte("r"))
+	c.Read(buf)
+	time.Sleep(300 * time.Millisecond)
+	snap = snapshot(t, d, p)
 	if got, want := snap.Summary, (Summary{AppListeners: 1, AppInbound: 1, AppOutbound: 1, AppIdle: 2}); got != want {
-		t.Errorf("idle: got %+v, want %+v", got, want)
+		t.Errorf("after the response: got %+v, want %+v", got, want)
 	}
 	if got := snap.Summary.AppHolding(); got != 0 {
 		t.Errorf("AppHolding = %d, want 0", got)

@@ -13,19 +13,23 @@ func TestIdle(t *testing.T) {
 		name       string
 		dir        Direction
 		sent, recv time.Duration // time since the last send / receive
+		in, out    uint32        // data segments received, sent
 		want       time.Duration
 	}{
-		{"server: request in flight (received 8 s ago, answered nothing since)", DirInbound, 9000 * ms, 8000 * ms, 0},
-		{"server: keep-alive after its response", DirInbound, 3000 * ms, 3005 * ms, 3000 * ms},
-		{"server: answered in the same millisecond", DirInbound, 500 * ms, 500 * ms, 500 * ms},
-		{"server: streaming a response", DirInbound, 10 * ms, 60000 * ms, 10 * ms},
-		{"client: awaiting a response", DirOutbound, 8000 * ms, 9000 * ms, 0},
-		{"client: pooled after its response", DirOutbound, 3005 * ms, 3000 * ms, 3000 * ms},
-		{"client: receiving a stream", DirOutbound, 60000 * ms, 10 * ms, 10 * ms},
+		{"server: the request came in the jiffy the connection was made", DirInbound, 2000 * ms, 2000 * ms, 1, 0, 0},
+		{"client: the request went out in the jiffy the connection was made", DirOutbound, 2000 * ms, 2000 * ms, 0, 1, 0},
+		{"server: answered in the same jiffy", DirInbound, 500 * ms, 500 * ms, 1, 1, 500 * ms},
+		{"server: an unused connection", DirInbound, 500 * ms, 500 * ms, 0, 0, 500 * ms},
+		{"server: request in flight (received 8 s ago, answered nothing since)", DirInbound, 9000 * ms, 8000 * ms, 3, 2, 0},
+		{"server: keep-alive after its response", DirInbound, 3000 * ms, 3005 * ms, 3, 3, 3000 * ms},
+		{"server: streaming a response", DirInbound, 10 * ms, 60000 * ms, 1, 50, 10 * ms},
+		{"client: awaiting a response", DirOutbound, 8000 * ms, 9000 * ms, 2, 3, 0},
+		{"client: pooled after its response", DirOutbound, 3005 * ms, 3000 * ms, 3, 3, 3000 * ms},
+		{"client: receiving a stream", DirOutbound, 60000 * ms, 10 * ms, 50, 1, 10 * ms},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := sockdiag.Socket{State: sockdiag.Established, HasInfo: true, LastDataSent: tt.sent, LastDataRecv: tt.recv}
+			s := sockdiag.Socket{State: sockdiag.Established, HasInfo: true, LastDataSent: tt.sent, LastDataRecv: tt.recv, DataSegsIn: tt.in, DataSegsOut: tt.out}
 			if got := Idle(&s, tt.dir); got != tt.want {
 				t.Fatalf("Idle = %s, want %s", got, tt.want)
 			}

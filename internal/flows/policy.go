@@ -248,27 +248,30 @@ func (c *Classifier) Classify(socks []sockdiag.Socket) Snapshot {
 // (docs/design.md, "Idle means idle"), or 0 when the kernel gave no
 // tcp_info. A flow is idle only after it finished an exchange:
 //
-//   - the server side (inbound: the accepted end) is busy while the last
-//     data it received is newer than the last it sent: a request is being
-//     processed and its response is owed. Otherwise it has been idle since
-//     its last send (the response).
-//   - the client side (outbound) is busy while the last data it sent is
-//     newer than the last it received: a response is awaited. Otherwise it
-//     has been idle since its last receive.
+//   - the server side (inbound: the accepted end) is busy while it owes a
+//     response: it received data and never sent any, or the last data it
+//     received is newer than the last it sent. Otherwise it has been idle
+//     since its last send (the response).
+//   - the client side (outbound) is busy while it awaits one: it sent data
+//     and never received any, or the last data it sent is newer than the
+//     last it received. Otherwise it has been idle since its last receive.
 //
 // So a slow request (8 s in the backend, nothing on the wire) never looks
-// idle, while a keep-alive connection parked after its response does.
+// idle, while a keep-alive connection parked after its response does. The
+// kernel's times are in jiffies: a request and its connection's creation,
+// or a response and the next request, can fall in the same one; the
+// segment counts tell the first case apart.
 func Idle(s *sockdiag.Socket, dir Direction) time.Duration {
 	if !s.HasInfo {
 		return 0
 	}
 	if dir == DirInbound {
-		if s.LastDataRecv < s.LastDataSent {
+		if s.DataSegsIn > 0 && s.DataSegsOut == 0 || s.LastDataRecv < s.LastDataSent {
 			return 0 // a request arrived after the last response
 		}
 		return s.LastDataSent
 	}
-	if s.LastDataSent < s.LastDataRecv {
+	if s.DataSegsOut > 0 && s.DataSegsIn == 0 || s.LastDataSent < s.LastDataRecv {
 		return 0 // a request went out after the last response came in
 	}
 	return s.LastDataRecv

@@ -26,9 +26,13 @@ type Socket struct {
 	// not a TIME_WAIT or request socket); the two durations below are only
 	// meaningful then.
 	HasInfo bool `json:"-"`
-	// Time since data was last sent / received on the flow.
+	// Time since data was last sent / received on the flow (in jiffies:
+	// 1 to 10 ms apart).
 	LastDataSent time.Duration `json:"-"`
 	LastDataRecv time.Duration `json:"-"`
+	// Data segments received / sent over the flow's life (Linux 4.6+;
+	// 0 on older kernels).
+	DataSegsIn, DataSegsOut uint32 `json:"-"`
 }
 
 // inet_diag wire constants (linux/inet_diag.h, linux/sock_diag.h).
@@ -48,6 +52,8 @@ const (
 	// tcp_info offsets (linux/tcp.h): u32 milliseconds.
 	tcpiLastDataSent = 44
 	tcpiLastDataRecv = 52
+	tcpiDataSegsIn   = 152
+	tcpiDataSegsOut  = 156
 )
 
 // ErrShortMessage is wrapped by decoding errors for truncated messages.
@@ -110,6 +116,10 @@ func ParseMessage(b []byte, s *Socket) error {
 				s.HasInfo = true
 				s.LastDataSent = time.Duration(binary.NativeEndian.Uint32(payload[tcpiLastDataSent:])) * time.Millisecond
 				s.LastDataRecv = time.Duration(binary.NativeEndian.Uint32(payload[tcpiLastDataRecv:])) * time.Millisecond
+			}
+			if len(payload) >= tcpiDataSegsOut+4 {
+				s.DataSegsIn = binary.NativeEndian.Uint32(payload[tcpiDataSegsIn:])
+				s.DataSegsOut = binary.NativeEndian.Uint32(payload[tcpiDataSegsOut:])
 			}
 		case attrCgroupID:
 			if len(payload) >= 8 {

@@ -90,9 +90,11 @@ func TestParseMessage(t *testing.T) {
 		}
 		return a
 	}
-	info := make([]byte, 104)
+	info := make([]byte, 232)
 	binary.NativeEndian.PutUint32(info[tcpiLastDataSent:], 1500)
 	binary.NativeEndian.PutUint32(info[tcpiLastDataRecv:], 700)
+	binary.NativeEndian.PutUint32(info[tcpiDataSegsIn:], 3)
+	binary.NativeEndian.PutUint32(info[tcpiDataSegsOut:], 4)
 	cg := binary.NativeEndian.AppendUint64(nil, 4242)
 
 	tests := []struct {
@@ -104,7 +106,7 @@ func TestParseMessage(t *testing.T) {
 		{"bare v4", base(), Socket{Family: afInet, State: Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234}, nil},
 		{"with info and cgroup", append(append(base(), attr(attrInfo, info)...), attr(attrCgroupID, cg)...),
 			Socket{Family: afInet, State: Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234,
-				CgroupID: 4242, HasInfo: true, LastDataSent: 1500 * time.Millisecond, LastDataRecv: 700 * time.Millisecond}, nil},
+				CgroupID: 4242, HasInfo: true, LastDataSent: 1500 * time.Millisecond, LastDataRecv: 700 * time.Millisecond, DataSegsIn: 3, DataSegsOut: 4}, nil},
 		{"short tcp_info ignored", append(base(), attr(attrInfo, info[:40])...), Socket{Family: afInet, State: Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234}, nil},
 		{"truncated", base()[:50], Socket{}, ErrShortMessage},
 		{"bad attr length", append(base(), 0xff, 0x00, 0x02, 0x00), Socket{}, ErrShortMessage},

@@ -1,0 +1,206 @@
+package e2e
+
+import (
+	"io"
+	"net/http"
+	"testing"
+	"time"
+)
+
+// Issue 11: correct in a real pod. Every test here runs in the pod harness:
+// each container PID 1 of its own PID namespace.
+
+// The app makes 12 calls through the proxy during its 3 s shutdown, in its
+// own container; draind in another, started before or after it, or
+// restarted (killed and started again) while the app runs. Every call
+// succeeds, and the proxy is told to quit only after the app's last
+// process exited.
+func TestAppShutdownInItsOwnContainer(t *testing.T) {
+	for _, order := range []string{"draind-first", "app-first", "sidecar-restart"} {
+		t.Run(order, func(t *testing.T) {
+			p := newPod(t)
+			app := []string{"--on-term", "graceful", "--outbound-count", "12", "--outbound-pause", "250ms"}
+			draind := []string{"--min-drain", "200ms", "--tracker", "ebpf", "--app-procs", "ebpf"}
+			switch order {
+			case "draind-first":
+				p.startDraind(draind)
+				p.startApp(app...)
+			case "app-first":
+				p.startApp(app...)
+				p.startDraind(draind)
+			case "sidecar-restart":
+				p.startDraind(draind)
+				p.startApp(app...)
+				p.restartDraind()
+			}
+			p.wantSources("ebpf", "ebpf")
+			if got := p.metric("draind_app_processes"); got != 1 {
+				t.Fatalf("draind sees %v app processes, want 1; log:\n%s", got, p.draindLog.String())
+			}
+			p.terminate()
+			code, _ := p.waitExit(20 * time.Second)
+			if !p.app.wait(10 * time.Second) {
+				t.Fatal("the app did not exit")
+			}
+			ok, fail, appExit := p.appResults()
+			quit := p.phaseTime("stopping")
+			t.Logf("%s: %d of 12 calls ok, %d failed; app exited +%s; quitquitquit %s after the app's exit; draind exit %d",
+				order, ok, fail, appExit.Sub(p.drainedAt), quit.Sub(appExit), code)
+			if ok != 12 || fail != 0 || code != 0 {
+				t.Errorf("%d calls ok, %d failed, exit %d; log:\n%s", ok, fail, code, p.draindLog.String())
+			}
+			if appExit.IsZero() || quit.Before(appExit) {
+				t.Errorf("the proxy was told to quit at %s, before the app exited at %s", quit, appExit)
+			}
+		})
+	}
+}
+
+// An 8 s request through Envoy with --idle-timeout 2s completes: a flow
+// owing its response is never idle. A keep-alive beside it, parked after
+// its response, stops holding about 2 s after it went idle.
+func TestSlowRequestIsNotIdle(t *testing.T) {
+	p := newPod(t)
+	p.startApp("--on-term", "graceful")
+	p.startDraind([]string{"--min-drain", "200ms", "--idle-timeout", "2s", "--tracker", "ebpf"})
+	keepAlive := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer()}}
+	defer keepAlive.CloseIdleConnections()
+	resp, err := keepAlive.Get("http://" + podIP + ":15006/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	idleFrom := time.Now()
+	slow := make(chan error, 1)
+	go func() {
+		resp, err := p.client.Get("http://" + podIP + ":15006/slow?ms=8000")
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				err = http.ErrNotSupported
+			}
+		}
+		slow <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	p.terminate()
+	// The keep-alive's downstream flow stops holding once idle past 2 s.
+	var released time.Duration
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if p.metric(`draind_tracked_flows{class="proxy_idle"}`) >= 1 {
+			released = time.Since(idleFrom)
+			break
+		}
+	}
+	err = <-slow
+	doneAt := time.Since(idleFrom)
+	code, _ := p.waitExit(20 * time.Second)
+	t.Logf("keep-alive released %s after it went idle; the 8 s request done %s after; draind exit %d", released, doneAt, code)
+	if err != nil {
+		t.Errorf("the 8 s request: %v", err)
+	}
+	if released < 2*time.Second || released >= doneAt {
+		t.Errorf("the idle keep-alive was released %s after it went idle (the request ended at %s)", released, doneAt)
+	}
+	if code != 0 {
+		t.Errorf("exit %d; log:\n%s", code, p.draindLog.String())
+	}
+}
+
+// The admin API stalls for 1.5 s from SIGTERM: drain_listeners goes
+// through on a retry, and a request in flight gets its response with
+// Connection: close (no reset).
+func TestDrainListenersRetriedWhenAdminStalls(t *testing.T) {
+	p := newPod(t)
+	p.startApp("--on-term", "graceful")
+	p.startDraind([]string{"--min-drain", "200ms"})
+	inflight := make(chan *http.Response, 1)
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := p.client.Get("http://" + podIP + ":15006/slow?ms=3000")
+		if err != nil {
+			errc <- err
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		inflight <- resp
+	}()
+	time.Sleep(200 * time.Millisecond)
+	setFault(t, p, `{"admin":"hang"}`)
+	p.terminate()
+	time.Sleep(1500 * time.Millisecond)
+	setFault(t, p, `{"admin":""}`)
+	var resp *http.Response
+	select {
+	case err := <-errc:
+		t.Fatalf("the request in flight: %v", err)
+	case resp = <-inflight:
+	}
+	p.client.CloseIdleConnections()
+	attempts := p.waitLog(5*time.Second, "drain_listeners sent", nil)["attempts"]
+	code, _ := p.waitExit(20 * time.Second)
+	t.Logf("drain_listeners sent after %v attempts; in-flight response %d, Connection: close %v; draind exit %d", attempts, resp.StatusCode, resp.Close, code)
+	if resp.StatusCode != 200 || !resp.Close {
+		t.Errorf("response %d, Connection: close %v: want 200 and close", resp.StatusCode, resp.Close)
+	}
+	if n, _ := attempts.(float64); n < 2 {
+		t.Errorf("drain_listeners went through after %v attempts: the stall did not happen", attempts)
+	}
+	if code != 0 {
+		t.Errorf("exit %d; log:\n%s", code, p.draindLog.String())
+	}
+}
+
+// With the defaults and everything stuck (the proxy ignores SIGTERM, its
+// admin API never answers, the app never exits), draind has exited, with
+// its final report logged, before 30 s after SIGTERM: the kubelet's
+// default grace period, counted from before SIGTERM.
+func TestEverythingStuckFitsTheGracePeriod(t *testing.T) {
+	p := newPod(t)
+	p.startApp("--on-term", "ignore")
+	p.proxyCommand = []string{p.bin, "__stuckproxy"}
+	p.startDraindNoWait(nil)
+	p.waitLog(10*time.Second, "proxy started", nil)
+	time.Sleep(500 * time.Millisecond)
+	p.terminate()
+	code, took := p.waitExit(40 * time.Second)
+	t.Logf("everything stuck, defaults: draind exited %d, %s after SIGTERM", code, took)
+	if took >= 30*time.Second {
+		t.Errorf("draind took %s: past the default grace period", took)
+	}
+	if code != 137 || len(p.logLines("drain deadline reached: stopping the proxy with flows still open")) != 1 {
+		t.Errorf("exit %d; log:\n%s", code, p.draindLog.String())
+	}
+	p.waitLog(time.Second, "phase", map[string]any{"phase": "exited"})
+}
+
+// MINIMUM_DRAIN_DURATION=30s with TERMINATION_DRAIN_DURATION_SECONDS=45, as
+// Istio users set them: draind starts (it used to exit 2), warns that the
+// deadline is longer than the default grace period, and drains: 30 s of
+// min-drain, then the gate.
+func TestIstioDrainDurations(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes 30 s (-short)")
+	}
+	t.Setenv("MINIMUM_DRAIN_DURATION", "30s")
+	t.Setenv("TERMINATION_DRAIN_DURATION_SECONDS", "45")
+	p := newPod(t)
+	p.startApp("--on-term", "exit")
+	p.startDraind(nil)
+	p.terminate()
+	draining := p.waitLog(5*time.Second, "phase", map[string]any{"phase": "draining"})
+	code, took := p.waitExit(60 * time.Second)
+	t.Logf("Istio's 30s/45: draind exited %d, %s after SIGTERM; draining with %v", code, took, draining)
+	if draining["min_drain"] != "30s" || draining["deadline"] != "45s" {
+		t.Errorf("draining with min_drain %v deadline %v", draining["min_drain"], draining["deadline"])
+	}
+	if code != 0 || took < 30*time.Second || took > 45*time.Second {
+		t.Errorf("exit %d after %s", code, took)
+	}
+	if len(p.logLines("--drain-deadline 45s is longer than Kubernetes' default grace period (30s): set the pod's terminationGracePeriodSeconds to at least 47, or the kubelet kills the proxy mid-drain")) != 1 {
+		t.Errorf("no grace period warning; log:\n%s", p.draindLog.String())
+	}
+}
