@@ -167,12 +167,12 @@ type pod struct {
 	envoyStartupDelay time.Duration
 	// proxyCommand, when set, replaces envoysim as the proxy.
 	proxyCommand []string
-	envoyArgs         []string
-	draindLog         *syncBuffer
-	drainedAt         time.Time
-	app               *container
-	appOut            *syncBuffer
-	appResult         string
+	envoyArgs    []string
+	draindLog    *syncBuffer
+	drainedAt    time.Time
+	app          *container
+	appOut       *syncBuffer
+	appResult    string
 }
 
 const (
