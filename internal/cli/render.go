@@ -46,8 +46,8 @@ func WriteTable(w io.Writer, snap *flows.Snapshot) error {
 		return err
 	}
 	s := snap.Summary
-	_, err := fmt.Fprintf(w, "\n%s: app_listeners=%d app_inbound=%d app_outbound=%d app_idle=%d proxy_listeners=%d proxy_flows=%d proxy_idle=%d closing=%d\n",
-		snap.Namespace, s.AppListeners, s.AppInbound, s.AppOutbound, s.AppIdle, s.ProxyListeners, s.ProxyFlows, s.ProxyIdle, s.Closing)
+	_, err := fmt.Fprintf(w, "\n%s: app_listeners=%d app_inbound=%d app_outbound=%d app_idle=%d proxy_listeners=%d proxy_flows=%d (inbound %d, outbound %d) proxy_idle=%d closing=%d\n",
+		snap.Namespace, s.AppListeners, s.AppInbound, s.AppOutbound, s.AppIdle, s.ProxyListeners, s.ProxyFlows, s.ProxyInbound, s.ProxyOutbound, s.ProxyIdle, s.Closing)
 	return err
 }
 
@@ -86,6 +86,10 @@ func AppendJSON(b []byte, snap *flows.Snapshot) []byte {
 	b = strconv.AppendInt(b, int64(s.ProxyListeners), 10)
 	b = append(b, `,"proxy_flows":`...)
 	b = strconv.AppendInt(b, int64(s.ProxyFlows), 10)
+	b = append(b, `,"proxy_inbound":`...)
+	b = strconv.AppendInt(b, int64(s.ProxyInbound), 10)
+	b = append(b, `,"proxy_outbound":`...)
+	b = strconv.AppendInt(b, int64(s.ProxyOutbound), 10)
 	b = append(b, `,"proxy_idle":`...)
 	b = strconv.AppendInt(b, int64(s.ProxyIdle), 10)
 	b = append(b, `,"closing":`...)
@@ -130,6 +134,9 @@ func appendFlow(b []byte, f *flows.Flow) []byte {
 	if f.CgroupID != 0 {
 		b = append(b, `,"cgroup_id":`...)
 		b = strconv.AppendUint(b, f.CgroupID, 10)
+	}
+	if f.Transparent {
+		b = append(b, `,"transparent":true`...)
 	}
 	b = append(b, `,"owner":"`...)
 	b = append(b, f.Owner.String()...)

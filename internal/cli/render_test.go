@@ -19,7 +19,7 @@ func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
 		{Family: unix.AF_INET, State: sockdiag.Listen, Local: netip.MustParseAddrPort("0.0.0.0:8080"), Remote: netip.MustParseAddrPort("0.0.0.0:0"), Inode: 5, Cookie: 1},
 		{Family: unix.AF_INET6, State: sockdiag.Established, Local: netip.MustParseAddrPort("[::1]:8080"), Remote: netip.MustParseAddrPort("[::1]:4000"), UID: 1337, Inode: 6, Cookie: 1 << 40, CgroupID: 77, HasInfo: true, LastDataSent: time.Second, LastDataRecv: 2 * time.Second},
 		{Family: unix.AF_INET, State: sockdiag.TimeWait, Local: netip.MustParseAddrPort("127.0.0.1:4001"), Remote: netip.MustParseAddrPort("127.0.0.1:8080")},
-		{Family: unix.AF_INET, State: sockdiag.Established, Local: netip.MustParseAddrPort("127.0.0.1:4002"), Remote: netip.MustParseAddrPort("127.0.0.1:9"), HasInfo: true, LastDataSent: time.Hour, LastDataRecv: time.Hour},
+		{Family: unix.AF_INET, State: sockdiag.Established, Transparent: true, UID: 1337, Local: netip.MustParseAddrPort("127.0.0.1:4002"), Remote: netip.MustParseAddrPort("127.0.0.1:9"), HasInfo: true, LastDataSent: time.Hour, LastDataRecv: time.Hour},
 	}
 	p := flows.DefaultPolicy()
 	p.IdleTimeout = time.Minute

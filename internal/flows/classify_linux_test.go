@@ -74,7 +74,7 @@ func TestSnapshotAttribution(t *testing.T) {
 	s.Close()
 
 	d := dialNS(t, ns)
-	want := Summary{AppListeners: 4, AppInbound: 2, AppOutbound: 3, ProxyListeners: 2, ProxyFlows: 2, Closing: 2}
+	want := Summary{AppListeners: 4, AppInbound: 2, AppOutbound: 3, ProxyListeners: 2, ProxyFlows: 2, ProxyInbound: 1, ProxyOutbound: 1, Closing: 2}
 	var snap Snapshot
 	testutil.Eventually(t, "summary", func() error {
 		snap = snapshot(t, d, DefaultPolicy())
@@ -132,7 +132,7 @@ func TestSnapshotOtherUIDProcess(t *testing.T) {
 	// The test process's clients: app outbound (uid 0) and app outbound to
 	// the uid-1000 app (app → app: the client side is outbound, the
 	// accepted side inbound).
-	want := Summary{AppListeners: 1, ProxyListeners: 1, ProxyFlows: 1, AppOutbound: 2, AppInbound: 1}
+	want := Summary{AppListeners: 1, ProxyListeners: 1, ProxyFlows: 1, ProxyInbound: 1, AppOutbound: 2, AppInbound: 1}
 	testutil.Eventually(t, "summary", func() error {
 		got := snapshot(t, d, DefaultPolicy()).Summary
 		if got != want {
@@ -144,7 +144,7 @@ func TestSnapshotOtherUIDProcess(t *testing.T) {
 	p := DefaultPolicy()
 	p.ProxyPorts = []uint16{9000}
 	got := snapshot(t, d, p).Summary
-	want = Summary{ProxyListeners: 2, ProxyFlows: 2, AppOutbound: 2}
+	want = Summary{ProxyListeners: 2, ProxyFlows: 2, ProxyInbound: 2, AppOutbound: 2}
 	if got != want {
 		t.Errorf("with proxy port 9000: got %+v, want %+v", got, want)
 	}

@@ -58,8 +58,12 @@ type Summary struct {
 	AppIdle        int `json:"app_idle"`
 	ProxyListeners int `json:"proxy_listeners"`
 	ProxyFlows     int `json:"proxy_flows"`
-	ProxyIdle      int `json:"proxy_idle"`
-	Closing        int `json:"closing"`
+	// ProxyInbound of the proxy's flows are its downstream (accepted)
+	// connections; ProxyOutbound its upstream ones.
+	ProxyInbound  int `json:"proxy_inbound"`
+	ProxyOutbound int `json:"proxy_outbound"`
+	ProxyIdle     int `json:"proxy_idle"`
+	Closing       int `json:"closing"`
 }
 
 // AppHolding is the number of app flows that still hold the drain.
@@ -150,12 +154,25 @@ func (c *Classifier) owner(s *sockdiag.Socket) Owner {
 
 // Flow attributes one socket, at now (for idle checks the socket's own
 // tcp_info times are used; now is not needed).
-func (c *Classifier) Flow(s *sockdiag.Socket) Flow {
+func (c *Classifier) Flow(s *sockdiag.Socket) Flow { return c.flow(s, false) }
+
+// flow attributes one socket; accepted is set when the caller knows it was
+// accepted from a listener (the eBPF events saw its passive open).
+//
+// A flow is inbound when it was accepted: when its local port is one its
+// owner listens on, when an event saw it accepted, or, for the proxy, when
+// it is transparent (TPROXY: Envoy's accepted socket keeps the original
+// destination — the app's port — as its local address, and inherits
+// IP_TRANSPARENT from its listener). A transparent proxy socket whose peer
+// is one of the app's listeners is the other kind: Envoy's connection to
+// the app from the client's address (original_src), an outbound flow.
+func (c *Classifier) flow(s *sockdiag.Socket, accepted bool) Flow {
 	f := Flow{Socket: *s, Owner: c.owner(s), IdleMS: -1}
 	switch {
 	case s.State == sockdiag.Listen:
 		f.Direction = DirListen
-	case c.Listens(f.Owner, s.Local.Port()):
+	case accepted || c.Listens(f.Owner, s.Local.Port()),
+		f.Owner == OwnerProxy && s.Transparent && !c.Listens(OwnerApp, s.Remote.Port()):
 		f.Direction = DirInbound
 	default:
 		f.Direction = DirOutbound
@@ -184,6 +201,11 @@ func (s *Summary) Count(f *Flow) {
 		s.Closing++
 	case f.Owner == OwnerProxy:
 		s.ProxyFlows++
+		if f.Direction == DirInbound {
+			s.ProxyInbound++
+		} else {
+			s.ProxyOutbound++
+		}
 		if f.IdleExpired {
 			s.ProxyIdle++
 		}
@@ -209,6 +231,8 @@ func (s *Summary) Uncount(f *Flow) {
 	s.AppIdle -= n.AppIdle
 	s.ProxyListeners -= n.ProxyListeners
 	s.ProxyFlows -= n.ProxyFlows
+	s.ProxyInbound -= n.ProxyInbound
+	s.ProxyOutbound -= n.ProxyOutbound
 	s.ProxyIdle -= n.ProxyIdle
 	s.Closing -= n.Closing
 }

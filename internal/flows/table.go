@@ -42,6 +42,7 @@ type tableEntry struct {
 	flow      Flow
 	firstSeen time.Time
 	skaddr    uint64 // kernel address of the sock, when an event told it
+	accepted  bool   // an event saw its passive open (SYN_RECV→ESTABLISHED)
 }
 
 // FlowTable is the live socket table: one entry per socket, keyed by the
@@ -105,12 +106,13 @@ func (t *FlowTable) Replace(socks []sockdiag.Socket, now time.Time) []Change {
 			continue
 		}
 		k := t.keyOf(s)
-		e := &tableEntry{flow: t.cls.Flow(s), firstSeen: now}
 		prev, had := old[k]
+		e := &tableEntry{firstSeen: now}
 		if had {
-			e.firstSeen = prev.firstSeen
+			e.firstSeen, e.accepted = prev.firstSeen, prev.accepted
 			delete(old, k)
 		}
+		e.flow = t.cls.flow(s, e.accepted)
 		t.m[k] = e
 		t.sum.Count(&e.flow)
 		if !had || prev.flow.State != s.State {
@@ -176,7 +178,8 @@ func (t *FlowTable) Apply(ev *probes.TCPEvent, now time.Time) (Change, bool) {
 		if local.Port() != 0 {
 			s.Local, s.Remote = local, remote
 		}
-		e.flow = t.cls.Flow(&s)
+		e.accepted = e.accepted || ev.OldState == sockdiag.SynRecv
+		e.flow = t.cls.flow(&s, e.accepted)
 		t.sum.Count(&e.flow)
 		e.skaddr = ev.SkAddr
 		if nk := t.keyOf(&s); nk != k { // cookie-less: re-key on the new tuple
@@ -187,11 +190,11 @@ func (t *FlowTable) Apply(ev *probes.TCPEvent, now time.Time) (Change, bool) {
 		ch.Flow = e.flow
 	default:
 		s := sockdiag.Socket{Family: ev.Family, State: ev.NewState, Local: local, Remote: remote, UID: ev.UID, Cookie: ev.Cookie}
-		e = &tableEntry{firstSeen: now, skaddr: ev.SkAddr}
+		e = &tableEntry{firstSeen: now, skaddr: ev.SkAddr, accepted: ev.OldState == sockdiag.SynRecv}
 		if s.State == sockdiag.Listen {
 			t.cls.AddListener(&s)
 		}
-		e.flow = t.cls.Flow(&s)
+		e.flow = t.cls.flow(&s, e.accepted)
 		t.m[k] = e
 		t.sum.Count(&e.flow)
 		if s.State == sockdiag.Listen {
@@ -235,7 +238,7 @@ func (t *FlowTable) reclassifyPort(port uint16) {
 			continue
 		}
 		t.sum.Uncount(&e.flow)
-		e.flow = t.cls.Flow(&e.flow.Socket)
+		e.flow = t.cls.flow(&e.flow.Socket, e.accepted)
 		t.sum.Count(&e.flow)
 	}
 }

@@ -90,12 +90,12 @@ func TestTrackerFollowsFlows(t *testing.T) {
 			inSrv := testutil.Accept(t, app)
 			out := ns.DialAs(t, 0, "[::1]:15001")
 			outSrv := testutil.AcceptAs(t, px, DefaultProxyUID)
-			waitSummary(t, tr, Summary{AppListeners: 1, ProxyListeners: 1, AppInbound: 1, AppOutbound: 1, ProxyFlows: 2})
+			waitSummary(t, tr, Summary{AppListeners: 1, ProxyListeners: 1, AppInbound: 1, AppOutbound: 1, ProxyFlows: 2, ProxyInbound: 1, ProxyOutbound: 1})
 
 			// Passive close on the app side leaves it in CLOSE_WAIT: still
 			// holding. Then the app closes too.
 			in.Close() // the proxy's end goes FIN_WAIT2: closing
-			waitSummary(t, tr, Summary{AppListeners: 1, ProxyListeners: 1, AppInbound: 1, AppOutbound: 1, ProxyFlows: 1, Closing: 1})
+			waitSummary(t, tr, Summary{AppListeners: 1, ProxyListeners: 1, AppInbound: 1, AppOutbound: 1, ProxyFlows: 1, ProxyInbound: 1, Closing: 1})
 			inSrv.Close()
 			out.Close()
 			outSrv.Close()

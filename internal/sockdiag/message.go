@@ -33,6 +33,11 @@ type Socket struct {
 	// Data segments received / sent over the flow's life (Linux 4.6+;
 	// 0 on older kernels).
 	DataSegsIn, DataSegsOut uint32 `json:"-"`
+	// Transparent is IP_TRANSPARENT (INET_DIAG_SOCKOPT, sent unasked for
+	// full sockets from 5.10): set on a TPROXY listener and inherited by
+	// the sockets it accepts, whose local address is then the original
+	// destination, not the listener's.
+	Transparent bool `json:"transparent,omitempty"`
 }
 
 // inet_diag wire constants (linux/inet_diag.h, linux/sock_diag.h).
@@ -44,6 +49,9 @@ const (
 
 	attrInfo     = 2  // INET_DIAG_INFO: struct tcp_info
 	attrCgroupID = 21 // INET_DIAG_CGROUP_ID: u64
+	attrSockopt  = 22 // INET_DIAG_SOCKOPT: struct inet_diag_sockopt (bitfields)
+
+	sockoptTransparent = 0x20 // byte 0, bit 5: transparent
 
 	afInet     = 2
 	afInet6    = 10
@@ -124,6 +132,10 @@ func ParseMessage(b []byte, s *Socket) error {
 		case attrCgroupID:
 			if len(payload) >= 8 {
 				s.CgroupID = binary.NativeEndian.Uint64(payload)
+			}
+		case attrSockopt:
+			if len(payload) >= 1 {
+				s.Transparent = payload[0]&sockoptTransparent != 0
 			}
 		}
 		al := (l + 3) &^ 3
