@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
@@ -566,7 +567,7 @@ func OpenProcTracker(netnsInode uint64, rules AppProcRules, opts ...ProcOption) 
 		pidns = st.Ino
 	}
 	c := procsConstants{netns: netnsInode, pidns: pidns, walkCap: uint32(o.walkCap)}
-	eb, err := loadProcEBPF(c, uint32(o.ringSize), uint32(o.walkOut))
+	eb, err := loadProcEBPF(c, uint32(o.ringSize), uint32(o.walkOut), o.btfCache)
 	if err != nil {
 		return nil, classifyProcLoadError(err)
 	}
@@ -604,7 +605,7 @@ func (t *ProcTracker) installSnapshotLocked(snap *procSnapshot) {
 	}
 }
 
-func loadProcEBPF(c procsConstants, ringSize, walkOut uint32) (_ *procEBPF, err error) {
+func loadProcEBPF(c procsConstants, ringSize, walkOut uint32, cache *btf.Cache) (_ *procEBPF, err error) {
 	spec, err := loadProcs()
 	if err != nil {
 		return nil, err
@@ -616,7 +617,7 @@ func loadProcEBPF(c procsConstants, ringSize, walkOut uint32) (_ *procEBPF, err 
 	spec.Maps[procsMapWalkOut].MaxEntries = walkOut
 
 	eb := &procEBPF{walkCap: int(c.walkCap), outCap: int(walkOut)}
-	if err := spec.LoadAndAssign(&eb.objs, nil); err != nil {
+	if err := spec.LoadAndAssign(&eb.objs, &ebpf.CollectionOptions{Cache: cache}); err != nil {
 		return nil, err
 	}
 	defer func() {
