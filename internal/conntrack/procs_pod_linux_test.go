@@ -606,6 +606,7 @@ func TestProcTrackerHostNetNS(t *testing.T) {
 	if s.HostNetNS != host.Ino {
 		t.Errorf("host namespace %d, kthreadd's is %d", s.HostNetNS, host.Ino)
 	}
+	t.Logf("host network namespace: inode %d (%#x)", host.Ino, host.Ino)
 	if self.Ino != host.Ino {
 		t.Skipf("the test does not run in the host's network namespace")
 	}
