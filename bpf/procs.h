@@ -35,9 +35,18 @@ typedef struct {
 	int counter;
 } atomic_t;
 
+struct list_head {
+	struct list_head *next;
+	struct list_head *prev;
+};
+
 struct signal_struct {
 	/* Threads of the group not yet past do_exit's decrement. */
 	atomic_t live;
+	/* The group's threads, through task_struct.thread_node (since 3.14). */
+	struct list_head thread_head;
+	unsigned int flags; /* SIGNAL_* */
+	int group_exit_code;
 };
 
 typedef struct {
@@ -51,6 +60,16 @@ struct cred {
 struct pid_namespace {
 	struct ns_common ns;
 };
+
+/* task_struct.flags: a kernel thread (include/linux/sched.h, stable). */
+#define PF_KTHREAD 0x00200000
+
+/* signal_struct.flags: the group is exiting (include/linux/sched/signal.h). */
+#define SIGNAL_GROUP_EXIT 0x00000004
+
+/* Not in base.h (which tcpstate.c shares): the array map and its mmap flag. */
+#define PROCS_MAP_TYPE_ARRAY 2
+#define PROCS_F_MMAPABLE (1U << 10)
 
 /* A pid as one PID namespace numbers it. */
 struct upid {
@@ -66,8 +85,13 @@ struct pid {
 
 struct task_struct {
 	struct pid *thread_pid; /* since 4.19 */
+	unsigned int flags;     /* PF_* */
 	pid_t pid;
 	pid_t tgid;
+	int exit_code;
+	/* Every thread-group leader, from init_task, in fork order (RCU). */
+	struct list_head tasks;
+	struct list_head thread_node;
 	struct task_struct *real_parent;
 	struct task_struct *group_leader;
 	const struct cred *cred;

@@ -3,8 +3,11 @@ package appprocs
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cilium/ebpf/btf"
 )
 
 // DefaultPauseComm is the comm of the pod's pause process (/pause).
@@ -270,18 +273,23 @@ func olderProc(a, b Process) bool {
 func (c *procClassifier) classify(isPause func(Process) bool) []ProcClass {
 	out := make([]ProcClass, len(c.all))
 	for i, p := range c.all {
-		switch {
-		case c.pauses[p.PID] || isPause(p):
-			out[i] = ProcPause
-		case c.isSelf(p):
-			out[i] = ProcSelf
-		case c.isProxy(p):
-			out[i] = ProcProxy
-		default:
-			out[i] = ProcApp
-		}
+		out[i] = c.classOf(p, isPause)
 	}
 	return out
+}
+
+// classOf classifies p, which need not be one of all (a process that just
+// exited): its ancestors are looked up in all.
+func (c *procClassifier) classOf(p Process, isPause func(Process) bool) ProcClass {
+	switch {
+	case c.pauses[p.PID] || isPause(p):
+		return ProcPause
+	case c.isSelf(p):
+		return ProcSelf
+	case c.isProxy(p):
+		return ProcProxy
+	}
+	return ProcApp
 }
 
 // AppProcSource follows the app's processes in one namespace. *ProcTracker
@@ -297,6 +305,17 @@ type AppProcSource interface {
 	// Lost counts the events the kernel could not deliver (eBPF); each
 	// loss was followed by a resynchronising snapshot.
 	Lost() uint64
+	// Coverage says whether the source sees every process of the
+	// namespace; when it does not, zero processes do not mean the app is
+	// done.
+	Coverage() ProcCoverage
+	// AppExits returns how the app's processes that left ended, oldest
+	// first (see ProcExit).
+	AppExits() []ProcExit
+	// HostNetNS is the inode of the host's (the initial) network
+	// namespace, when the source knows it: the watched namespace is a
+	// hostNetwork pod's when they are equal.
+	HostNetNS() (inode uint64, ok bool)
 	// Source is "ebpf" or "proc".
 	Source() string
 	// Err is the error that stopped the source following changes, if any
@@ -305,6 +324,81 @@ type AppProcSource interface {
 	// Close stops everything the source runs. Safe to call twice.
 	Close() error
 }
+
+// ProcCoverage says whether a tracker sees every process of its namespace.
+type ProcCoverage struct {
+	// Complete: the last snapshot saw every process of the namespace, and
+	// events keep the view current. When false, processes may be missing
+	// (never seen) and some that left may linger: a count of zero proves
+	// nothing.
+	Complete bool
+	// Reason is one line for the log and metrics: how the processes are
+	// found, or why some may be missed.
+	Reason string
+}
+
+// ExitStatus is a process's wait(2) status, as its parent reads it.
+type ExitStatus uint32
+
+// Exited reports whether the process called exit (or returned from main).
+func (s ExitStatus) Exited() bool { return s&0x7f == 0 }
+
+// ExitCode is the code the process exited with (0-255), -1 when a signal
+// ended it.
+func (s ExitStatus) ExitCode() int {
+	if !s.Exited() {
+		return -1
+	}
+	return int(s>>8) & 0xff
+}
+
+// Signal is the signal that ended the process, 0 when it exited.
+func (s ExitStatus) Signal() int {
+	if s.Exited() {
+		return 0
+	}
+	return int(s & 0x7f)
+}
+
+// CoreDumped reports whether the signal that ended the process dumped core.
+func (s ExitStatus) CoreDumped() bool { return !s.Exited() && s&0x80 != 0 }
+
+func (s ExitStatus) String() string {
+	switch {
+	case s.Exited():
+		return "exit " + strconv.Itoa(s.ExitCode())
+	case s.CoreDumped():
+		return "signal " + strconv.Itoa(s.Signal()) + " (core dumped)"
+	}
+	return "signal " + strconv.Itoa(s.Signal())
+}
+
+// ProcExit is how one of the app's processes left.
+type ProcExit struct {
+	// Process is the process as tracked; PPID is its parent when it
+	// exited (eBPF), or the one it was known by (inferred exits).
+	Process
+	// ParentOutside: its parent was not a process of the namespace. The
+	// app's processes whose parent is outside are its containers' main
+	// processes (the runtime's shim is their parent).
+	ParentOutside bool
+	// Known: Status is the kernel's. False when the exit was inferred (a
+	// snapshot no longer found the process: its event was lost, or the
+	// backend polls /proc).
+	Known bool
+	// Status is the wait(2) status its parent reads, when Known.
+	Status ExitStatus
+	// Seq numbers the exits a tracker saw, from 1, in the order seen.
+	Seq uint64
+}
+
+// Retention of AppExits: the last DefaultProcExitHistory exits, and the
+// last DefaultProcMainExitHistory of those whose parent was outside (the
+// containers' main processes) whatever came after them.
+const (
+	DefaultProcExitHistory     = 256
+	DefaultProcMainExitHistory = 64
+)
 
 // ProcMode chooses an AppProcSource backend.
 type ProcMode string
@@ -359,10 +453,14 @@ type procOptions struct {
 	pollPeriod time.Duration
 	procRoot   string
 	ringSize   int
+	walkCap    int
+	walkOut    int // records the walk can return (tests)
+	btfCache   *btf.Cache
 }
 
 func buildProcOptions(opts []ProcOption) procOptions {
-	o := procOptions{pollPeriod: DefaultProcPollPeriod, procRoot: "/proc", ringSize: DefaultProcRingSize}
+	o := procOptions{pollPeriod: DefaultProcPollPeriod, procRoot: "/proc", ringSize: DefaultProcRingSize,
+		walkCap: DefaultProcWalkCap, walkOut: defaultProcWalkOut}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -375,12 +473,29 @@ func buildProcOptions(opts []ProcOption) procOptions {
 	if o.ringSize <= 0 {
 		o.ringSize = DefaultProcRingSize
 	}
+	if o.walkCap <= 0 || o.walkCap > DefaultProcWalkCap {
+		o.walkCap = DefaultProcWalkCap
+	}
+	if o.walkOut <= 0 {
+		o.walkOut = defaultProcWalkOut
+	}
 	return o
 }
 
-// DefaultProcRingSize is the eBPF ring buffer's size: 3640 events of 64
+// DefaultProcRingSize is the eBPF ring buffer's size: 3276 events of 72
 // bytes (+8 of header), far more than a pod forks between two reads.
 const DefaultProcRingSize = 256 << 10
+
+// DefaultProcWalkCap is the most processes of the node (thread-group
+// leaders, kernel threads included) the eBPF snapshot visits, and the
+// largest cap WithProcWalkCap accepts (WALK_MAX in bpf/procs.c). A node
+// with more makes the snapshot incomplete (see ProcCoverage).
+const DefaultProcWalkCap = 1 << 16
+
+// defaultProcWalkOut is how many processes of the namespace one eBPF
+// snapshot's walk can return (the walk_out map: 72 bytes each). A pod has
+// far fewer; a hostNetwork pod's namespace is the node's.
+const defaultProcWalkOut = 4096
 
 // WithProcPollPeriod sets the /proc backend's polling period.
 func WithProcPollPeriod(d time.Duration) ProcOption {
@@ -397,6 +512,20 @@ func WithProcRoot(dir string) ProcOption {
 // two, a multiple of the page size).
 func WithProcRingSize(n int) ProcOption {
 	return func(o *procOptions) { o.ringSize = n }
+}
+
+// WithProcWalkCap sets the most processes of the node the eBPF snapshot
+// visits (at most, and by default, DefaultProcWalkCap).
+func WithProcWalkCap(n int) ProcOption {
+	return func(o *procOptions) { o.walkCap = n }
+}
+
+// WithProcBTFCache makes the eBPF backend decode the kernel's BTF through
+// c, which other loads share: decoding it is most of a load's time (about
+// 15 of 27 ms on 6.18). Share it during start-up and drop it after: it
+// holds the decoded kernel types.
+func WithProcBTFCache(c *btf.Cache) ProcOption {
+	return func(o *procOptions) { o.btfCache = c }
 }
 
 // sortProcs orders processes by PID.

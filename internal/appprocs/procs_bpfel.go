@@ -25,6 +25,8 @@ type procsProcEvent struct {
 	Flags   uint32
 	Nspid   uint32
 	Nsppid  uint32
+	Status  uint32
+	Netns   uint32
 	Comm    [16]int8
 }
 
@@ -34,6 +36,7 @@ type procsProcEvent struct {
 const (
 	procsMapProcEvents      = "proc_events"
 	procsMapProcLost        = "proc_lost"
+	procsMapWalkOut         = "walk_out"
 	procsProgProcsExec      = "procs_exec"
 	procsProgProcsExit      = "procs_exit"
 	procsProgProcsFork      = "procs_fork"
@@ -41,6 +44,7 @@ const (
 	procsVarReaderPidns     = "reader_pidns"
 	procsVarTargetNetns     = "target_netns"
 	procsVarUnusedProcEvent = "unused_proc_event"
+	procsVarWalkCap         = "walk_cap"
 )
 
 // loadProcs returns the embedded CollectionSpec for procs.
@@ -97,6 +101,7 @@ type procsProgramSpecs struct {
 type procsMapSpecs struct {
 	ProcEvents *ebpf.MapSpec `ebpf:"proc_events"`
 	ProcLost   *ebpf.MapSpec `ebpf:"proc_lost"`
+	WalkOut    *ebpf.MapSpec `ebpf:"walk_out"`
 }
 
 // procsVariableSpecs contains global variables before they are loaded into the kernel.
@@ -106,6 +111,7 @@ type procsVariableSpecs struct {
 	ReaderPidns     *ebpf.VariableSpec `ebpf:"reader_pidns"`
 	TargetNetns     *ebpf.VariableSpec `ebpf:"target_netns"`
 	UnusedProcEvent *ebpf.VariableSpec `ebpf:"unused_proc_event"`
+	WalkCap         *ebpf.VariableSpec `ebpf:"walk_cap"`
 }
 
 // procsObjects contains all objects after they have been loaded into the kernel.
@@ -130,12 +136,14 @@ func (o *procsObjects) Close() error {
 type procsMaps struct {
 	ProcEvents *ebpf.Map `ebpf:"proc_events"`
 	ProcLost   *ebpf.Map `ebpf:"proc_lost"`
+	WalkOut    *ebpf.Map `ebpf:"walk_out"`
 }
 
 func (m *procsMaps) Close() error {
 	return _ProcsClose(
 		m.ProcEvents,
 		m.ProcLost,
+		m.WalkOut,
 	)
 }
 
@@ -146,6 +154,7 @@ type procsVariables struct {
 	ReaderPidns     *ebpf.Variable `ebpf:"reader_pidns"`
 	TargetNetns     *ebpf.Variable `ebpf:"target_netns"`
 	UnusedProcEvent *ebpf.Variable `ebpf:"unused_proc_event"`
+	WalkCap         *ebpf.Variable `ebpf:"walk_cap"`
 }
 
 // procsPrograms contains all programs after they have been loaded into the kernel.

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
@@ -27,10 +28,14 @@ import (
 //
 //   - ebpf (OpenProcTracker): the programs of bpf/procs.c. The
 //     sched_process_fork/exec/exit programs are attached first, then a task
-//     iterator takes a snapshot, then events newer than the snapshot are
-//     applied as they come: a change is seen within one event, with no
-//     polling. A failed ring buffer reservation (Lost) makes the tracker
-//     take a new snapshot.
+//     iterator takes a snapshot (the processes of the reader's PID
+//     namespace, and a walk of every process of the node: the app's PID
+//     namespace is not draind's in a pod), then events newer than the
+//     snapshot are applied as they come: a change is seen within one
+//     event, with no polling. A failed ring buffer reservation (Lost) makes
+//     the tracker take a new snapshot. A snapshot whose walk was cut short
+//     (see Coverage) is merged with what the tracker knows: it never
+//     forgets a process then.
 //   - proc (OpenProcPoller): /proc read on a period: every /proc/PID whose
 //     ns/net is the namespace, then its stat and status.
 //
@@ -47,14 +52,20 @@ type ProcTracker struct {
 	translate bool
 	notify    chan struct{}
 
-	mu      sync.Mutex
-	procs   map[int]Process    // every process of the namespace, by PID
-	nspids  map[int]procNSPids // eBPF: by PID, the caller's numbers
-	pinned  bool               // pause decided (first snapshot)
-	pause   Process            // the pause rule's pick, when pauseOK
-	pauseOK bool
-	app     []Process // the app's, by PID
-	err     error
+	mu        sync.Mutex
+	procs     map[int]Process    // every process of the namespace, by PID
+	nspids    map[int]procNSPids // eBPF: by PID, the caller's numbers
+	pinned    bool               // pause decided (first snapshot)
+	pause     Process            // the pause rule's pick, when pauseOK
+	pauseOK   bool
+	app       []Process // the app's, by PID
+	err       error
+	coverage  ProcCoverage
+	hostNetNS uint64        // 0: unknown
+	pending   []pendingExit // exits since the last recompute
+	exits     []ProcExit    // the app's, retained (see AppExits)
+	exitSeq   uint64
+	exitsNew  bool // exits changed since the last recompute
 
 	eb *procEBPF // ebpf backend
 	pp *procPoll // proc backend
@@ -102,6 +113,40 @@ func (t *ProcTracker) Lost() uint64 {
 		return 0
 	}
 	return t.eb.lostTotal()
+}
+
+// Coverage says whether the tracker sees every process of the namespace.
+// The eBPF backend is complete when its last snapshot walked every process
+// of the node; the /proc backend is, as it only runs when its /proc shows
+// the app.
+func (t *ProcTracker) Coverage() ProcCoverage {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.coverage
+}
+
+// Complete is Coverage().Complete.
+func (t *ProcTracker) Complete() bool { return t.Coverage().Complete }
+
+// HostNetNS is the inode of the initial network namespace: eBPF reads it
+// from init_task at every snapshot; /proc knows it only in the host's PID
+// namespace (PID 1's).
+func (t *ProcTracker) HostNetNS() (inode uint64, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.hostNetNS, t.hostNetNS != 0
+}
+
+// AppExits returns how the app's processes that left since the tracker
+// opened ended, oldest first: the last DefaultProcExitHistory of them, and
+// the last DefaultProcMainExitHistory of the containers' main processes
+// (ParentOutside) whatever came after. An exit is there by the Notify that
+// follows it (eBPF: within one event); a Known status may replace an
+// inferred one later, with a Notify.
+func (t *ProcTracker) AppExits() []ProcExit {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.exits)
 }
 
 // Close stops the tracker and releases what it holds. Safe to call twice.
@@ -174,13 +219,37 @@ func (t *ProcTracker) rulesLocked() AppProcRules {
 	return r
 }
 
-// replaceLocked installs a snapshot. The first one decides the pause
-// process.
-func (t *ProcTracker) replaceLocked(snap map[int]Process, nspids map[int]procNSPids) {
-	if nspids == nil {
-		nspids = make(map[int]procNSPids)
+// pendingExit is a process gone since the last recompute.
+type pendingExit struct {
+	proc   Process // as tracked
+	ppid   int     // its parent when it exited
+	known  bool
+	status ExitStatus
+}
+
+// installLocked installs a snapshot. A complete one replaces what the
+// tracker knew (a process missing from it is gone: an inferred exit); an
+// incomplete one only adds and updates. The first snapshot decides the
+// pause process.
+func (t *ProcTracker) installLocked(snap map[int]Process, nspids map[int]procNSPids, complete bool) {
+	for pid, old := range t.procs {
+		p, ok := snap[pid]
+		if ok && p.StartTime == old.StartTime {
+			continue
+		}
+		if ok || complete {
+			// Gone, or its pid reused by a process the snapshot found.
+			t.pending = append(t.pending, pendingExit{proc: old, ppid: old.PPID})
+			delete(t.procs, pid)
+			delete(t.nspids, pid)
+		}
 	}
-	t.procs, t.nspids = snap, nspids
+	for pid, p := range snap {
+		t.procs[pid] = p
+		if n, ok := nspids[pid]; ok {
+			t.nspids[pid] = n
+		}
+	}
 	if !t.pinned {
 		t.pinned = true
 		t.pause, t.pauseOK = PauseProcess(t.listLocked(), t.rulesLocked())
@@ -202,9 +271,7 @@ func (t *ProcTracker) listLocked() []Process {
 func (t *ProcTracker) recomputeLocked() bool {
 	all := t.listLocked()
 	c := newProcClassifier(all, t.rulesLocked())
-	classes := c.classify(func(p Process) bool {
-		return t.pauseOK && p.PID == t.pause.PID && p.StartTime == t.pause.StartTime
-	})
+	classes := c.classify(t.isPinnedPause)
 	app := make([]Process, 0, len(all))
 	for i, p := range all {
 		if classes[i] == ProcApp {
@@ -213,7 +280,91 @@ func (t *ProcTracker) recomputeLocked() bool {
 	}
 	changed := !slices.Equal(app, t.app)
 	t.app = app
+	if len(t.pending) > 0 {
+		t.recordExitsLocked(all)
+	}
+	changed = changed || t.exitsNew
+	t.exitsNew = false
 	return changed
+}
+
+// recordExitsLocked classifies the pending exits against the processes
+// that remain (all) and records the app's.
+func (t *ProcTracker) recordExitsLocked(all []Process) {
+	list := slices.Clip(all)
+	for _, pe := range t.pending {
+		if _, live := t.procs[pe.proc.PID]; !live {
+			list = append(list, pe.proc) // descent may go through it
+		}
+	}
+	c := newProcClassifier(list, t.rulesLocked())
+	for _, pe := range t.pending {
+		if c.classOf(pe.proc, t.isPinnedPause) != ProcApp {
+			continue
+		}
+		e := ProcExit{Process: pe.proc, Known: pe.known, Status: pe.status, ParentOutside: true}
+		e.PPID = pe.ppid
+		if i, ok := c.byPID[pe.ppid]; ok && pe.ppid != pe.proc.PID && list[i].StartTime <= pe.proc.StartTime {
+			e.ParentOutside = false
+		}
+		t.exitSeq++
+		e.Seq = t.exitSeq
+		t.exits = append(t.exits, e)
+		t.exitsNew = true
+	}
+	t.pending = t.pending[:0]
+	t.trimExitsLocked()
+}
+
+// trimExitsLocked keeps the last DefaultProcExitHistory exits and the last
+// DefaultProcMainExitHistory whose parent was outside.
+func (t *ProcTracker) trimExitsLocked() {
+	if len(t.exits) <= DefaultProcExitHistory {
+		return
+	}
+	keep := make([]bool, len(t.exits))
+	mains := 0
+	for i := len(t.exits) - 1; i >= 0; i-- {
+		recent := len(t.exits)-i <= DefaultProcExitHistory
+		main := t.exits[i].ParentOutside && mains < DefaultProcMainExitHistory
+		if t.exits[i].ParentOutside {
+			mains++
+		}
+		keep[i] = recent || main
+	}
+	n := 0
+	for i, e := range t.exits {
+		if keep[i] {
+			t.exits[n] = e
+			n++
+		}
+	}
+	clear(t.exits[n:])
+	t.exits = t.exits[:n]
+}
+
+// knownExitLocked gives an exit inferred from a snapshot (the process was
+// gone when the walk ran) the status its event, read after, carries.
+func (t *ProcTracker) knownExitLocked(p Process, status ExitStatus) {
+	for i := range t.pending {
+		pe := &t.pending[i]
+		if !pe.known && pe.proc.PID == p.PID && pe.proc.StartTime == p.StartTime {
+			pe.known, pe.status, pe.ppid = true, status, p.PPID
+			return
+		}
+	}
+	for i := len(t.exits) - 1; i >= 0; i-- {
+		e := &t.exits[i]
+		if !e.Known && e.PID == p.PID && e.StartTime == p.StartTime {
+			e.Known, e.Status = true, status
+			t.exitsNew = true
+			return
+		}
+	}
+}
+
+func (t *ProcTracker) isPinnedPause(p Process) bool {
+	return t.pauseOK && p.PID == t.pause.PID && p.StartTime == t.pause.StartTime
 }
 
 func (t *ProcTracker) fail(err error) {
@@ -232,9 +383,7 @@ func (t *ProcTracker) allProcs() ([]Process, []ProcClass) {
 	defer t.mu.Unlock()
 	all := t.listLocked()
 	c := newProcClassifier(all, t.rulesLocked())
-	return all, c.classify(func(p Process) bool {
-		return t.pauseOK && p.PID == t.pause.PID && p.StartTime == t.pause.StartTime
-	})
+	return all, c.classify(t.isPinnedPause)
 }
 
 // OpenAppProcSource opens a tracker of the app's processes in the namespace
@@ -297,10 +446,13 @@ type procsLoaded struct {
 }
 
 type procEBPF struct {
-	objs  procsLoaded
-	links []link.Link
-	iter  *link.Iter
-	rd    *ringbuf.Reader
+	objs    procsLoaded
+	links   []link.Link
+	iter    *link.Iter
+	rd      *ringbuf.Reader
+	walkOut []byte // walk_out, mapped read-only
+	walkCap int
+	outCap  int // walk_out's records
 
 	lostMu   sync.Mutex
 	lostBuf  []uint64
@@ -310,7 +462,7 @@ type procEBPF struct {
 }
 
 // procEventSize is sizeof(struct proc_event) in bpf/procs.c.
-const procEventSize = 64
+const procEventSize = 72
 
 // Offsets in struct proc_event (little-endian).
 const (
@@ -324,7 +476,9 @@ const (
 	peFlags  = 36
 	peNSPid  = 40
 	peNSPpid = 44
-	peComm   = 48
+	peStatus = 48
+	peNetNS  = 52
+	peComm   = 56
 )
 
 // Kinds of struct proc_event.
@@ -336,12 +490,23 @@ const (
 	procEvExit = 5
 )
 
+// Flags of struct proc_event: PROC_F_WALK_* are the END record's.
+const (
+	procFWalkDone  = 0x10
+	procFWalkCap   = 0x20
+	procFWalkFull  = 0x40
+	procFWalkFault = 0x80
+	procFWalkOver  = procFWalkDone | procFWalkCap | procFWalkFull | procFWalkFault
+)
+
 type procEvent struct {
-	ts    uint64
-	kind  uint32
-	flags uint32
-	proc  Process
-	ns    procNSPids
+	ts     uint64
+	kind   uint32
+	flags  uint32
+	status uint32 // EXIT: wait status
+	netns  uint32 // END: the initial network namespace
+	proc   Process
+	ns     procNSPids
 }
 
 // procNSPids are a process's pid and ppid as the reader's PID namespace
@@ -358,10 +523,12 @@ func decodeProcEvent(b []byte, ev *procEvent) error {
 		comm = comm[:i]
 	}
 	*ev = procEvent{
-		ts:    le.Uint64(b[peTs:]),
-		kind:  le.Uint32(b[peKind:]),
-		flags: le.Uint32(b[peFlags:]),
-		ns:    procNSPids{pid: int(le.Uint32(b[peNSPid:])), ppid: int(le.Uint32(b[peNSPpid:]))},
+		ts:     le.Uint64(b[peTs:]),
+		kind:   le.Uint32(b[peKind:]),
+		flags:  le.Uint32(b[peFlags:]),
+		status: le.Uint32(b[peStatus:]),
+		netns:  le.Uint32(b[peNetNS:]),
+		ns:     procNSPids{pid: int(le.Uint32(b[peNSPid:])), ppid: int(le.Uint32(b[peNSPpid:]))},
 		proc: Process{
 			PID:       int(le.Uint32(b[peTgid:])),
 			PPID:      int(le.Uint32(b[pePpid:])),
@@ -399,7 +566,8 @@ func OpenProcTracker(netnsInode uint64, rules AppProcRules, opts ...ProcOption) 
 	if unix.Stat("/proc/self/ns/pid", &st) == nil {
 		pidns = st.Ino
 	}
-	eb, err := loadProcEBPF(netnsInode, pidns, uint32(o.ringSize))
+	c := procsConstants{netns: netnsInode, pidns: pidns, walkCap: uint32(o.walkCap)}
+	eb, err := loadProcEBPF(c, uint32(o.ringSize), uint32(o.walkOut), o.btfCache)
 	if err != nil {
 		return nil, classifyProcLoadError(err)
 	}
@@ -408,40 +576,48 @@ func OpenProcTracker(netnsInode uint64, rules AppProcRules, opts ...ProcOption) 
 	t.translate = pidns != procPIDInitIno
 
 	// The programs run from here: events are queued while the snapshot is
-	// taken, and those older than it are skipped when read. A loss counted
-	// from here on makes the reader take another snapshot.
+	// taken, and those older than it are skipped when read (all are
+	// applied when the snapshot is incomplete). A loss counted from here on
+	// makes the reader take another snapshot.
 	eb.seenLost = eb.lostTotal()
-	since, snap, nspids, self, err := eb.snapshot()
+	snap, err := eb.snapshot()
 	if err != nil {
 		t.Close()
 		return nil, fmt.Errorf("open process tracker: %w", err)
 	}
-	t.self = self
+	t.self = snap.self
 	t.mu.Lock()
-	t.replaceLocked(snap, nspids)
+	t.installSnapshotLocked(snap)
 	t.recomputeLocked()
 	t.mu.Unlock()
 
 	t.wg.Add(1)
-	go t.readEvents(since)
+	go t.readEvents(snap.since())
 	return t, nil
 }
 
-func loadProcEBPF(netnsInode, pidns uint64, ringSize uint32) (_ *procEBPF, err error) {
+// installSnapshotLocked installs an eBPF snapshot and what its walk says.
+func (t *ProcTracker) installSnapshotLocked(snap *procSnapshot) {
+	t.installLocked(snap.procs, snap.nspids, snap.walk.complete())
+	t.coverage = snap.walk.coverage(t.eb.walkCap, t.eb.outCap)
+	if snap.walk.netns != 0 {
+		t.hostNetNS = uint64(snap.walk.netns)
+	}
+}
+
+func loadProcEBPF(c procsConstants, ringSize, walkOut uint32, cache *btf.Cache) (_ *procEBPF, err error) {
 	spec, err := loadProcs()
 	if err != nil {
 		return nil, err
 	}
-	if err := spec.Variables[procsVarTargetNetns].Set(netnsInode); err != nil {
-		return nil, err
-	}
-	if err := spec.Variables[procsVarReaderPidns].Set(pidns); err != nil {
+	if err := setProcsConstants(spec, c); err != nil {
 		return nil, err
 	}
 	spec.Maps[procsMapProcEvents].MaxEntries = ringSize
+	spec.Maps[procsMapWalkOut].MaxEntries = walkOut
 
-	eb := &procEBPF{}
-	if err := spec.LoadAndAssign(&eb.objs, nil); err != nil {
+	eb := &procEBPF{walkCap: int(c.walkCap), outCap: int(walkOut)}
+	if err := spec.LoadAndAssign(&eb.objs, &ebpf.CollectionOptions{Cache: cache}); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -449,6 +625,12 @@ func loadProcEBPF(netnsInode, pidns uint64, ringSize uint32) (_ *procEBPF, err e
 			eb.closeObjects()
 		}
 	}()
+	// Mapped here rather than through Map.Memory, which unmaps only
+	// when garbage collected: Close unmaps it.
+	size := (int(walkOut)*procEventSize + os.Getpagesize() - 1) &^ (os.Getpagesize() - 1)
+	if eb.walkOut, err = unix.Mmap(eb.objs.WalkOut.FD(), 0, size, unix.PROT_READ, unix.MAP_SHARED); err != nil {
+		return nil, fmt.Errorf("mmap walk_out: %w", err)
+	}
 	for _, p := range []struct {
 		name string
 		prog *ebpf.Program
@@ -474,6 +656,23 @@ func loadProcEBPF(netnsInode, pidns uint64, ringSize uint32) (_ *procEBPF, err e
 	return eb, nil
 }
 
+// procsConstants are the load-time constants of bpf/procs.c.
+type procsConstants struct {
+	netns   uint64 // target_netns
+	pidns   uint64 // reader_pidns
+	walkCap uint32 // walk_cap
+}
+
+func setProcsConstants(spec *ebpf.CollectionSpec, c procsConstants) error {
+	if err := spec.Variables[procsVarTargetNetns].Set(c.netns); err != nil {
+		return err
+	}
+	if err := spec.Variables[procsVarWalkCap].Set(c.walkCap); err != nil {
+		return err
+	}
+	return spec.Variables[procsVarReaderPidns].Set(c.pidns)
+}
+
 func (eb *procEBPF) closeObjects() error {
 	var errs []error
 	for _, l := range eb.links {
@@ -483,6 +682,10 @@ func (eb *procEBPF) closeObjects() error {
 	if eb.iter != nil {
 		errs = append(errs, eb.iter.Close())
 		eb.iter = nil
+	}
+	if eb.walkOut != nil {
+		errs = append(errs, unix.Munmap(eb.walkOut))
+		eb.walkOut = nil
 	}
 	errs = append(errs, eb.objs.procsPrograms.Close(), eb.objs.procsMaps.Close())
 	return errors.Join(errs...)
@@ -495,44 +698,111 @@ func monotonicNow() uint64 {
 	return uint64(ts.Nano())
 }
 
-// snapshot runs the task iterator. since is the kernel time before it
-// started: every event older than that is already reflected in snap. self
-// is the reader's tgid in the kernel's numbering.
-func (eb *procEBPF) snapshot() (since uint64, snap map[int]Process, nspids map[int]procNSPids, self int, err error) {
-	since = monotonicNow()
+// procSnapshot is what one run of the task iterator found.
+type procSnapshot struct {
+	start  uint64 // CLOCK_MONOTONIC before the iterator ran
+	procs  map[int]Process
+	nspids map[int]procNSPids
+	self   int // the reader's tgid, in the kernel's numbering
+	walk   procWalk
+}
+
+// since is the time from which events are news to the snapshot: when its
+// walk was complete, every event older than its start is reflected in it;
+// otherwise none is taken for granted (0: apply every event).
+func (s *procSnapshot) since() uint64 {
+	if s.walk.complete() {
+		return s.start
+	}
+	return 0
+}
+
+// procWalk is the END record's account of the walk of every process.
+type procWalk struct {
+	visited, written int
+	flags            uint32 // PROC_F_WALK_*
+	netns            uint32 // the initial network namespace
+}
+
+func (w procWalk) complete() bool { return w.flags&procFWalkOver == procFWalkDone }
+
+func (w procWalk) coverage(walkCap, outCap int) ProcCoverage {
+	var why string
+	switch {
+	case w.complete():
+		return ProcCoverage{Complete: true, Reason: fmt.Sprintf("ebpf: every process of the node walked (%d)", w.visited)}
+	case w.flags&procFWalkFault != 0:
+		why = fmt.Sprintf("the kernel's process list could not be read (after %d processes)", w.visited)
+	case w.flags&procFWalkFull != 0:
+		why = fmt.Sprintf("the namespace has more than %d processes", outCap)
+	case w.flags&procFWalkCap != 0:
+		why = fmt.Sprintf("the node has more than %d processes (the walk's cap)", walkCap)
+	default:
+		why = fmt.Sprintf("the walk ended without a result (flags %#x)", w.flags)
+	}
+	return ProcCoverage{Reason: "ebpf: incomplete: " + why}
+}
+
+// snapshot runs the task iterator: the records of the reader's PID
+// namespace (seq_file), then the walk's (walk_out).
+func (eb *procEBPF) snapshot() (*procSnapshot, error) {
+	snap := &procSnapshot{start: monotonicNow(), procs: make(map[int]Process), nspids: make(map[int]procNSPids)}
 	r, err := eb.iter.Open()
 	if err != nil {
-		return 0, nil, nil, 0, fmt.Errorf("run task iterator: %w", err)
+		return nil, fmt.Errorf("run task iterator: %w", err)
 	}
 	defer r.Close()
 	eb.snaps.Add(1)
-	snap = make(map[int]Process)
-	nspids = make(map[int]procNSPids)
 	br := bufio.NewReaderSize(r, 64*procEventSize)
 	var buf [procEventSize]byte
 	var ev procEvent
 	for {
 		if _, err := io.ReadFull(br, buf[:]); err != nil {
 			if errors.Is(err, io.EOF) {
-				return 0, nil, nil, 0, errors.New("task iterator ended without its END record")
+				return nil, errors.New("task iterator ended without its END record")
 			}
-			return 0, nil, nil, 0, fmt.Errorf("read task iterator: %w", err)
+			return nil, fmt.Errorf("read task iterator: %w", err)
 		}
 		if err := decodeProcEvent(buf[:], &ev); err != nil {
-			return 0, nil, nil, 0, err
+			return nil, err
 		}
 		switch ev.kind {
 		case procEvTask:
 			// Threads of one process may each report it (a leader gone):
 			// the leader's fields are the same in every record.
-			snap[ev.proc.PID] = ev.proc
-			nspids[ev.proc.PID] = ev.ns
+			snap.procs[ev.proc.PID] = ev.proc
+			snap.nspids[ev.proc.PID] = ev.ns
 		case procEvEnd:
-			return since, snap, nspids, ev.proc.PID, nil
+			snap.self = ev.proc.PID
+			// END's pid and ppid fields count the walk's processes.
+			snap.walk = procWalk{visited: int(binary.LittleEndian.Uint32(buf[pePid:])), written: ev.proc.PPID, flags: ev.flags, netns: ev.netns}
+			return snap, eb.readWalk(snap)
 		default:
-			return 0, nil, nil, 0, fmt.Errorf("task iterator: record kind %d", ev.kind)
+			return nil, fmt.Errorf("task iterator: record kind %d", ev.kind)
 		}
 	}
+}
+
+// readWalk adds the walk's records (walk_out) to snap. The iterator has
+// returned: the program that wrote them is done.
+func (eb *procEBPF) readWalk(snap *procSnapshot) error {
+	n := snap.walk.written
+	if n < 0 || n > eb.outCap {
+		return fmt.Errorf("task iterator: walk wrote %d records, the map holds %d", n, eb.outCap)
+	}
+	b := eb.walkOut[:n*procEventSize]
+	var ev procEvent
+	for off := 0; off < len(b); off += procEventSize {
+		if err := decodeProcEvent(b[off:off+procEventSize], &ev); err != nil {
+			return err
+		}
+		if ev.kind != procEvTask {
+			return fmt.Errorf("walk_out: record kind %d", ev.kind)
+		}
+		snap.procs[ev.proc.PID] = ev.proc
+		snap.nspids[ev.proc.PID] = ev.ns
+	}
+	return nil
 }
 
 func (eb *procEBPF) lostTotal() uint64 {
@@ -584,15 +854,17 @@ func (t *ProcTracker) readEvents(since uint64) {
 		}
 		// The ring is drained: were events dropped while it was full?
 		if lost := eb.lostTotal(); lost != eb.seenLost {
-			s, snap, nspids, _, err := eb.snapshot()
+			snap, err := eb.snapshot()
 			if err != nil {
 				t.fail(fmt.Errorf("resync after lost events: %w", err))
 				return
 			}
 			eb.seenLost = lost
-			since = s
+			if snap.walk.complete() {
+				since = snap.since()
+			} // else: apply every event still queued, a walk cut short may not have seen them
 			t.mu.Lock()
-			t.replaceLocked(snap, nspids)
+			t.installSnapshotLocked(snap)
 			t.mu.Unlock()
 			pending++
 		}
@@ -629,6 +901,9 @@ func (t *ProcTracker) applyLocked(ev *procEvent) {
 		if ok && old.StartTime == p.StartTime {
 			delete(t.procs, p.PID)
 			delete(t.nspids, p.PID)
+			t.pending = append(t.pending, pendingExit{proc: old, ppid: p.PPID, known: true, status: ExitStatus(ev.status)})
+		} else {
+			t.knownExitLocked(p, ExitStatus(ev.status))
 		}
 	}
 }
@@ -702,7 +977,11 @@ func OpenProcPoller(netnsInode uint64, rules AppProcRules, opts ...ProcOption) (
 		return nil, &ProcUnavailableError{Reason: "/proc: " + err.Error(), Err: err}
 	}
 	t.mu.Lock()
-	t.replaceLocked(snap, nil)
+	t.installLocked(snap, nil, true)
+	t.coverage = ProcCoverage{Complete: true, Reason: "proc: every process " + o.procRoot + " shows, every " + o.pollPeriod.String()}
+	if hostView && unix.Stat(o.procRoot+"/1/ns/net", &st) == nil {
+		t.hostNetNS = st.Ino
+	}
 	t.recomputeLocked()
 	if !hostView {
 		// Only draind's own processes in sight: the PID namespace is not
@@ -747,7 +1026,7 @@ func (t *ProcTracker) poll() {
 			return
 		}
 		t.mu.Lock()
-		t.replaceLocked(snap, nil)
+		t.installLocked(snap, nil, true)
 		changed := t.recomputeLocked()
 		t.mu.Unlock()
 		if changed {

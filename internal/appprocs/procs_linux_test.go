@@ -191,7 +191,9 @@ func TestProcsHelper(t *testing.T) {
 	case "pidns":
 		fmt.Println(procsPidNSHelper())
 	default:
-		t.Fatalf("unknown helper mode %q", mode)
+		if !procsPodHelper(mode) {
+			t.Fatalf("unknown helper mode %q", mode)
+		}
 	}
 }
 
@@ -560,6 +562,8 @@ func TestProcEventLayout(t *testing.T) {
 		{"flags", unsafe.Offsetof(ev.Flags), peFlags},
 		{"nspid", unsafe.Offsetof(ev.Nspid), peNSPid},
 		{"nsppid", unsafe.Offsetof(ev.Nsppid), peNSPpid},
+		{"status", unsafe.Offsetof(ev.Status), peStatus},
+		{"netns", unsafe.Offsetof(ev.Netns), peNetNS},
 		{"comm", unsafe.Offsetof(ev.Comm), peComm},
 	} {
 		if f.got != f.want {
@@ -575,17 +579,30 @@ func TestProcEventLayout(t *testing.T) {
 	binary.LittleEndian.PutUint32(b[peUID:], 1337)
 	binary.LittleEndian.PutUint32(b[peNSPid:], 3)
 	binary.LittleEndian.PutUint32(b[peNSPpid:], 2)
+	binary.LittleEndian.PutUint32(b[peStatus:], 3<<8)
+	binary.LittleEndian.PutUint32(b[peNetNS:], 4026531840)
 	copy(b[peComm:], "envoy\x00junk")
 	var got procEvent
 	if err := decodeProcEvent(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	want := procEvent{ts: 7, kind: procEvFork, proc: Process{PID: 42, PPID: 1, UID: 1337, Comm: "envoy", StartTime: 99}, ns: procNSPids{3, 2}}
+	want := procEvent{ts: 7, kind: procEvFork, status: 3 << 8, netns: 4026531840,
+		proc: Process{PID: 42, PPID: 1, UID: 1337, Comm: "envoy", StartTime: 99}, ns: procNSPids{3, 2}}
 	if got != want {
 		t.Errorf("decoded %+v, want %+v", got, want)
 	}
 	if err := decodeProcEvent(b[:10], &got); err == nil {
 		t.Error("short record decoded")
+	}
+
+	// The walk's cap defaults to its maximum, WALK_MAX.
+	spec, err := loadProcs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var walkMax uint32
+	if err := spec.Variables[procsVarWalkCap].Get(&walkMax); err != nil || walkMax != DefaultProcWalkCap {
+		t.Errorf("walk_cap = %d (%v), DefaultProcWalkCap = %d", walkMax, err, DefaultProcWalkCap)
 	}
 }
 

@@ -34,4 +34,12 @@ func (t *ProcTracker) Notify() <-chan struct{} { return nil }
 func (t *ProcTracker) Lost() uint64            { return 0 }
 func (t *ProcTracker) Source() string          { return "" }
 func (t *ProcTracker) Err() error              { return errProcsUnsupported() }
-func (t *ProcTracker) Close() error            { return nil }
+func (t *ProcTracker) Coverage() ProcCoverage {
+	return ProcCoverage{Reason: "not supported on this OS"}
+}
+func (t *ProcTracker) Complete() bool       { return false }
+func (t *ProcTracker) AppExits() []ProcExit { return nil }
+func (t *ProcTracker) HostNetNS() (uint64, bool) {
+	return 0, false
+}
+func (t *ProcTracker) Close() error { return nil }

@@ -244,3 +244,27 @@ func TestParseProcMode(t *testing.T) {
 		t.Error("ParseProcMode(sockdiag): no error")
 	}
 }
+
+func TestExitStatus(t *testing.T) {
+	tests := []struct {
+		status    ExitStatus
+		exited    bool
+		code, sig int
+		core      bool
+		str       string
+	}{
+		{0, true, 0, 0, false, "exit 0"},
+		{3 << 8, true, 3, 0, false, "exit 3"},
+		{255 << 8, true, 255, 0, false, "exit 255"},
+		{9, false, -1, 9, false, "signal 9"},
+		{15, false, -1, 15, false, "signal 15"},
+		{11 | 0x80, false, -1, 11, true, "signal 11 (core dumped)"},
+	}
+	for _, tt := range tests {
+		s := tt.status
+		if s.Exited() != tt.exited || s.ExitCode() != tt.code || s.Signal() != tt.sig || s.CoreDumped() != tt.core || s.String() != tt.str {
+			t.Errorf("%#x: exited %v code %d signal %d core %v %q; want %v %d %d %v %q", uint32(s),
+				s.Exited(), s.ExitCode(), s.Signal(), s.CoreDumped(), s.String(), tt.exited, tt.code, tt.sig, tt.core, tt.str)
+		}
+	}
+}

@@ -1,0 +1,111 @@
+package appprocs
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestProcTrackerMerge feeds a tracker snapshots and events as the eBPF
+// backend decodes them (no kernel): what a complete or an incomplete
+// snapshot does to what events taught, and the exits it records.
+func TestProcTrackerMerge(t *testing.T) {
+	// The shim (pid 50, outside the namespace) started the app's main
+	// process 100, which forked 101.
+	main := Process{PID: 100, PPID: 50, UID: 1000, Comm: "app", StartTime: 1000}
+	kid := Process{PID: 101, PPID: 100, UID: 1000, Comm: "kid", StartTime: 1100}
+	other := Process{PID: 200, PPID: 50, UID: 1000, Comm: "other", StartTime: 2000}
+	reused := Process{PID: 200, PPID: 50, UID: 1000, Comm: "reused", StartTime: 3000}
+	extra := Process{PID: 201, PPID: 50, UID: 1000, Comm: "extra", StartTime: 2100}
+	snap := func(ps ...Process) map[int]Process {
+		m := make(map[int]Process)
+		for _, p := range ps {
+			m[p.PID] = p
+		}
+		return m
+	}
+	event := func(kind uint32, p Process, ppid int, status ExitStatus) *procEvent {
+		p.PPID = ppid
+		return &procEvent{kind: kind, proc: p, status: uint32(status)}
+	}
+	// exits renders AppExits as "PID:status:outside" ("?" for inferred).
+	exits := func(tr *ProcTracker) string {
+		var out []string
+		for _, e := range tr.AppExits() {
+			st := "?"
+			if e.Known {
+				st = e.Status.String()
+			}
+			out = append(out, fmt.Sprintf("%d:%s:%v", e.PID, st, e.ParentOutside))
+		}
+		return strings.Join(out, ",")
+	}
+
+	tr := newProcTracker("ebpf", 1, AppProcRules{NoPauseRule: true})
+	steps := []struct {
+		name    string
+		do      func()
+		app     []int
+		exits   string
+		changed bool
+	}{
+		{"complete snapshot", func() { tr.installLocked(snap(main, kid), nil, true) },
+			[]int{100, 101}, "", true},
+		{"exit event", func() { tr.applyLocked(event(procEvExit, kid, 100, 5<<8)) },
+			[]int{100}, "101:exit 5:false", true},
+		{"complete snapshot without main: inferred exit", func() { tr.installLocked(snap(), nil, true) },
+			[]int{}, "101:exit 5:false,100:?:true", true},
+		{"main's exit event, read after: its status", func() { tr.applyLocked(event(procEvExit, main, 50, 7<<8)) },
+			[]int{}, "101:exit 5:false,100:exit 7:true", true},
+		{"fork event", func() { tr.applyLocked(event(procEvFork, other, 50, 0)) },
+			[]int{200}, "101:exit 5:false,100:exit 7:true", true},
+		{"incomplete snapshot: nothing forgotten", func() { tr.installLocked(snap(extra), nil, false) },
+			[]int{200, 201}, "101:exit 5:false,100:exit 7:true", true},
+		{"incomplete snapshot: a reused pid ends the old process", func() { tr.installLocked(snap(reused), nil, false) },
+			[]int{200, 201}, "101:exit 5:false,100:exit 7:true,200:?:true", true},
+		{"exit event of an unknown process", func() { tr.applyLocked(event(procEvExit, kid, 100, 0)) },
+			[]int{200, 201}, "101:exit 5:false,100:exit 7:true,200:?:true", false},
+	}
+	for _, st := range steps {
+		tr.mu.Lock()
+		st.do()
+		changed := tr.recomputeLocked()
+		tr.mu.Unlock()
+		if got := appPIDs(tr); !slices.Equal(got, st.app) {
+			t.Errorf("%s: app %v, want %v", st.name, got, st.app)
+		}
+		if got := exits(tr); got != st.exits {
+			t.Errorf("%s: exits %q, want %q", st.name, got, st.exits)
+		}
+		if changed != st.changed {
+			t.Errorf("%s: changed %v, want %v", st.name, changed, st.changed)
+		}
+	}
+	if p := tr.procs[200]; p.Comm != "reused" {
+		t.Errorf("pid 200 is %+v, want the reused one", p)
+	}
+}
+
+// TestProcExitRetention: the last DefaultProcExitHistory exits are kept,
+// and the last DefaultProcMainExitHistory main processes' whatever came
+// after them.
+func TestProcExitRetention(t *testing.T) {
+	tr := newProcTracker("ebpf", 1, AppProcRules{})
+	const mains, others = 100, 300
+	for i := range mains + others {
+		tr.exitSeq++
+		tr.exits = append(tr.exits, ProcExit{Seq: tr.exitSeq, ParentOutside: i < mains})
+		tr.trimExitsLocked()
+	}
+	got := tr.AppExits()
+	if len(got) != DefaultProcExitHistory+DefaultProcMainExitHistory {
+		t.Fatalf("%d exits kept, want %d", len(got), DefaultProcExitHistory+DefaultProcMainExitHistory)
+	}
+	if first, last := got[0].Seq, got[len(got)-1].Seq; first != mains-DefaultProcMainExitHistory+1 || last != mains+others {
+		t.Errorf("kept seq %d..%d, want %d..%d", first, last, mains-DefaultProcMainExitHistory+1, mains+others)
+	}
+	if !slices.IsSortedFunc(got, func(a, b ProcExit) int { return int(a.Seq - b.Seq) }) {
+		t.Error("exits out of order")
+	}
+}
