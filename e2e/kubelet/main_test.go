@@ -32,9 +32,9 @@ var (
 
 // Image names: imported into containerd's k8s.io namespace, never pulled.
 const (
-	imgDraind       = "docker.io/draind/e2e-draind:dev"        // draind with cap_bpf,cap_perfmon+ep, envoysim as the proxy
-	imgDraindNoCaps = "docker.io/draind/e2e-draind:nocaps"     // the same binaries, no file capabilities
-	imgDraindPerm   = "docker.io/draind/e2e-draind:permitted"  // cap_bpf,cap_perfmon+p (no effective bit)
+	imgDraind       = "docker.io/draind/e2e-draind:dev"       // draind with cap_bpf,cap_perfmon+ep, envoysim as the proxy
+	imgDraindNoCaps = "docker.io/draind/e2e-draind:nocaps"    // the same binaries, no file capabilities
+	imgDraindPerm   = "docker.io/draind/e2e-draind:permitted" // cap_bpf,cap_perfmon+p (no effective bit)
 	imgApp          = "docker.io/draind/e2e-app:dev"
 	imgPause        = "docker.io/draind/e2e-pause:dev"
 )

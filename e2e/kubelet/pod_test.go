@@ -37,6 +37,7 @@ type podParams struct {
 	DraindCommand         []string
 	DraindEnv             []corev1.EnvVar
 	SecurityContext       *corev1.SecurityContext
+	NoWait                bool // do not wait for readiness (a container expected not to start)
 }
 
 // Proxy ports inside every pod (envoysim's config, below).
@@ -82,15 +83,15 @@ type pod struct {
 }
 
 type ctrRecord struct {
-	id, name     string
-	attempt      uint32
-	state        runtimeapi.ContainerState
-	started      time.Time
-	finished     time.Time
-	exitCode     int32
-	reason, msg  string
-	logPath      string
-	log          []byte // the container's log, read when it exited (the kubelet deletes it with the pod)
+	id, name    string
+	attempt     uint32
+	state       runtimeapi.ContainerState
+	started     time.Time
+	finished    time.Time
+	exitCode    int32
+	reason, msg string
+	logPath     string
+	log         []byte // the container's log, read when it exited (the kubelet deletes it with the pod)
 }
 
 // startPod writes the manifest and waits until draind reports ready.
@@ -151,6 +152,9 @@ func startPod(t *testing.T, tmpl string, p podParams) *pod {
 		time.Sleep(100 * time.Millisecond)
 	}
 	pd.client = &http.Client{Timeout: 30 * time.Second}
+	if p.NoWait {
+		return pd
+	}
 	for pd.get(statusPort, "/healthz/ready") != 200 {
 		if time.Now().After(deadline) {
 			pd.dumpLogs()
@@ -206,13 +210,18 @@ func writeEnvoysimConfig(t *testing.T, dir, gateway string) {
 }
 
 func (pd *pod) get(port int, path string) int {
+	code, _ := pd.getBody(port, path)
+	return code
+}
+
+func (pd *pod) getBody(port int, path string) (int, string) {
 	resp, err := pd.client.Get(fmt.Sprintf("http://%s%s", net.JoinHostPort(pd.ip, strconv.Itoa(port)), path))
 	if err != nil {
-		return 0
+		return 0, ""
 	}
-	io.Copy(io.Discard, resp.Body)
+	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	return resp.StatusCode
+	return resp.StatusCode, string(b)
 }
 
 // remove deletes the manifest: the kubelet terminates the pod.
