@@ -1,6 +1,8 @@
 // Command setfcap installs a file with file capabilities in one step:
 //
 //	setfcap CAPS SRC DST     e.g. setfcap cap_bpf,cap_perfmon+ep /out/draind /usr/local/bin/draind
+//	setfcap --caps-env NAME SRC DST   CAPS from the environment variable NAME
+//	                                  (a Dockerfile ARG: exec-form RUN expands no variables)
 //
 // It copies SRC to DST (mode 0755) and sets the security.capability
 // xattr on DST. The root Dockerfile runs it in the final stage with SRC
@@ -31,8 +33,15 @@ func main() {
 }
 
 func run(args []string) error {
+	if len(args) == 4 && args[0] == "--caps-env" {
+		caps, ok := os.LookupEnv(args[1])
+		if !ok {
+			return fmt.Errorf("--caps-env %s: not set", args[1])
+		}
+		args = append([]string{caps}, args[2:]...)
+	}
 	if len(args) != 3 {
-		return errors.New("usage: setfcap CAPS SRC DST")
+		return errors.New("usage: setfcap CAPS SRC DST | setfcap --caps-env NAME SRC DST")
 	}
 	set, err := fcap.Parse(args[0])
 	if err != nil {
