@@ -24,6 +24,11 @@ func securityContext(uid int64, noEscalation bool, add ...corev1.Capability) *co
 	return sc
 }
 
+func withSeccomp(sc *corev1.SecurityContext) *corev1.SecurityContext {
+	sc.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
+	return sc
+}
+
 var trackerInfo = regexp.MustCompile(`draind_tracker_info\{mode="([a-z]+)"\} 1`)
 
 // Which tracker draind runs under each securityContext, as the kubelet and
@@ -53,6 +58,8 @@ func TestTrackerModeBySecurityContext(t *testing.T) {
 			"file caps +p (no effective bit): the caps are permitted, not effective; draind does not raise them today"},
 		{"nonroot-filecaps-permitted-only-no-bounding", imgDraindPerm, securityContext(1337, false), false, "sockdiag",
 			"file caps +p and no capabilities.add: execve succeeds (no effective bit, no EPERM), sock_diag"},
+		{"nonroot-filecaps-seccomp-runtime-default", imgDraind, withSeccomp(securityContext(1337, true, "BPF", "PERFMON")), false, "ebpf",
+			"the documented mode under containerd's RuntimeDefault seccomp profile: it allows bpf and perf_event_open when CAP_BPF/CAP_PERFMON are in the bounding set"},
 		{"root-added-caps", imgDraindNoCaps, securityContext(0, true, "BPF", "PERFMON", "SETUID", "SETGID"), true, "ebpf",
 			"uid 0, drop ALL, add BPF PERFMON (+SETUID SETGID for --run-proxy-as 1337), allowPrivilegeEscalation false"},
 	} {
