@@ -33,3 +33,10 @@ demo: build ## a self-contained drain on this machine, as root
 	$(GO) run ./scripts/demo --bin $(BIN)
 
 .PHONY: help build test vet bench generate vmtest demo
+
+# ---- e2e-kubelet: draind under a real kubelet (e2e/kubelet, docs/kubernetes.md) ----
+KUBELET_VERSION ?= v1.34.2
+e2e-kubelet: ## draind in pods under a real kubelet + containerd, as root (docs/kubernetes.md)
+	KUBELET_VERSION=$(KUBELET_VERSION) bash e2e/kubelet/hack/e2e.sh
+.PHONY: e2e-kubelet
+# ---- end e2e-kubelet ----

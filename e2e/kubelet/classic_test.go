@@ -143,6 +143,9 @@ func terminateUnderLoad(t *testing.T, pd *pod) terminationOutcome {
 	close(pollStop)
 	<-polled
 	o.sigterm = pd.killedAt("draind")
+	if o.sigterm.IsZero() {
+		o.sigterm = pd.removedAt // not in the log: count from the removal
+	}
 	o.shortOK, o.shortFail = l.shortOK.Load(), l.shortFail.Load()
 	o.longFail, o.longResults = l.longFail, l.longResults
 	var fails []string
@@ -156,7 +159,7 @@ func terminateUnderLoad(t *testing.T, pd *pod) terminationOutcome {
 	if px := pd.container("draind"); px != nil {
 		o.proxyExit, o.proxyCode = px.finished, px.exitCode
 	}
-	o.readinessFirst, o.readinessOK, o.readyNo = pd.readinessAfterRemoval()
+	o.readinessFirst, o.readinessOK, o.readyNo = pd.readinessAfter(o.sigterm)
 	logs := pd.draindLog(-1)
 	if r := findLog(logs, "tracker"); r != nil {
 		o.trackerMode, o.reason = fmt.Sprint(r["mode"]), fmt.Sprint(r["reason"])
@@ -173,9 +176,9 @@ func (o terminationOutcome) log(t *testing.T, name string, removedAt time.Time) 
 		name, o.shortOK, o.shortFail, o.longResults, o.longFail, o.callsOK, o.callsFail)
 	t.Logf("%s: app exited %d at +%s; proxy container exited %d at +%s: %s after the app",
 		name, o.appCode, fmtDur(o.appExit.Sub(removedAt)), o.proxyCode, fmtDur(o.proxyExit.Sub(removedAt)), fmtDur(o.proxyExit.Sub(o.appExit)))
-	t.Logf("%s: kubelet SIGTERM at +%s; /healthz/ready first %d at +%s (%s after SIGTERM); kubelet readiness probes after removal: first %s, %d successful, %d failed",
+	t.Logf("%s: kubelet SIGTERM at +%s; /healthz/ready first %d at +%s (%s after SIGTERM); kubelet readiness probes after SIGTERM: first %s, %d successful, %d failed",
 		name, fmtDur(o.sigterm.Sub(removedAt)), o.notReadyCode, fmtDur(o.notReady.Sub(removedAt)), fmtDur(o.notReady.Sub(o.sigterm)), o.readinessFirst, o.readinessOK, o.readyNo)
-	report.add("scenario", name, fmt.Sprintf("tracker=%s short=%d/%d-failed long-failed=%d calls=%d/%d-failed SIGTERM=+%s not-ready=+%s app-exit=+%s proxy-exit=+%s (app→proxy %s) kubelet-probes-after-removal=%d ok/%d failed (first: %s)",
+	report.add("scenario", name, fmt.Sprintf("tracker=%s short=%d/%d-failed long-failed=%d calls=%d/%d-failed SIGTERM=+%s not-ready=+%s app-exit=+%s proxy-exit=+%s (app→proxy %s) kubelet-probes-after-SIGTERM=%d ok/%d failed (first: %s)",
 		o.trackerMode, o.shortOK, o.shortFail, o.longFail, o.callsOK, o.callsFail, fmtDur(o.sigterm.Sub(removedAt)), fmtDur(o.notReady.Sub(removedAt)),
 		fmtDur(o.appExit.Sub(removedAt)), fmtDur(o.proxyExit.Sub(removedAt)), fmtDur(o.proxyExit.Sub(o.appExit)), o.readinessOK, o.readyNo, o.readinessFirst))
 }

@@ -352,20 +352,17 @@ func (pd *pod) waitContainersExited(d time.Duration) bool {
 	return false
 }
 
-// readinessAfterRemoval is what the kubelet's readiness probe of draind
-// returned from the removal on, read from the kubelet's log (--v=3 logs
-// every probe result): the first result, and the counts.
-func (pd *pod) readinessAfterRemoval() (first string, ok, failed int) {
-	pd.mu.Lock()
-	removed := pd.removedAt
-	pd.mu.Unlock()
+// readinessAfter is what the kubelet's readiness probe of draind returned
+// from since on, read from the kubelet's log (--v=3 logs every probe
+// result): the first result, and the counts.
+func (pd *pod) readinessAfter(since time.Time) (first string, ok, failed int) {
 	first = "none"
 	for _, pr := range readProbeLog(filepath.Join(pd.n.Config().StateDir, "kubelet.log"), pd.full, "draind") {
-		if pr.at.Before(removed) {
+		if pr.at.Before(since) {
 			continue
 		}
 		if first == "none" {
-			first = fmt.Sprintf("%s at +%s", pr.result, fmtDur(pr.at.Sub(removed)))
+			first = fmt.Sprintf("%s %s later", pr.result, fmtDur(pr.at.Sub(since)))
 		}
 		if pr.result == "success" {
 			ok++

@@ -85,6 +85,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   # The sandbox's oom_score_adj is -998 unless restricted to containerd's
   # own: root here lacks CAP_SYS_RESOURCE and may not lower it.
   restrict_oom_score_adj = true
+  # Pod network namespaces under our state dir, not /var/run/netns: the
+  # sweep finds and unmounts them after an interrupted run.
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"

@@ -49,12 +49,11 @@ func (n *Node) phase(name string, start time.Time) {
 
 // Start sweeps what a previous run left, writes the configs, and starts
 // containerd; call StartKubelet after importing the images.
-func Start(ctx context.Context, cfg Config) (n *Node, err error) {
-	n = &Node{cfg: cfg}
+func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
+	n := &Node{cfg: cfg}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, n.Close())
-			n = nil
 		}
 	}()
 	t0 := time.Now()
@@ -240,8 +239,12 @@ func (n *Node) removeAllSandboxes() error {
 		return err
 	}
 	for _, sb := range sbs.Items {
-		if _, err := n.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
-			errs = append(errs, fmt.Errorf("stop sandbox %s: %w", sb.Id, err))
+		// The kubelet has stopped most: a second stop would run CNI DEL on
+		// a network namespace that is gone.
+		if sb.State == runtimeapi.PodSandboxState_SANDBOX_READY {
+			if _, err := n.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+				errs = append(errs, fmt.Errorf("stop sandbox %s: %w", sb.Id, err))
+			}
 		}
 		if _, err := n.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
 			errs = append(errs, fmt.Errorf("remove sandbox %s: %w", sb.Id, err))

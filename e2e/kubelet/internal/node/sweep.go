@@ -27,6 +27,7 @@ func Sweep(cfg Config) error {
 	}
 	errs = append(errs, killRuncContainers(cfg.runcRoot()))
 	killShims(cfg.socket())
+	killCgroupProcs(cfg.CgroupRoot)
 	errs = append(errs, unmountUnder(cfg.StateDir, cfg.DataDir))
 	errs = append(errs, removeBridge(cfg.Bridge))
 	errs = append(errs, removeCgroups(cfg.CgroupRoot))
@@ -62,10 +63,18 @@ func killRecorded(cfg Config, name string) error {
 	return nil
 }
 
-func killRuncContainers(root string) error {
-	if _, err := os.Stat(root); err != nil {
-		return nil
+// killRuncContainers kills and deletes the containers under our runc root
+// (the shim adds the containerd namespace: ROOT/k8s.io).
+func killRuncContainers(runcRoot string) error {
+	roots, _ := filepath.Glob(filepath.Join(runcRoot, "*"))
+	var errs []error
+	for _, root := range roots {
+		errs = append(errs, killRuncRoot(root))
 	}
+	return errors.Join(errs...)
+}
+
+func killRuncRoot(root string) error {
 	out, err := exec.Command("runc", "--root", root, "list", "-q").Output()
 	if err != nil {
 		return fmt.Errorf("runc list: %w", err)
@@ -100,6 +109,26 @@ func killShims(socket string) {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
+}
+
+// killCgroupProcs kills every process left in our cgroup tree (pids
+// hierarchy): containers whose shim and runc state are gone.
+func killCgroupProcs(root string) {
+	if root == "" || root == "/" {
+		return
+	}
+	filepath.WalkDir(filepath.Join("/sys/fs/cgroup/pids", root), func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+			return nil
+		}
+		b, _ := os.ReadFile(p)
+		for f := range strings.FieldsSeq(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		return nil
+	})
 }
 
 // unmountUnder detaches every mount point under the given directories
