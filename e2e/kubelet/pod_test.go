@@ -151,7 +151,8 @@ func startPod(t *testing.T, tmpl string, p podParams) *pod {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	pd.client = &http.Client{Timeout: 30 * time.Second}
+	// No keep-alive: an idle connection of ours would hold Envoy's drain.
+	pd.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	if p.NoWait {
 		return pd
 	}
@@ -159,6 +160,15 @@ func startPod(t *testing.T, tmpl string, p podParams) *pod {
 		if time.Now().After(deadline) {
 			pd.dumpLogs()
 			t.Fatalf("pod %s: draind not ready after 60s", p.Name)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The app answers through the proxy (a native sidecar's app starts
+	// only after the sidecar is up).
+	for pd.get(inboundPort, "/") != 200 {
+		if time.Now().After(deadline) {
+			pd.dumpLogs()
+			t.Fatalf("pod %s: the app does not answer through the proxy after 60s", p.Name)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
