@@ -38,6 +38,7 @@ type podParams struct {
 	DraindEnv             []corev1.EnvVar
 	SecurityContext       *corev1.SecurityContext
 	NoWait                bool // do not wait for readiness (a container expected not to start)
+	NoServer              bool // the app serves nothing (a Job's task): do not wait for it
 }
 
 // Proxy ports inside every pod (envoysim's config, below).
@@ -165,7 +166,7 @@ func startPod(t *testing.T, tmpl string, p podParams) *pod {
 	}
 	// The app answers through the proxy (a native sidecar's app starts
 	// only after the sidecar is up).
-	for pd.get(inboundPort, "/") != 200 {
+	for !p.NoServer && pd.get(inboundPort, "/") != 200 {
 		if time.Now().After(deadline) {
 			pd.dumpLogs()
 			t.Fatalf("pod %s: the app does not answer through the proxy after 60s", p.Name)
