@@ -2,8 +2,6 @@ module github.com/draind/draind/e2e/kubelet
 
 go 1.26.8
 
-replace github.com/draind/draind => ../..
-
 require (
 	github.com/google/go-containerregistry v0.22.1
 	github.com/moby/buildkit v0.34.2
@@ -11,6 +9,7 @@ require (
 	golang.org/x/sys v0.49.0
 	google.golang.org/grpc v1.85.0
 	k8s.io/api v0.34.2
+	k8s.io/apimachinery v0.34.2
 	k8s.io/cri-api v0.34.2
 	sigs.k8s.io/yaml v1.6.0
 )
@@ -41,7 +40,6 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260825221802-da73d73af1c5 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
-	k8s.io/apimachinery v0.34.2 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/utils v0.0.0-20250604170112-4c0f3b243397 // indirect
 	sigs.k8s.io/json v0.0.0-20241014173422-cfa47c3a1cc8 // indirect
