@@ -8,7 +8,7 @@ VMPKGS   ?= ./internal/sockdiag ./internal/probes ./internal/flows ./internal/ap
 .DEFAULT_GOAL := help
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
 build: ## build draind and envoysim into ./bin
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/draind ./cmd/draind
@@ -43,3 +43,10 @@ demo: build ## a self-contained drain on this machine, as root
 	$(GO) -C tools run ./demo --bin $(abspath $(BIN))
 
 .PHONY: help build tools test test-tools vet peers bench generate vmtest demo
+
+# ---- e2e-kubelet: draind under a real kubelet (e2e/kubelet, docs/kubernetes.md) ----
+KUBELET_VERSION ?= v1.34.2
+e2e-kubelet: ## draind in pods under a real kubelet + containerd, as root (docs/kubernetes.md)
+	KUBELET_VERSION=$(KUBELET_VERSION) bash e2e/kubelet/hack/e2e.sh
+.PHONY: e2e-kubelet
+# ---- end e2e-kubelet ----

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# make e2e-kubelet: draind under a real kubelet and containerd on this
+# machine (root). Installs what is missing from Debian, builds the kubelet
+# once per version (cached in ~/.cache/draind-kubelet), then runs the Go
+# tests of e2e/kubelet, which build the images, start containerd and the
+# kubelet, run the scenario pods and tear everything down.
+#
+#   KUBELET_VERSION=v1.34.2   the kubelet to build
+#   RUN=regexp                only these tests (go test -run)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
+if [[ $(id -u) != 0 ]]; then
+	echo "e2e-kubelet: needs root (it runs containerd, a kubelet and pods)" >&2
+	exit 1
+fi
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1fs", b - a }'; }
+
+need=()
+command -v containerd >/dev/null || need+=(containerd)
+command -v runc >/dev/null || need+=(runc)
+for p in bridge host-local loopback; do
+	[[ -x /usr/lib/cni/$p ]] || { need+=(containernetworking-plugins); break; }
+done
+command -v ip >/dev/null || need+=(iproute2)
+if ((${#need[@]})); then
+	t=$(now)
+	echo "e2e-kubelet: installing ${need[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+	echo "e2e-kubelet: phase apt-get install                 $(since "$t")"
+fi
+
+t=$(now)
+KUBELET=$(bash hack/build-kubelet.sh "${KUBELET_VERSION:-v1.34.2}")
+echo "e2e-kubelet: phase kubelet build (cached per version) $(since "$t")  $("$KUBELET" --version)"
+
+export KUBELET DRAIND_E2E_KUBELET=1
+t=$(now)
+status=0
+go test -count=1 -v -timeout 30m ${RUN:+-run "$RUN"} . || status=$?
+echo "e2e-kubelet: phase go test                         $(since "$t") (exit $status)"
+exit "$status"

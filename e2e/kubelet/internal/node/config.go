@@ -1,0 +1,165 @@
+package node
+
+import (
+	"fmt"
+	"path/filepath"
+)
+
+// Config places a private node: containerd on its own socket and root,
+// a standalone kubelet on non-default ports, a CNI bridge on a test
+// range, and every file under two directories of its own.
+type Config struct {
+	Kubelet    string // kubelet binary
+	StateDir   string // sockets, manifests, CNI conf, pod scratch dirs: /run/draind-e2e
+	DataDir    string // containerd's root, the kubelet's root and pod logs: /var/lib/draind-e2e
+	NodeName   string // static pods are named NAME-NodeName
+	Bridge     string // the CNI bridge
+	Subnet     string // pod addresses (198.18.0.0/24, RFC 2544's benchmarking range)
+	Gateway    string // the bridge's address on the host
+	PauseImage string // the sandbox image (imported before the first pod)
+	CgroupRoot string // the kubelet's cgroup root, removed at teardown
+	LogDir     string // where Close leaves the daemons' logs
+	PortBase   int    // kubelet ports: PortBase+250 (API), +255 (read-only), +248 (healthz)
+	Logf       func(format string, args ...any)
+}
+
+// DefaultConfig is what make e2e-kubelet uses.
+func DefaultConfig(kubelet string) Config {
+	return Config{
+		Kubelet:    kubelet,
+		StateDir:   "/run/draind-e2e",
+		DataDir:    "/var/lib/draind-e2e",
+		NodeName:   "draind-e2e",
+		Bridge:     "draindk0",
+		Subnet:     "198.18.0.0/24",
+		Gateway:    "198.18.0.1",
+		PauseImage: "docker.io/draind/e2e-pause:dev",
+		CgroupRoot: "/draind-e2e",
+		LogDir:     "/tmp/draind-e2e-logs",
+		PortBase:   11000,
+		Logf:       func(string, ...any) {},
+	}
+}
+
+func (c Config) socket() string         { return filepath.Join(c.StateDir, "containerd.sock") }
+func (c Config) manifestDir() string    { return filepath.Join(c.StateDir, "manifests") }
+func (c Config) cniConfDir() string     { return filepath.Join(c.StateDir, "cni", "net.d") }
+func (c Config) containerdRoot() string { return filepath.Join(c.DataDir, "containerd") }
+func (c Config) kubeletRoot() string    { return filepath.Join(c.DataDir, "kubelet") }
+func (c Config) podLogsDir() string     { return filepath.Join(c.DataDir, "pod-logs") }
+func (c Config) runcRoot() string       { return filepath.Join(c.StateDir, "runc") }
+
+// ReadOnlyURL is the kubelet's unauthenticated endpoint (/pods, /metrics/probes).
+func (c Config) ReadOnlyURL() string { return fmt.Sprintf("http://127.0.0.1:%d", c.PortBase+255) }
+
+func (c Config) healthzURL() string {
+	return fmt.Sprintf("http://127.0.0.1:%d/healthz", c.PortBase+248)
+}
+
+// containerdConfig is containerd 1.6's config (version 2): the CRI plugin
+// with runc under the cgroupfs driver (this machine mounts cgroup v1), the
+// local pause image, and CNI from a private conf dir.
+func (c Config) containerdConfig() string {
+	return fmt.Sprintf(`version = 2
+root = %[1]q
+state = %[2]q
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[debug]
+  level = "debug"
+
+[grpc]
+  address = %[3]q
+
+[ttrpc]
+  address = %[4]q
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = %[5]q
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %[6]q
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  # The sandbox's oom_score_adj is -998 unless restricted to containerd's
+  # own: root here lacks CAP_SYS_RESOURCE and may not lower it.
+  restrict_oom_score_adj = true
+  # Pod network namespaces under our state dir, not /var/run/netns: the
+  # sweep finds and unmounts them after an interrupted run.
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = %[8]q
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = %[7]q
+    max_conf_num = 1
+`, c.containerdRoot(), filepath.Join(c.StateDir, "containerd"), c.socket(), c.socket()+".ttrpc",
+		filepath.Join(c.containerdRoot(), "opt"), c.PauseImage, c.cniConfDir(), c.runcRoot())
+}
+
+// cniConfig is a bridge with host-local IPAM; the host is the gateway, so
+// the tests reach pods (and pods the host's upstream) without NAT.
+func (c Config) cniConfig() string {
+	return fmt.Sprintf(`{
+  "cniVersion": "0.4.0",
+  "name": "draind-e2e",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": %[1]q,
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": %[2]q, "gateway": %[3]q}]],
+        "dataDir": %[4]q
+      }
+    }
+  ]
+}
+`, c.Bridge, c.Subnet, c.Gateway, filepath.Join(c.StateDir, "cni", "ipam"))
+}
+
+// kubeletConfig is a standalone kubelet: static pods from a directory, no
+// API server, anonymous access on loopback, cgroupfs on cgroup v1, no
+// swap check, no image GC or disk eviction that could remove the
+// imported images.
+func (c Config) kubeletConfig() string {
+	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPath: %[1]q
+fileCheckFrequency: 1s
+syncFrequency: 10s
+address: 127.0.0.1
+port: %[2]d
+readOnlyPort: %[3]d
+healthzBindAddress: 127.0.0.1
+healthzPort: %[4]d
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false}
+authorization: {mode: AlwaysAllow}
+cgroupDriver: cgroupfs
+cgroupRoot: %[5]q
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://%[6]s
+podLogsDir: %[7]q
+resolvConf: ""
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", imagefs.available: "1%%"}
+localStorageCapacityIsolation: false
+oomScoreAdj: 0
+enforceNodeAllocatable: []
+`, c.manifestDir(), c.PortBase+250, c.PortBase+255, c.PortBase+248, c.CgroupRoot, c.socket(), c.podLogsDir())
+}

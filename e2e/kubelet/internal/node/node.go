@@ -1,0 +1,360 @@
+// Package node runs a private Kubernetes node on this machine for the e2e
+// tests: containerd (CRI plugin) on its own socket and root, and a
+// standalone kubelet running static pods from a manifest directory. It
+// builds nothing: the kubelet binary and the image archives come from the
+// caller. Close tears everything down; Sweep removes what an interrupted
+// run left (by the paths and ids this package owns, never by name).
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Node is a running containerd + kubelet pair.
+type Node struct {
+	cfg        Config
+	containerd *exec.Cmd
+	kubelet    *exec.Cmd
+	conn       *grpc.ClientConn
+	// Runtime and Images are CRI clients on containerd's socket.
+	Runtime runtimeapi.RuntimeServiceClient
+	Images  runtimeapi.ImageServiceClient
+	// Phases records how long each start-up step took.
+	Phases []Phase
+}
+
+// Phase is a timed step.
+type Phase struct {
+	Name string
+	Took time.Duration
+}
+
+func (n *Node) phase(name string, start time.Time) {
+	n.Phases = append(n.Phases, Phase{name, time.Since(start)})
+	n.cfg.Logf("phase %-24s %s", name, time.Since(start).Round(time.Millisecond))
+}
+
+// Start sweeps what a previous run left, writes the configs, and starts
+// containerd; call StartKubelet after importing the images.
+func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
+	n := &Node{cfg: cfg}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, n.Close())
+		}
+	}()
+	t0 := time.Now()
+	if err := Sweep(cfg); err != nil {
+		return nil, fmt.Errorf("sweep: %w", err)
+	}
+	n.phase("sweep", t0)
+	for _, d := range []string{cfg.StateDir, cfg.manifestDir(), cfg.cniConfDir(), cfg.containerdRoot(), cfg.kubeletRoot(), cfg.podLogsDir()} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	files := map[string]string{
+		filepath.Join(cfg.StateDir, "containerd.toml"):        cfg.containerdConfig(),
+		filepath.Join(cfg.cniConfDir(), "10-draind.conflist"): cfg.cniConfig(),
+		filepath.Join(cfg.StateDir, "kubelet.yaml"):           cfg.kubeletConfig(),
+	}
+	for p, s := range files {
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	t0 = time.Now()
+	n.containerd, err = startDaemon(filepath.Join(cfg.StateDir, "containerd.log"), "containerd", "--config", filepath.Join(cfg.StateDir, "containerd.toml"))
+	if err != nil {
+		return nil, err
+	}
+	writePID(cfg, "containerd", n.containerd.Process.Pid)
+	if n.conn, err = grpc.NewClient("unix://"+cfg.socket(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		return nil, err
+	}
+	n.Runtime = runtimeapi.NewRuntimeServiceClient(n.conn)
+	n.Images = runtimeapi.NewImageServiceClient(n.conn)
+	if err := waitFor(ctx, 30*time.Second, func() error {
+		if n.containerd.ProcessState != nil {
+			return errDead
+		}
+		st, err := n.Runtime.Status(ctx, &runtimeapi.StatusRequest{})
+		if err != nil {
+			return err
+		}
+		for _, c := range st.GetStatus().GetConditions() {
+			if c.Type == runtimeapi.RuntimeReady && !c.Status {
+				return fmt.Errorf("runtime not ready: %s", c.Message)
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("containerd: %w (log: %s)", err, tail(filepath.Join(cfg.StateDir, "containerd.log")))
+	}
+	n.phase("containerd start", t0)
+	return n, nil
+}
+
+var errDead = errors.New("process exited")
+
+// Import loads image archives into containerd's k8s.io namespace.
+func (n *Node) Import(ctx context.Context, archives ...string) error {
+	t0 := time.Now()
+	for _, a := range archives {
+		out, err := exec.CommandContext(ctx, "ctr", "--address", n.cfg.socket(), "-n", "k8s.io", "images", "import", "--no-unpack=false", a).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ctr images import %s: %w: %s", a, err, out)
+		}
+	}
+	n.phase("image import", t0)
+	return nil
+}
+
+// StartKubelet starts the standalone kubelet and waits for its healthz.
+func (n *Node) StartKubelet(ctx context.Context) (err error) {
+	t0 := time.Now()
+	if err := makeCgroupRoot(n.cfg.CgroupRoot); err != nil {
+		return err
+	}
+	n.kubelet, err = startDaemon(filepath.Join(n.cfg.StateDir, "kubelet.log"), n.cfg.Kubelet,
+		"--config", filepath.Join(n.cfg.StateDir, "kubelet.yaml"),
+		"--root-dir", n.cfg.kubeletRoot(),
+		"--hostname-override", n.cfg.NodeName,
+		"--v", "3") // 3: every probe result is logged
+	if err != nil {
+		return err
+	}
+	writePID(n.cfg, "kubelet", n.kubelet.Process.Pid)
+	hc := &http.Client{Timeout: time.Second}
+	if err := waitFor(ctx, 60*time.Second, func() error {
+		if n.kubelet.ProcessState != nil {
+			return errDead
+		}
+		resp, err := hc.Get(n.cfg.healthzURL())
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("healthz %d", resp.StatusCode)
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("kubelet: %w (log: %s)", err, tail(filepath.Join(n.cfg.StateDir, "kubelet.log")))
+	}
+	n.phase("kubelet start", t0)
+	return nil
+}
+
+// Config returns the node's configuration.
+func (n *Node) Config() Config { return n.cfg }
+
+// Close removes every pod, stops the kubelet, removes every sandbox
+// through the CRI (CNI DEL: veths and addresses go), stops containerd and
+// sweeps. Safe twice.
+func (n *Node) Close() error {
+	var errs []error
+	if n.kubelet != nil {
+		entries, _ := os.ReadDir(n.cfg.manifestDir())
+		for _, e := range entries {
+			os.Remove(filepath.Join(n.cfg.manifestDir(), e.Name()))
+		}
+		if len(entries) > 0 && n.Runtime != nil {
+			// Let the kubelet terminate them as it would, within their grace.
+			ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+			errs = append(errs, waitFor(ctx, 45*time.Second, func() error {
+				cs, err := n.Runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{State: &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING}}})
+				if err != nil {
+					return err
+				}
+				if len(cs.Containers) > 0 {
+					return fmt.Errorf("%d containers still running", len(cs.Containers))
+				}
+				return nil
+			}))
+			cancel()
+		}
+		errs = append(errs, stopDaemon(n.kubelet, 10*time.Second))
+		n.kubelet = nil
+	}
+	if n.Runtime != nil && n.containerd != nil && n.containerd.ProcessState == nil {
+		errs = append(errs, n.removeAllSandboxes())
+	}
+	if n.conn != nil {
+		n.conn.Close()
+		n.conn = nil
+	}
+	if n.containerd != nil {
+		errs = append(errs, stopDaemon(n.containerd, 10*time.Second))
+		n.containerd = nil
+	}
+	errs = append(errs, n.keepLogs())
+	errs = append(errs, Sweep(n.cfg))
+	return errors.Join(errs...)
+}
+
+// keepLogs copies the daemons' logs to LogDir before the sweep removes them.
+func (n *Node) keepLogs() error {
+	if n.cfg.LogDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(n.cfg.LogDir, 0o755); err != nil {
+		return err
+	}
+	for _, name := range []string{"containerd.log", "kubelet.log"} {
+		if b, err := os.ReadFile(filepath.Join(n.cfg.StateDir, name)); err == nil {
+			os.WriteFile(filepath.Join(n.cfg.LogDir, name), b, 0o644)
+		}
+	}
+	return nil
+}
+
+func (n *Node) removeAllSandboxes() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var errs []error
+	if cs, err := n.Runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{}); err == nil {
+		for _, c := range cs.Containers {
+			n.Runtime.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: c.Id, Timeout: 0})
+			if _, err := n.Runtime.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: c.Id}); err != nil {
+				errs = append(errs, fmt.Errorf("remove container %s: %w", c.Id, err))
+			}
+		}
+	}
+	sbs, err := n.Runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		return err
+	}
+	for _, sb := range sbs.Items {
+		// The kubelet has stopped most: a second stop would run CNI DEL on
+		// a network namespace that is gone.
+		if sb.State == runtimeapi.PodSandboxState_SANDBOX_READY {
+			if _, err := n.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+				errs = append(errs, fmt.Errorf("stop sandbox %s: %w", sb.Id, err))
+			}
+		}
+		if _, err := n.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+			errs = append(errs, fmt.Errorf("remove sandbox %s: %w", sb.Id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func startDaemon(logPath, bin string, args ...string) (*exec.Cmd, error) {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Its own process group, and gone with us if the test binary dies.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	go cmd.Wait() // sets ProcessState; stopDaemon waits on it
+	return cmd, nil
+}
+
+func stopDaemon(cmd *exec.Cmd, grace time.Duration) error {
+	if cmd == nil || cmd.Process == nil {
+		return nil
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	end := time.Now().Add(grace)
+	for time.Now().Before(end) {
+		if syscall.Kill(cmd.Process.Pid, 0) != nil || processGone(cmd.Process.Pid) {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cmd.Process.Kill()
+	return fmt.Errorf("%s did not stop within %s: killed", filepath.Base(cmd.Path), grace)
+}
+
+// processGone reports a PID that is gone or a zombie.
+func processGone(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i > 0 && len(s) > i+2 {
+		return s[i+2] == 'Z'
+	}
+	return false
+}
+
+func writePID(cfg Config, name string, pid int) {
+	os.WriteFile(filepath.Join(cfg.StateDir, name+".pid"), []byte(fmt.Sprint(pid)), 0o644)
+}
+
+func waitFor(ctx context.Context, d time.Duration, f func() error) error {
+	end := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil || errors.Is(err, errDead) {
+			return err
+		}
+		if time.Now().After(end) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// tail returns the last lines of a log, for error messages.
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 15 {
+		lines = lines[len(lines)-15:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// makeCgroupRoot creates the kubelet's cgroup root in every cgroup v1
+// hierarchy (the kubelet checks they all exist); cpuset's needs its
+// parent's cpus and mems before a task can join it or its children.
+func makeCgroupRoot(root string) error {
+	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, h := range hier {
+		if filepath.Base(h) == "unified" {
+			continue
+		}
+		dir := filepath.Join(h, root)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("cgroup root: %w", err)
+		}
+		if filepath.Base(h) == "cpuset" {
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				b, err := os.ReadFile(filepath.Join(h, f))
+				if err != nil {
+					return err
+				}
+				if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+					return fmt.Errorf("cgroup root %s: %w", f, err)
+				}
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,226 @@
+package node
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Sweep removes what this package's node leaves behind, also after an
+// interrupted run: the daemons it recorded (by PID, checked against their
+// executable), runc containers under its private runc root, shims bound
+// to its socket, mounts under its directories, the veths on its bridge and
+// the bridge, its cgroup tree, and its directories.
+func Sweep(cfg Config) error {
+	var errs []error
+	for _, name := range []string{"kubelet", "containerd"} {
+		errs = append(errs, killRecorded(cfg, name))
+	}
+	errs = append(errs, killRuncContainers(cfg.runcRoot()))
+	killShims(cfg.socket())
+	killCgroupProcs(cfg.CgroupRoot)
+	errs = append(errs, unmountUnder(cfg.StateDir, cfg.DataDir))
+	errs = append(errs, removeBridge(cfg.Bridge))
+	errs = append(errs, removeCgroups(cfg.CgroupRoot))
+	for _, d := range []string{cfg.StateDir, cfg.DataDir} {
+		if err := os.RemoveAll(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func killRecorded(cfg Config, name string) error {
+	b, err := os.ReadFile(filepath.Join(cfg.StateDir, name+".pid"))
+	if err != nil {
+		return nil
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil
+	}
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil || !strings.HasPrefix(filepath.Base(exe), name) {
+		return nil // gone, or the PID was reused by something else
+	}
+	syscall.Kill(pid, syscall.SIGTERM)
+	for range 100 {
+		if processGone(pid) {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	return nil
+}
+
+// killRuncContainers kills and deletes the containers under our runc root
+// (the shim adds the containerd namespace: ROOT/k8s.io).
+func killRuncContainers(runcRoot string) error {
+	roots, _ := filepath.Glob(filepath.Join(runcRoot, "*"))
+	var errs []error
+	for _, root := range roots {
+		errs = append(errs, killRuncRoot(root))
+	}
+	return errors.Join(errs...)
+}
+
+func killRuncRoot(root string) error {
+	out, err := exec.Command("runc", "--root", root, "list", "-q").Output()
+	if err != nil {
+		return fmt.Errorf("runc list: %w", err)
+	}
+	var errs []error
+	for id := range strings.FieldsSeq(string(out)) {
+		exec.Command("runc", "--root", root, "kill", "--all", id, "KILL").Run()
+		if out, err := exec.Command("runc", "--root", root, "delete", "--force", id).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("runc delete %s: %w: %s", id, err, out))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// killShims kills containerd-shim processes started for our socket.
+func killShims(socket string) {
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(bytes.TrimRight(cmdline, "\x00")), "\x00")
+		if !strings.Contains(filepath.Base(args[0]), "containerd-shim") {
+			continue
+		}
+		if i := slices.Index(args, "-address"); i >= 0 && i+1 < len(args) && args[i+1] == socket {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// killCgroupProcs kills every process left in our cgroup tree (pids
+// hierarchy): containers whose shim and runc state are gone.
+func killCgroupProcs(root string) {
+	if root == "" || root == "/" {
+		return
+	}
+	filepath.WalkDir(filepath.Join("/sys/fs/cgroup/pids", root), func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+			return nil
+		}
+		b, _ := os.ReadFile(p)
+		for f := range strings.FieldsSeq(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		return nil
+	})
+}
+
+// unmountUnder detaches every mount point under the given directories
+// (containerd's rootfs and shm mounts, the kubelet's volumes), deepest first.
+func unmountUnder(dirs ...string) error {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var points []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMount(fields[4])
+		for _, d := range dirs {
+			if mp == d || strings.HasPrefix(mp, d+"/") {
+				points = append(points, mp)
+			}
+		}
+	}
+	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
+	var errs []error
+	for _, mp := range slices.Compact(points) {
+		if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", mp, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func unescapeMount(s string) string {
+	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
+	return r.Replace(s)
+}
+
+// removeBridge deletes the veths enslaved to the bridge, then the bridge.
+func removeBridge(bridge string) error {
+	if _, err := os.Stat("/sys/class/net/" + bridge); err != nil {
+		return nil
+	}
+	ports, _ := os.ReadDir("/sys/class/net/" + bridge + "/brif")
+	var errs []error
+	for _, p := range ports {
+		if out, err := exec.Command("ip", "link", "del", p.Name()).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("ip link del %s: %w: %s", p.Name(), err, out))
+		}
+	}
+	if out, err := exec.Command("ip", "link", "del", bridge).CombinedOutput(); err != nil {
+		errs = append(errs, fmt.Errorf("ip link del %s: %w: %s", bridge, err, out))
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroups removes root's subtree in every cgroup v1 hierarchy (and
+// in the v2 one, if mounted), leaves first.
+func removeCgroups(root string) error {
+	if root == "" || root == "/" {
+		return nil
+	}
+	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
+	hier = append(hier, "/sys/fs/cgroup")
+	var errs []error
+	for _, h := range hier {
+		top := filepath.Join(h, root)
+		if _, err := os.Stat(top); err != nil {
+			continue
+		}
+		var dirs []string
+		filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		slices.SortFunc(dirs, func(a, b string) int { return len(b) - len(a) })
+		for _, d := range dirs {
+			var err error
+			for range 20 {
+				if err = syscall.Rmdir(d); err == nil || errors.Is(err, syscall.ENOENT) {
+					err = nil
+					break
+				}
+				time.Sleep(100 * time.Millisecond) // tasks still leaving
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("rmdir %s: %w", d, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,239 @@
+package kubelet_test
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// manifest is one decoded document of deploy/.
+type manifest struct {
+	file string
+	obj  any
+	pod  *corev1.PodTemplateSpec // the pod it runs, for workloads and pods
+}
+
+var docSep = regexp.MustCompile(`(?m)^---\s*$`)
+
+// loadManifests strictly decodes every document of deploy/ into its
+// k8s.io/api type: an unknown or misspelt field fails.
+func loadManifests(t *testing.T) []manifest {
+	t.Helper()
+	var out []manifest
+	err := filepath.WalkDir(filepath.Join(repoRoot, "deploy"), func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".yaml") {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(repoRoot, p)
+		for _, doc := range docSep.Split(string(b), -1) {
+			if strings.TrimSpace(stripComments(doc)) == "" {
+				continue
+			}
+			out = append(out, decodeManifest(t, rel, []byte(doc)))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func stripComments(s string) string {
+	var b strings.Builder
+	for line := range strings.SplitSeq(s, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(line), "#") {
+			b.WriteString(line + "\n")
+		}
+	}
+	return b.String()
+}
+
+func decodeManifest(t *testing.T, file string, doc []byte) manifest {
+	t.Helper()
+	var tm metav1.TypeMeta
+	if err := yaml.Unmarshal(doc, &tm); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	m := manifest{file: file}
+	strict := func(into any) {
+		if err := yaml.UnmarshalStrict(doc, into); err != nil {
+			t.Errorf("%s: %s/%s: %v", file, tm.APIVersion, tm.Kind, err)
+		}
+		m.obj = into
+	}
+	switch tm.APIVersion + "/" + tm.Kind {
+	case "v1/ConfigMap":
+		var cm corev1.ConfigMap
+		strict(&cm)
+		for k, v := range cm.Data {
+			var any map[string]any
+			if err := yaml.Unmarshal([]byte(v), &any); err != nil {
+				t.Errorf("%s: ConfigMap key %s is not YAML: %v", file, k, err)
+			}
+		}
+	case "v1/Pod":
+		var p corev1.Pod
+		strict(&p)
+		m.pod = &corev1.PodTemplateSpec{ObjectMeta: p.ObjectMeta, Spec: p.Spec}
+	case "apps/v1/Deployment":
+		var d appsv1.Deployment
+		strict(&d)
+		m.pod = &d.Spec.Template
+	case "batch/v1/Job":
+		var j batchv1.Job
+		strict(&j)
+		m.pod = &j.Spec.Template
+	default:
+		t.Errorf("%s: kind %s/%s not expected in deploy/", file, tm.APIVersion, tm.Kind)
+	}
+	return m
+}
+
+func findManifest(t *testing.T, ms []manifest, file string) manifest {
+	t.Helper()
+	for _, m := range ms {
+		if m.file == file && m.pod != nil {
+			return m
+		}
+	}
+	t.Fatalf("%s: no workload", file)
+	return manifest{}
+}
+
+func containerNamed(spec *corev1.PodSpec, name string) *corev1.Container {
+	for _, cs := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
+		for i := range cs {
+			if cs[i].Name == name {
+				return &cs[i]
+			}
+		}
+	}
+	return nil
+}
+
+func hasCaps(sc *corev1.SecurityContext, caps ...corev1.Capability) bool {
+	if sc == nil || sc.Capabilities == nil {
+		return false
+	}
+	for _, c := range caps {
+		if !slices.Contains(sc.Capabilities.Add, c) {
+			return false
+		}
+	}
+	return true
+}
+
+func execHook(h *corev1.LifecycleHandler) []string {
+	if h == nil || h.Exec == nil {
+		return nil
+	}
+	return h.Exec.Command
+}
+
+// draindSidecar checks the securityContext documented for eBPF mode as a
+// non-root user: uid 1337, BPF and PERFMON in the bounding set.
+func draindSidecar(t *testing.T, file string, c *corev1.Container) {
+	t.Helper()
+	if c == nil {
+		t.Fatalf("%s: no draind container", file)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 1337 || !hasCaps(sc, "BPF", "PERFMON") {
+		t.Errorf("%s: %s: want runAsUser 1337 and capabilities.add [BPF, PERFMON] (eBPF mode)", file, c.Name)
+	}
+	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz/ready" || p.HTTPGet.Port.IntValue() != 15020 {
+		t.Errorf("%s: %s: want a readinessProbe on :15020/healthz/ready", file, c.Name)
+	}
+}
+
+// Every manifest decodes strictly, and each says what its mode needs.
+func TestDeployManifests(t *testing.T) {
+	ms := loadManifests(t)
+	if len(ms) == 0 {
+		t.Fatal("no manifests in deploy/")
+	}
+	t.Run("classic", func(t *testing.T) {
+		m := findManifest(t, ms, "deploy/classic-sidecar.yaml")
+		draindSidecar(t, m.file, containerNamed(&m.pod.Spec, "envoy"))
+	})
+	t.Run("native", func(t *testing.T) {
+		m := findManifest(t, ms, "deploy/native-sidecar.yaml")
+		c := containerNamed(&m.pod.Spec, "envoy")
+		if c == nil || !slices.ContainsFunc(m.pod.Spec.InitContainers, func(ic corev1.Container) bool { return ic.Name == "envoy" }) ||
+			c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+			t.Fatalf("%s: want an init container envoy with restartPolicy: Always", m.file)
+		}
+		draindSidecar(t, m.file, c)
+		if hook := execHook(c.Lifecycle.PreStop); len(hook) != 2 || filepath.Base(hook[0]) != "draind" || hook[1] != "drain" {
+			t.Errorf("%s: preStop %q, want [draind drain]", m.file, hook)
+		}
+	})
+	t.Run("istio", func(t *testing.T) {
+		m := findManifest(t, ms, "deploy/istio/istio-prestop.yaml")
+		c := containerNamed(&m.pod.Spec, "istio-proxy")
+		if c == nil || c.Lifecycle == nil {
+			t.Fatalf("%s: want an istio-proxy container (Istio's injection override) with a lifecycle", m.file)
+		}
+		if hook := execHook(c.Lifecycle.PreStop); len(hook) < 2 || filepath.Base(hook[0]) != "draind" || hook[1] != "prestop" {
+			t.Errorf("%s: preStop %q, want [draind prestop ...]", m.file, hook)
+		}
+		if m.pod.Labels["sidecar.istio.io/inject"] != "true" {
+			t.Errorf("%s: want the sidecar.istio.io/inject label", m.file)
+		}
+	})
+	t.Run("job", func(t *testing.T) {
+		m := findManifest(t, ms, "deploy/job-exit-with-app.yaml")
+		if m.pod.Spec.RestartPolicy != corev1.RestartPolicyNever && m.pod.Spec.RestartPolicy != corev1.RestartPolicyOnFailure {
+			t.Errorf("%s: a Job's pod needs restartPolicy Never or OnFailure", m.file)
+		}
+		c := containerNamed(&m.pod.Spec, "envoy")
+		if c == nil {
+			t.Fatalf("%s: no envoy container", m.file)
+		}
+		exitWithApp := slices.Contains(c.Args, "--exit-with-app") || slices.Contains(c.Command, "--exit-with-app") ||
+			slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "DRAIND_EXIT_WITH_APP" && e.Value == "true" })
+		if !exitWithApp {
+			t.Errorf("%s: want --exit-with-app or DRAIND_EXIT_WITH_APP=true", m.file)
+		}
+	})
+	t.Run("node-debug", func(t *testing.T) {
+		m := findManifest(t, ms, "deploy/node-debug.yaml")
+		c := containerNamed(&m.pod.Spec, "draind")
+		if !m.pod.Spec.HostPID || c == nil {
+			t.Fatalf("%s: want hostPID and a draind container", m.file)
+		}
+		if c.SecurityContext == nil || (!hasCaps(c.SecurityContext, "SYS_ADMIN", "SYS_PTRACE") && (c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged)) {
+			t.Errorf("%s: want capabilities SYS_ADMIN and SYS_PTRACE (or privileged)", m.file)
+		}
+		if !slices.Contains(c.Command, "--pid") {
+			t.Errorf("%s: want draind conns|watch --pid", m.file)
+		}
+	})
+	// The images the manifests name are the root Dockerfile's: its
+	// ENTRYPOINT is draind run -- envoy, so `args` are Envoy's.
+	for _, m := range ms {
+		if m.pod == nil {
+			continue
+		}
+		for _, c := range append(slices.Clone(m.pod.Spec.InitContainers), m.pod.Spec.Containers...) {
+			repo, _, _ := strings.Cut(c.Image, ":")
+			if strings.HasSuffix(repo, "/draind") && len(c.Command) == 0 && (len(c.Args) == 0 || c.Args[0] != "-c") {
+				t.Errorf("%s: %s: args %q are Envoy's (the image's entrypoint is draind run -- envoy)", m.file, c.Name, c.Args)
+			}
+		}
+	}
+}

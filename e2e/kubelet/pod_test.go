@@ -1,0 +1,544 @@
+package kubelet_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"text/template"
+	"time"
+
+	"github.com/draind/draind/e2e/kubelet/internal/node"
+	corev1 "k8s.io/api/core/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// podParams fill a template of testdata/.
+type podParams struct {
+	Name                  string
+	ShareProcessNamespace bool
+	Grace                 int
+	RestartPolicy         string
+	WorkDir               string
+	AppImage, DraindImage string
+	AppArgs               []string
+	DraindCommand         []string
+	DraindEnv             []corev1.EnvVar
+	SecurityContext       *corev1.SecurityContext
+	NoWait                bool // do not wait for readiness (a container expected not to start)
+	NoServer              bool // the app serves nothing (a Job's task): do not wait for it
+}
+
+// Proxy ports inside every pod (envoysim's config, below).
+const (
+	inboundPort  = 15006
+	statusPort   = 15020
+	upstreamPort = 19000 // the host's upstream service, on the bridge's address
+)
+
+// nonRootEBPF is the documented securityContext for eBPF mode as a
+// non-root user: the image's file capabilities (cap_bpf,cap_perfmon+ep)
+// need BPF and PERFMON in the bounding set, which capabilities.add gives.
+func nonRootEBPF() *corev1.SecurityContext {
+	uid := int64(1337)
+	return &corev1.SecurityContext{
+		RunAsUser: &uid, RunAsGroup: &uid,
+		Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"BPF", "PERFMON"}, Drop: []corev1.Capability{"ALL"}},
+	}
+}
+
+func defaultDraindCommand(extra ...string) []string {
+	cmd := []string{"/usr/local/bin/draind", "run", "--status-addr", fmt.Sprintf(":%d", statusPort), "--min-drain", "2s"}
+	cmd = append(cmd, extra...)
+	return append(cmd, "--", "/usr/local/bin/envoysim", "-c", "/work/envoysim.json", "--drain-time-s", "45", "--drain-strategy", "immediate")
+}
+
+// pod is one static pod's run: its manifest, and what the CRI and the
+// kubelet reported about it, sampled every 25 ms.
+type pod struct {
+	t      *testing.T
+	n      *node.Node
+	p      podParams
+	full   string // the static pod's name: NAME-NODENAME
+	dir    string // hostPath /work
+	ip     string
+	client *http.Client
+
+	mu         sync.Mutex
+	containers map[string]*ctrRecord // by container id
+	removedAt  time.Time
+	stop       chan struct{}
+	done       chan struct{}
+}
+
+type ctrRecord struct {
+	id, name    string
+	attempt     uint32
+	state       runtimeapi.ContainerState
+	started     time.Time
+	finished    time.Time
+	exitCode    int32
+	reason, msg string
+	logPath     string
+	log         []byte // the container's log, read when it exited (the kubelet deletes it with the pod)
+}
+
+// startPod writes the manifest and waits until draind reports ready.
+func startPod(t *testing.T, tmpl string, p podParams) *pod {
+	t.Helper()
+	n := requireNode(t)
+	cfg := n.Config()
+	if p.Grace == 0 {
+		p.Grace = 30
+	}
+	if p.RestartPolicy == "" {
+		p.RestartPolicy = "Always"
+	}
+	if p.AppImage == "" {
+		p.AppImage = imgApp
+	}
+	if p.DraindImage == "" {
+		p.DraindImage = imgDraind
+	}
+	if p.DraindCommand == nil {
+		p.DraindCommand = defaultDraindCommand()
+	}
+	if p.SecurityContext == nil {
+		p.SecurityContext = nonRootEBPF()
+	}
+	p.WorkDir = filepath.Join(cfg.StateDir, "pods", p.Name)
+	if err := os.MkdirAll(p.WorkDir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(p.WorkDir, 0o777)
+	writeEnvoysimConfig(t, p.WorkDir, cfg.Gateway)
+	manifest := renderPod(t, tmpl, p)
+	pd := &pod{t: t, n: n, p: p, full: p.Name + "-" + cfg.NodeName, dir: p.WorkDir,
+		containers: map[string]*ctrRecord{}, stop: make(chan struct{}), done: make(chan struct{})}
+	manifestPath := filepath.Join(cfg.StateDir, "manifests", p.Name+".yaml")
+	if err := os.WriteFile(manifestPath, manifest, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pd.remove()
+		pd.waitContainersExited(45 * time.Second)
+		close(pd.stop)
+		<-pd.done
+		if t.Failed() {
+			pd.dumpLogs()
+		}
+	})
+	started := time.Now()
+	go pd.watch()
+	// The sandbox's address, then draind's readiness, seen from the host.
+	deadline := time.Now().Add(60 * time.Second)
+	for pd.ip == "" {
+		pd.ip = pd.sandboxIP()
+		if time.Now().After(deadline) {
+			pd.dumpLogs()
+			t.Fatalf("pod %s: no sandbox address after 60s", p.Name)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// No keep-alive: an idle connection of ours would hold Envoy's drain.
+	pd.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	if p.NoWait {
+		return pd
+	}
+	for pd.get(statusPort, "/healthz/ready") != 200 {
+		if time.Now().After(deadline) {
+			pd.dumpLogs()
+			t.Fatalf("pod %s: draind not ready after 60s", p.Name)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The app answers through the proxy (a native sidecar's app starts
+	// only after the sidecar is up).
+	for !p.NoServer && pd.get(inboundPort, "/") != 200 {
+		if time.Now().After(deadline) {
+			pd.dumpLogs()
+			t.Fatalf("pod %s: the app does not answer through the proxy after 60s", p.Name)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	report.add("pod", p.Name+" start→ready", time.Since(started).Round(time.Millisecond).String())
+	return pd
+}
+
+func renderPod(t *testing.T, tmpl string, p podParams) []byte {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join("testdata", tmpl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp, err := template.New(tmpl).Funcs(template.FuncMap{"json": func(v any) (string, error) {
+		b, err := json.Marshal(v)
+		return string(b), err
+	}}).Parse(string(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := tp.Execute(&buf, p); err != nil {
+		t.Fatal(err)
+	}
+	// What the kubelet will read must be a valid Pod, field by field.
+	var pod corev1.Pod
+	if err := yaml.UnmarshalStrict(buf.Bytes(), &pod); err != nil {
+		t.Fatalf("%s: %v\n%s", tmpl, err, buf.String())
+	}
+	return buf.Bytes()
+}
+
+// writeEnvoysimConfig: inbound 15006 → the app, outbound 127.0.0.1:15001
+// → the host's upstream service on the bridge address.
+func writeEnvoysimConfig(t *testing.T, dir, gateway string) {
+	cfg := map[string]any{
+		"admin_address":  "127.0.0.1:15000",
+		"drain_time_s":   45,
+		"drain_strategy": "immediate",
+		"listeners": []map[string]any{
+			{"name": "inbound", "address": fmt.Sprintf("0.0.0.0:%d", inboundPort), "direction": "inbound", "protocol": "http", "upstream": "127.0.0.1:8080"},
+			{"name": "outbound", "address": "127.0.0.1:15001", "direction": "outbound", "protocol": "http", "upstream": fmt.Sprintf("%s:%d", gateway, upstreamPort)},
+		},
+	}
+	b, _ := json.Marshal(cfg)
+	if err := os.WriteFile(filepath.Join(dir, "envoysim.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (pd *pod) get(port int, path string) int {
+	code, _ := pd.getBody(port, path)
+	return code
+}
+
+func (pd *pod) getBody(port int, path string) (int, string) {
+	resp, err := pd.client.Get(fmt.Sprintf("http://%s%s", net.JoinHostPort(pd.ip, strconv.Itoa(port)), path))
+	if err != nil {
+		return 0, ""
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, string(b)
+}
+
+// remove deletes the manifest: the kubelet terminates the pod.
+func (pd *pod) remove() {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if !pd.removedAt.IsZero() {
+		return
+	}
+	os.Remove(filepath.Join(pd.n.Config().StateDir, "manifests", pd.p.Name+".yaml"))
+	pd.removedAt = time.Now()
+}
+
+func (pd *pod) sandboxIP() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	sbs, err := pd.n.Runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
+		LabelSelector: map[string]string{"io.kubernetes.pod.name": pd.full},
+		State:         &runtimeapi.PodSandboxStateValue{State: runtimeapi.PodSandboxState_SANDBOX_READY},
+	}})
+	if err != nil || len(sbs.Items) == 0 {
+		return ""
+	}
+	st, err := pd.n.Runtime.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sbs.Items[0].Id})
+	if err != nil {
+		return ""
+	}
+	return st.GetStatus().GetNetwork().GetIp()
+}
+
+// watch samples the containers through the CRI until stopped.
+func (pd *pod) watch() {
+	defer close(pd.done)
+	tick := time.NewTicker(25 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-pd.stop:
+			return
+		case <-tick.C:
+		}
+		pd.sampleContainers()
+	}
+}
+
+func (pd *pod) sampleContainers() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	cs, err := pd.n.Runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
+		LabelSelector: map[string]string{"io.kubernetes.pod.name": pd.full},
+	}})
+	if err != nil {
+		return
+	}
+	for _, c := range cs.Containers {
+		st, err := pd.n.Runtime.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: c.Id})
+		if err != nil || st.Status == nil {
+			continue
+		}
+		s := st.Status
+		rec := &ctrRecord{id: c.Id, name: s.GetMetadata().GetName(), attempt: s.GetMetadata().GetAttempt(), state: s.State,
+			exitCode: s.ExitCode, reason: s.Reason, msg: s.Message, logPath: s.LogPath}
+		if s.StartedAt > 0 {
+			rec.started = time.Unix(0, s.StartedAt)
+		}
+		if s.FinishedAt > 0 {
+			rec.finished = time.Unix(0, s.FinishedAt)
+		}
+		pd.mu.Lock()
+		if old := pd.containers[c.Id]; old != nil && old.log != nil {
+			rec.log = old.log
+		}
+		pd.mu.Unlock()
+		if rec.state == runtimeapi.ContainerState_CONTAINER_EXITED && rec.log == nil {
+			rec.log, _ = os.ReadFile(rec.logPath)
+		}
+		pd.mu.Lock()
+		pd.containers[c.Id] = rec
+		pd.mu.Unlock()
+	}
+}
+
+// container returns the latest attempt of the named container.
+func (pd *pod) container(name string) *ctrRecord {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	var best *ctrRecord
+	for _, c := range pd.containers {
+		if c.name == name && (best == nil || c.attempt > best.attempt) {
+			cp := *c
+			best = &cp
+		}
+	}
+	return best
+}
+
+// attempts returns every attempt of the named container, oldest first.
+func (pd *pod) attempts(name string) []ctrRecord {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	var out []ctrRecord
+	for _, c := range pd.containers {
+		if c.name == name {
+			out = append(out, *c)
+		}
+	}
+	slices.SortFunc(out, func(a, b ctrRecord) int { return int(a.attempt) - int(b.attempt) })
+	return out
+}
+
+// waitContainersExited waits until every container seen has exited.
+func (pd *pod) waitContainersExited(d time.Duration) bool {
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		pd.mu.Lock()
+		running := len(pd.containers) == 0
+		for _, c := range pd.containers {
+			if c.state != runtimeapi.ContainerState_CONTAINER_EXITED {
+				running = true
+			}
+		}
+		pd.mu.Unlock()
+		if !running {
+			return true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false
+}
+
+// readinessAfter is what the kubelet's readiness probe of draind returned
+// from since on, read from the kubelet's log (--v=3 logs every probe
+// result): the first result, and the counts.
+func (pd *pod) readinessAfter(since time.Time) (first string, ok, failed int) {
+	first = "none"
+	for _, pr := range readProbeLog(filepath.Join(pd.n.Config().StateDir, "kubelet.log"), pd.full, "draind") {
+		if pr.at.Before(since) {
+			continue
+		}
+		if first == "none" {
+			first = fmt.Sprintf("%s %s later", pr.result, fmtDur(pr.at.Sub(since)))
+		}
+		if pr.result == "success" {
+			ok++
+		} else {
+			failed++
+		}
+	}
+	return first, ok, failed
+}
+
+var killLogLine = regexp.MustCompile(`^I(\d{4} \d{2}:\d{2}:\d{2}\.\d{6}) .*"Killing container with a grace period" pod="[^/]*/([^"]*)".*containerName="([^"]*)"`)
+
+// killedAt is when the kubelet began stopping the container (StopContainer:
+// containerd sends SIGTERM at once), from the kubelet's log.
+func (pd *pod) killedAt(container string) time.Time {
+	b, _ := os.ReadFile(filepath.Join(pd.n.Config().StateDir, "kubelet.log"))
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if m := killLogLine.FindStringSubmatch(line); m != nil && m[2] == pd.full && m[3] == container {
+			return klogTime(m[1])
+		}
+	}
+	return time.Time{}
+}
+
+func klogTime(s string) time.Time {
+	at, _ := time.Parse("2006 0102 15:04:05.000000", fmt.Sprintf("%d %s", time.Now().UTC().Year(), s))
+	return at
+}
+
+type probeResult struct {
+	at     time.Time
+	result string // success or failure
+}
+
+var probeLogLine = regexp.MustCompile(`^[IW](\d{4} \d{2}:\d{2}:\d{2}\.\d{6}) .*"Probe (succeeded|failed)" probeType="Readiness" pod="[^/]*/([^"]*)".*containerName="([^"]*)"`)
+
+// readProbeLog parses the kubelet's klog lines for readiness results.
+func readProbeLog(path, podName, container string) []probeResult {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []probeResult
+	for line := range strings.SplitSeq(string(b), "\n") {
+		m := probeLogLine.FindStringSubmatch(line)
+		if m == nil || m[3] != podName || m[4] != container {
+			continue
+		}
+		at := klogTime(m[1])
+		res := "success"
+		if m[2] == "failed" {
+			res = "failure"
+		}
+		out = append(out, probeResult{at: at, result: res})
+	}
+	return out
+}
+
+// draindLog returns draind's JSON log records (latest attempt unless
+// attempt >= 0), read from the container log the kubelet keeps.
+func (pd *pod) draindLog(attempt int) []map[string]any {
+	var rec *ctrRecord
+	for _, a := range pd.attempts("draind") {
+		if attempt < 0 || int(a.attempt) == attempt {
+			a := a
+			rec = &a
+		}
+	}
+	if rec == nil {
+		return nil
+	}
+	b := rec.log
+	if b == nil {
+		b, _ = os.ReadFile(rec.logPath)
+	}
+	return parseJSONLog(b)
+}
+
+// parseJSONLog parses a CRI log ("TIME STREAM TAG MESSAGE" lines) whose
+// messages are JSON objects.
+func parseJSONLog(b []byte) []map[string]any {
+	var out []map[string]any
+	for line := range strings.SplitSeq(string(b), "\n") {
+		parts := strings.SplitN(line, " ", 4)
+		if len(parts) < 4 {
+			continue
+		}
+		var m map[string]any
+		if json.Unmarshal([]byte(parts[3]), &m) == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func findLog(recs []map[string]any, msg string) map[string]any {
+	for _, r := range recs {
+		if r["msg"] == msg {
+			return r
+		}
+	}
+	return nil
+}
+
+func logTime(r map[string]any) time.Time {
+	s, _ := r["ts"].(string)
+	ts, _ := time.Parse("2006-01-02T15:04:05.000Z0700", s)
+	return ts
+}
+
+// appResults reads the app's result file.
+func (pd *pod) appResults() (ok, fail int, fails []string) {
+	b, _ := os.ReadFile(filepath.Join(pd.dir, "app.result"))
+	for line := range strings.SplitSeq(string(b), "\n") {
+		switch {
+		case strings.HasPrefix(line, "ok "):
+			ok++
+		case strings.HasPrefix(line, "fail "):
+			fail++
+			fails = append(fails, line)
+		}
+	}
+	return ok, fail, fails
+}
+
+func (pd *pod) dumpLogs() {
+	pd.mu.Lock()
+	recs := make([]ctrRecord, 0, len(pd.containers))
+	for _, c := range pd.containers {
+		recs = append(recs, *c)
+	}
+	pd.mu.Unlock()
+	for _, c := range recs {
+		b := c.log
+		if b == nil {
+			b, _ = os.ReadFile(c.logPath)
+		}
+		pd.t.Logf("container %s (attempt %d, %s, exit %d %s %s) log:\n%s", c.name, c.attempt, c.state, c.exitCode, c.reason, c.msg, b)
+	}
+	if len(recs) == 0 {
+		pd.t.Logf("no containers; kubelet log tail:\n%s", tailFile(filepath.Join(pd.n.Config().StateDir, "kubelet.log"), 40))
+	}
+}
+
+func tailFile(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// upstream is the service the app calls through the proxy, on the host.
+func startUpstream(t *testing.T, gateway string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", fmt.Sprintf("%s:%d", gateway, upstreamPort))
+	if err != nil {
+		t.Fatalf("upstream: %v", err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "pong\n") })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+}
+
+func fmtDur(d time.Duration) string { return d.Round(time.Millisecond).String() }
+
+var _ = fmt.Sprint
