@@ -35,12 +35,12 @@ func TestDrainInboundGraceful(t *testing.T) {
 	})
 	in, out := sim.ListenerAddr("in"), sim.ListenerAddr("out")
 	inStat, outStat := sim.ListenerStatName("in"), sim.ListenerStatName("out")
-	c := envoy.New(sim.AdminAddr(), envoy.WithTimeout(5*time.Second))
+	c := envoy.New(sim.AdminAddr(), envoy.WithTimeout(5*time.Second), envoy.WithExclude(envoy.ExcludeSet{}))
 
 	expect := func(step string, wantIn, wantOut uint64) {
 		t.Helper()
 		eventually(t, step, func() error {
-			ac, err := c.ActiveDownstream(ctx, envoy.ExcludeSet{})
+			ac, err := c.ActiveDownstream(ctx)
 			if err != nil {
 				return err
 			}
@@ -132,17 +132,17 @@ func TestDrainInboundGraceful(t *testing.T) {
 	expect("all inbound gone", 0, 3)
 
 	// The drain changed neither /ready nor server.state, and never exits.
-	if st, ready, err := c.Ready(ctx); st != "LIVE" || !ready || err != nil {
-		t.Errorf("ready %q %t %v", st, ready, err)
+	if code, body := adminGet(t, sim, "/ready"); code != 200 || body != "LIVE\n" {
+		t.Errorf("ready %d %q", code, body)
 	}
-	if s, err := c.ServerState(ctx); s != envoy.StateLive || err != nil {
-		t.Errorf("server.state %v %v", s, err)
+	if l, err := c.Live(ctx); !l.Live() || err != nil {
+		t.Errorf("live %+v %v", l, err)
 	}
-	if v, err := c.Stat(ctx, "listener_manager.listener_stopped"); v != 1 || err != nil {
-		t.Errorf("listener_stopped %d %v", v, err)
+	if v, ok := sim.Stat("listener_manager.listener_stopped"); v != 1 || !ok {
+		t.Errorf("listener_stopped %d %t", v, ok)
 	}
-	if v, err := c.Stat(ctx, "http.in.downstream_cx_drain_close"); v != 3 || err != nil {
-		t.Errorf("http.in.downstream_cx_drain_close %d %v, want 3", v, err)
+	if v, ok := sim.Stat("http.in.downstream_cx_drain_close"); v != 3 || !ok {
+		t.Errorf("http.in.downstream_cx_drain_close %d %t, want 3", v, ok)
 	}
 	select {
 	case <-sim.Done():

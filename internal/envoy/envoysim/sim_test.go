@@ -173,7 +173,10 @@ func TestStatsFormat(t *testing.T) {
 		t.Error("no json stats")
 	}
 
-	for _, q := range []string{"format=html", "format=xml", "type=gauges", "filter=(", "filter=a%5C"} {
+	if code, body := adminGet(t, sim, "/stats?format=html"); code != 200 || !strings.Contains(body, "listener.admin.downstream_cx_active: 1") || !strings.HasPrefix(body, "<!DOCTYPE html>") {
+		t.Errorf("html: %d %q", code, body)
+	}
+	for _, q := range []string{"format=xml", "type=gauges", "filter=(", "filter=a%5C"} {
 		if code, _ := adminGet(t, sim, "/stats?"+q); code != 400 {
 			t.Errorf("%s: %d, want 400", q, code)
 		}
@@ -204,22 +207,76 @@ func mustGet(t *testing.T, s *envoysim.Sim, path string) string {
 	return body
 }
 
-func TestStatsFlushLag(t *testing.T) {
-	// A flush that never comes: server.state keeps the value of the first
-	// flush (at start, PRE_INITIALIZING), while /ready is current.
-	sim := startSim(t, envoysim.Config{StatsFlushInterval: time.Hour})
-	if code, _ := adminGet(t, sim, "/ready"); code != 200 {
-		t.Errorf("ready %d", code)
+// server.state is Envoy's unset gauge until the workers start or a stats
+// flush refreshes it: it reads 0 and usedonly hides it. server.live
+// follows /healthcheck/fail at once; server.state only on a refresh.
+func TestServerStateAndLive(t *testing.T) {
+	state := func(sim *envoysim.Sim, q string) string {
+		return mustGet(t, sim, "/stats?"+q+"filter=%5Eserver%5C.(state%7Clive)%24")
 	}
-	if body := mustGet(t, sim, "/stats?filter=^server.state$"); body != "server.state: 2\n" {
-		t.Errorf("server.state %q, want the stale 2", body)
-	}
-	sim2 := startSim(t, envoysim.Config{StatsFlushInterval: 50 * time.Millisecond})
-	eventually(t, "flushed", func() error {
-		if body := mustGet(t, sim2, "/stats?filter=^server.state$"); body != "server.state: 0\n" {
-			return errors.New(body)
+	t.Run("starting", func(t *testing.T) {
+		sim := startSim(t, envoysim.Config{StartupDelay: 500 * time.Millisecond})
+		if code, body := adminGet(t, sim, "/ready"); code != 503 || body != "PRE_INITIALIZING\n" {
+			t.Errorf("ready %d %q", code, body)
 		}
-		return nil
+		if got := state(sim, ""); got != "server.live: 1\nserver.state: 0\n" {
+			t.Errorf("starting: %q, want the unset server.state (0)", got)
+		}
+		if got := state(sim, "usedonly&"); got != "server.live: 1\n" {
+			t.Errorf("starting, usedonly: %q, want no server.state", got)
+		}
+		if got := mustGet(t, sim, "/stats?filter=workers_started"); got != "listener_manager.workers_started: 0\n" {
+			t.Errorf("starting: %q", got)
+		}
+		if err := sim.WaitLive(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if got := state(sim, "usedonly&"); got != "server.live: 1\nserver.state: 0\n" {
+			t.Errorf("live, usedonly: %q", got)
+		}
+	})
+	t.Run("flush before the workers start", func(t *testing.T) {
+		sim := startSim(t, envoysim.Config{StartupDelay: 2 * time.Second, StatsFlushInterval: 50 * time.Millisecond})
+		eventually(t, "a flush", func() error {
+			if got := state(sim, "usedonly&"); got != "server.live: 1\nserver.state: 2\n" && got != "server.live: 1\nserver.state: 3\n" {
+				return errors.New(got)
+			}
+			return nil
+		})
+	})
+	t.Run("health check, refreshed on every read", func(t *testing.T) {
+		sim := startSim(t, envoysim.Config{})
+		adminDo(t, sim, "POST", "/healthcheck/fail")
+		if got := state(sim, ""); got != "server.live: 0\nserver.state: 1\n" {
+			t.Errorf("failed: %q", got)
+		}
+		adminDo(t, sim, "POST", "/healthcheck/ok")
+		if got := state(sim, ""); got != "server.live: 1\nserver.state: 0\n" {
+			t.Errorf("ok again: %q", got)
+		}
+		// A drain changes neither.
+		adminDo(t, sim, "POST", "/drain_listeners?graceful")
+		if got := state(sim, ""); got != "server.live: 1\nserver.state: 0\n" {
+			t.Errorf("draining: %q", got)
+		}
+	})
+	t.Run("health check, lagging a flush", func(t *testing.T) {
+		sim := startSim(t, envoysim.Config{StatsFlushInterval: time.Hour})
+		adminDo(t, sim, "POST", "/healthcheck/fail")
+		if code, body := adminGet(t, sim, "/ready"); code != 503 || body != "DRAINING\n" {
+			t.Errorf("ready %d %q", code, body)
+		}
+		if got := state(sim, ""); got != "server.live: 0\nserver.state: 0\n" {
+			t.Errorf("before a flush: %q, want server.state still LIVE", got)
+		}
+		sim2 := startSim(t, envoysim.Config{StatsFlushInterval: 50 * time.Millisecond})
+		adminDo(t, sim2, "POST", "/healthcheck/fail")
+		eventually(t, "flushed", func() error {
+			if got := state(sim2, ""); got != "server.live: 0\nserver.state: 1\n" {
+				return errors.New(got)
+			}
+			return nil
+		})
 	})
 }
 
@@ -342,37 +399,103 @@ func TestMainExitCodes(t *testing.T) {
 	}
 }
 
-func TestQuitResetsConnections(t *testing.T) {
-	for _, crash := range []bool{false, true} {
-		t.Run(fmt.Sprint("crash=", crash), func(t *testing.T) {
+// Quit, SIGTERM and a crash close connections as Envoy's exit does and as
+// the kernel closes a dead process's sockets: a FIN, or a RST where data
+// the peer sent was left unread.
+func TestQuitClosesConnections(t *testing.T) {
+	for _, how := range []string{"quitquitquit", "quit", "crash"} {
+		t.Run(how, func(t *testing.T) {
 			echo := echoServer(t)
-			sim := startSim(t, envoysim.Config{Listeners: []envoysim.ListenerConfig{{Name: "in", Address: "127.0.0.1:0", Upstream: echo}}})
-			c := dialEcho(t, sim.ListenerAddr("in"))
-			if crash {
-				sim.SetFault(envoysim.Fault{CrashAfter: time.Millisecond})
-			} else {
+			// An upstream that never reads: data sent through it piles up
+			// unread in the proxy's socket.
+			stuck, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stuck.Close()
+			held := make(chan net.Conn, 1)
+			go func() {
+				if c, err := stuck.Accept(); err == nil {
+					held <- c
+				}
+			}()
+			defer func() {
+				select {
+				case c := <-held:
+					c.Close()
+				default:
+				}
+			}()
+			up := newUpstream(t)
+			sim := startSim(t, envoysim.Config{Listeners: []envoysim.ListenerConfig{
+				{Name: "in", Address: "127.0.0.1:0", Upstream: echo},
+				{Name: "stuck", Address: "127.0.0.1:0", Upstream: stuck.Addr().String()},
+				{Name: "http", Address: "127.0.0.1:0", Protocol: "http", Upstream: up.addr},
+			}})
+			idle := dialEcho(t, sim.ListenerAddr("in"))
+			keepAlive := dialHTTP(t, sim.ListenerAddr("http"))
+			keepAlive.get("/fast")
+			unread := dial(t, sim.ListenerAddr("stuck"))
+			fill(t, unread)
+
+			switch how {
+			case "quitquitquit":
 				if code, body := adminDo(t, sim, "POST", "/quitquitquit"); code != 200 || body != "OK\n" {
 					t.Fatalf("%d %q", code, body)
 				}
+			case "quit":
+				sim.Quit()
+			case "crash":
+				sim.SetFault(envoysim.Fault{CrashAfter: time.Millisecond})
 			}
 			select {
 			case <-sim.Done():
 			case <-time.After(10 * time.Second):
 				t.Fatal("still running")
 			}
-			if crash != errors.Is(sim.Err(), envoysim.ErrCrashed) {
+			if (how == "crash") != errors.Is(sim.Err(), envoysim.ErrCrashed) {
 				t.Errorf("Err() = %v", sim.Err())
 			}
-			c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			_, err := c.Read(make([]byte, 1))
-			if !errors.Is(err, syscall.ECONNRESET) {
-				t.Errorf("proxied connection: %v, want a reset", err)
+			for name, c := range map[string]net.Conn{"idle tcp": idle, "idle keep-alive": keepAlive.c} {
+				if err := readErr(c); !errors.Is(err, io.EOF) {
+					t.Errorf("%s connection: %v, want a FIN (EOF)", name, err)
+				}
+			}
+			if err := readErr(unread); !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("connection with unread data: %v, want a RST", err)
 			}
 			if !refused(sim.ListenerAddr("in")) || !refused(sim.AdminAddr()) {
 				t.Error("still accepting")
 			}
 		})
 	}
+}
+
+// fill writes to c until its send buffer and the peer's receive buffer are
+// full: the peer has data it did not read.
+func fill(t *testing.T, c net.Conn) {
+	t.Helper()
+	buf := make([]byte, 64<<10)
+	for {
+		c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+		if _, err := c.Write(buf); err != nil {
+			if !isTimeout(err) {
+				t.Fatal(err)
+			}
+			c.SetWriteDeadline(time.Time{})
+			return
+		}
+	}
+}
+
+// readErr reads c until an error.
+func readErr(c net.Conn) error {
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := io.Copy(io.Discard, c)
+	if err == nil {
+		return io.EOF
+	}
+	return err
 }
 
 // simGoroutines lists goroutines running the sim's code.
