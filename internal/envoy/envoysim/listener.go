@@ -408,6 +408,9 @@ func (l *listener) proxyTCP(down *conn) {
 	}
 	upConn := upc.(*net.TCPConn)
 	defer upConn.Close()
+	// At exit the upstream side closes too, even with a write to it
+	// blocked (an upstream that does not read).
+	defer context.AfterFunc(l.s.ctx, func() { upConn.Close() })()
 	errc := make(chan error, 1)
 	if !l.s.goTracked(func() { errc <- pipe(upConn, down, down.Conn.(*net.TCPConn)) }) {
 		return
