@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -615,4 +616,45 @@ func TestParseConfig(t *testing.T) {
 			t.Errorf("%s: no error", bad)
 		}
 	}
+}
+
+// A connection made straight to an original_dst listener has the listener
+// itself as its original destination: refused as an upstream failure
+// (a TCP close, an HTTP 503), not looped.
+func TestOriginalDstNoLoop(t *testing.T) {
+	sim := startSim(t, envoysim.Config{Listeners: []envoysim.ListenerConfig{
+		{Name: "tcp", Address: "127.0.0.1:0", Upstream: "original_dst"},
+		{Name: "http", Address: "127.0.0.1:0", Protocol: "http", Upstream: "127.0.0.1:original_dst_port"},
+	}})
+	c := dial(t, sim.ListenerAddr("tcp"))
+	if err := readErr(c); !errors.Is(err, io.EOF) {
+		t.Errorf("tcp: %v, want closed", err)
+	}
+	h := dialHTTP(t, sim.ListenerAddr("http"))
+	if resp, body := h.get("/"); resp.StatusCode != 503 || !strings.HasPrefix(body, "upstream connect error") {
+		t.Errorf("http: %d %q", resp.StatusCode, body)
+	}
+	for _, name := range []string{"cluster.tcp.upstream_cx_connect_fail", "cluster.http.upstream_cx_connect_fail"} {
+		if v, _ := sim.Stat(name); v != 1 {
+			t.Errorf("%s = %d", name, v)
+		}
+	}
+}
+
+// IP_TRANSPARENT needs CAP_NET_ADMIN: without it the listener cannot be
+// created and Start says why; with it (root) the listener works.
+func TestTransparentListener(t *testing.T) {
+	echo := echoServer(t)
+	cfg := envoysim.Config{Listeners: []envoysim.ListenerConfig{
+		{Name: "in", Address: "127.0.0.1:0", Upstream: echo, Transparent: true},
+	}}
+	if os.Geteuid() != 0 {
+		_, err := envoysim.Start(cfg)
+		if err == nil || !strings.Contains(err.Error(), "IP_TRANSPARENT") {
+			t.Fatalf("without CAP_NET_ADMIN: %v", err)
+		}
+		return
+	}
+	sim := startSim(t, cfg)
+	dialEcho(t, sim.ListenerAddr("in"))
 }

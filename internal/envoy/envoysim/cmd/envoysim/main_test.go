@@ -87,6 +87,7 @@ func echoServer(t *testing.T) string {
 
 // proc is a running envoysim process.
 type proc struct {
+	hc     *http.Client // to the admin API
 	cmd    *exec.Cmd
 	admin  *envoy.Client
 	addr   string // admin address
@@ -98,9 +99,10 @@ type proc struct {
 // launchOpts say how to run envoysim.
 type launchOpts struct {
 	cred   *syscall.Credential
-	caps   []uintptr          // ambient capabilities (with cred)
-	config string             // JSON config; default: one TCP listener "in" to an echo server
-	start  func(func()) error // runs cmd.Start, e.g. inside a network namespace
+	caps   []uintptr                                                         // ambient capabilities (with cred)
+	config string                                                            // JSON config; default: one TCP listener "in" to an echo server
+	start  func(func()) error                                                // runs cmd.Start, e.g. inside a network namespace
+	dial   func(ctx context.Context, network, addr string) (net.Conn, error) // reaches the admin API
 	args   []string
 }
 
@@ -139,7 +141,8 @@ func launch(t *testing.T, o launchOpts) *proc {
 	addrFile := filepath.Join(dir, "admin-address")
 	args := append([]string{"-c", cfg, "--admin-address", "127.0.0.1:0", "--admin-address-path", addrFile,
 		"--drain-time-s", "45", "--drain-strategy", "immediate", "-l", "warning", "--disable-hot-restart"}, o.args...)
-	p := &proc{cmd: exec.Command(bin, args...), stderr: &strings.Builder{}, exited: make(chan struct{})}
+	p := &proc{cmd: exec.Command(bin, args...), stderr: &strings.Builder{}, exited: make(chan struct{}),
+		hc: &http.Client{Transport: &http.Transport{DialContext: o.dial, DisableKeepAlives: true}, Timeout: 10 * time.Second}}
 	p.cmd.Stderr = &lockedWriter{w: p.stderr}
 	if o.cred != nil {
 		p.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: o.cred, AmbientCaps: o.caps}
@@ -177,16 +180,14 @@ func launch(t *testing.T, o launchOpts) *proc {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	p.admin = envoy.New(p.addr, envoy.WithTimeout(5*time.Second))
+	p.admin = envoy.New(p.addr, envoy.WithTimeout(5*time.Second), envoy.WithHTTPClient(p.hc))
 	return p
 }
 
 // get fetches an admin path.
 func (p *proc) get(t *testing.T, path string) (int, string) {
 	t.Helper()
-	hc := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
-	defer hc.CloseIdleConnections()
-	resp, err := hc.Get("http://" + p.addr + path)
+	resp, err := p.hc.Get("http://" + p.addr + path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,8 +213,7 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 // listenerAddr reads the listener's bound address from /listeners.
 func (p *proc) listenerAddr(t *testing.T, name string) string {
 	t.Helper()
-	hc := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
-	resp, err := hc.Get("http://" + p.addr + "/listeners")
+	resp, err := p.hc.Get("http://" + p.addr + "/listeners")
 	if err != nil {
 		t.Fatal(err)
 	}
