@@ -454,3 +454,38 @@ func TestClient503Then200(t *testing.T) {
 		t.Errorf("%+v %v after %d attempts", ac, err, fa.hits.Load())
 	}
 }
+
+// What the fixtures answer, through the calls that read them.
+func TestClientFixtureAnswers(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		fixture string
+		code    int
+		total   uint64
+		gauges  int
+	}{
+		{"stats_active_idle.txt", 200, 0, 0}, // only the admin listener's own gauge
+		{"stats_empty.txt", 200, 0, 0},       // a stats_matcher that keeps no gauge
+		{"stats_active_usedonly.txt", 200, 15, 5},
+		{"answer_400_format.txt", 400, 0, 0},
+		{"answer_400_regex.txt", 400, 0, 0},
+		{"answer_400_type.txt", 400, 0, 0},
+	} {
+		t.Run(tc.fixture, func(t *testing.T) {
+			body := string(fixture(t, tc.fixture))
+			fa := newFixtureAdmin(t, "")
+			fa.setAnswer(fixed(tc.code, body))
+			ac, err := fast(fa.addr()).ActiveDownstream(ctx)
+			if tc.code != 200 {
+				var se *envoy.StatusError
+				if !errors.As(err, &se) || se.Code != tc.code || se.Body != body {
+					t.Errorf("err = %v, want a %d with the fixture's body", err, tc.code)
+				}
+				return
+			}
+			if err != nil || ac.Total != tc.total || ac.Gauges != tc.gauges {
+				t.Errorf("%+v %v, want %d over %d gauges", ac, err, tc.total, tc.gauges)
+			}
+		})
+	}
+}

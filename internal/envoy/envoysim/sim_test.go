@@ -2,6 +2,7 @@ package envoysim_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -393,6 +394,8 @@ func TestMainExitCodes(t *testing.T) {
 		{[]string{"--nope"}, 1},
 		{[]string{"--admin-address", "localhost:0"}, 1},
 		{[]string{"--admin-address", "127.0.0.1:0", "--crash-after", "10ms", "--crash-exit-code", "139"}, 139},
+		{[]string{"--admin-address", "127.0.0.1:0", "--fault-exit-at-start", "7"}, 7},
+		{[]string{"--admin-address", "127.0.0.1:0", "--mode", "validate", "--stats-matcher", "istio"}, 0},
 	} {
 		if code := envoysim.Main(ctx, tc.args, &out, io.Discard); code != tc.code {
 			t.Errorf("Main(%q) = %d, want %d", tc.args, code, tc.code)
@@ -597,24 +600,146 @@ func TestParseConfig(t *testing.T) {
   "drain_strategy": "immediate",
   "startup_delay_ms": 200,
   "stats_flush_interval_ms": 5000,
+  "stats_matcher": "istio",
   "listeners": [
-    {"name": "virtualInbound", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": "127.0.0.1:8080"},
-    {"name": "virtualOutbound", "address": "[::]:15001", "direction": "outbound", "stat_prefix": "virtualOutbound", "upstream": "10.0.0.1:80"}
+    {"name": "virtualInbound", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": "127.0.0.1:original_dst_port",
+     "transparent": true, "drain_timeout_ms": 250, "upstream_protocol": "h2c"},
+    {"name": "virtualOutbound", "address": "[::]:15001", "direction": "outbound", "stat_prefix": "virtualOutbound", "upstream": "original_dst"}
   ],
-  "fault": {"admin": "hang", "crash_after_ms": 3000, "crash_exit_code": 139}
+  "fault": {"admin": "slow", "admin_delay_ms": 1500, "crash_after_ms": 3000, "crash_after_drain_ms": 100,
+            "crash_exit_code": 139, "exit_at_start": 0, "never_live": true}
 }`))
 	if err != nil {
 		t.Fatal(err)
 	}
+	in := cfg.Listeners[0]
 	if cfg.AdminAddress != "127.0.0.1:15000" || cfg.DrainTime != 1500*time.Millisecond || cfg.StartupDelay != 200*time.Millisecond ||
-		cfg.StatsFlushInterval != 5*time.Second || len(cfg.Listeners) != 2 || cfg.Listeners[1].StatPrefix != "virtualOutbound" ||
-		cfg.Fault != (envoysim.Fault{Admin: envoysim.AdminHang, CrashAfter: 3 * time.Second, CrashExitCode: 139}) {
+		cfg.StatsFlushInterval != 5*time.Second || cfg.StatsMatcher != "istio" || len(cfg.Listeners) != 2 ||
+		cfg.Listeners[1].StatPrefix != "virtualOutbound" || cfg.Listeners[1].Upstream != "original_dst" ||
+		!in.Transparent || in.DrainTimeout != 250*time.Millisecond || in.UpstreamProtocol != "h2c" ||
+		cfg.Fault != (envoysim.Fault{Admin: envoysim.AdminSlow, AdminDelay: 1500 * time.Millisecond, CrashAfter: 3 * time.Second,
+			CrashAfterDrain: 100 * time.Millisecond, CrashExitCode: 139, ExitAtStart: true, ExitAtStartCode: 0, NeverLive: true}) {
 		t.Errorf("%+v", cfg)
 	}
-	for _, bad := range []string{`{"nope": 1}`, `{"listeners": [{"name": "a", "port": 1}]}`, `{"drain_time_s": -1}`, `[`, `{"drain_time_s": "1"}`} {
+	// An explicit drain_time_s 0 is Envoy's --drain-time-s 0; none is the default.
+	if cfg, err := envoysim.ParseConfig([]byte(`{"drain_time_s": 0}`)); err != nil || cfg.DrainTime != envoysim.ZeroDrainTime {
+		t.Errorf("drain_time_s 0: %v %v", cfg.DrainTime, err)
+	}
+	if cfg, err := envoysim.ParseConfig([]byte(`{}`)); err != nil || cfg.DrainTime != 0 {
+		t.Errorf("no drain_time_s: %v %v", cfg.DrainTime, err)
+	}
+	for _, bad := range []string{`{"nope": 1}`, `{"listeners": [{"name": "a", "port": 1}]}`, `{"drain_time_s": -1}`, `[`,
+		`{"drain_time_s": "1"}`, `{"fault": {"admin": "nope"}}`, `{"fault": {"exit_at_start": 300}}`} {
 		if _, err := envoysim.ParseConfig([]byte(bad)); err == nil {
 			t.Errorf("%s: no error", bad)
 		}
+	}
+	for _, bad := range []envoysim.Config{
+		{StatsMatcher: "nope"},
+		{StatsInclusion: &envoysim.StatsInclusion{Regexes: []string{"("}}},
+		{Listeners: []envoysim.ListenerConfig{{Name: "a", Address: "127.0.0.1:0", Upstream: "localhost:original_dst_port"}}},
+		{Listeners: []envoysim.ListenerConfig{{Name: "a", Address: "127.0.0.1:0", Upstream: "127.0.0.1:http"}}},
+		{Listeners: []envoysim.ListenerConfig{{Name: "a", Address: "127.0.0.1:0", Upstream: "127.0.0.1:1", UpstreamProtocol: "h3"}}},
+	} {
+		if s, err := envoysim.Start(bad); err == nil {
+			s.Close()
+			t.Errorf("%+v: no error", bad)
+		}
+	}
+}
+
+// The start-up faults and the crash after a drain, in process.
+func TestStartupAndDrainFaults(t *testing.T) {
+	sim, err := envoysim.Start(envoysim.Config{StartupDelay: 100 * time.Millisecond, Fault: envoysim.Fault{ExitAtStart: true, ExitAtStartCode: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	if code, body := adminGet(t, sim, "/ready"); code != 503 {
+		t.Errorf("before the exit: %d %q", code, body)
+	}
+	select {
+	case <-sim.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no exit")
+	}
+	var ee *envoysim.ExitError
+	if !errors.As(sim.Err(), &ee) || ee.Code != 3 {
+		t.Errorf("Err() = %v", sim.Err())
+	}
+
+	never := startSim(t, envoysim.Config{Fault: envoysim.Fault{NeverLive: true}})
+	time.Sleep(50 * time.Millisecond)
+	if code, body := adminGet(t, never, "/ready"); code != 503 || body != "INITIALIZING\n" {
+		t.Errorf("never live: %d %q", code, body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := never.WaitLive(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("never live: WaitLive %v", err)
+	}
+	// Cleared through the hook: LIVE at once.
+	if code := postJSON(t, never, "/envoysim/fault", `{"admin":"ok"}`); code != 200 {
+		t.Fatal(code)
+	}
+	if code, body := adminGet(t, never, "/ready"); code != 200 || body != "LIVE\n" {
+		t.Errorf("fault cleared: %d %q", code, body)
+	}
+
+	// A crash 50 ms after the first drain request, set through the hook.
+	if code := postJSON(t, never, "/envoysim/fault", `{"crash_after_drain_ms": 50, "crash_exit_code": 9}`); code != 200 {
+		t.Fatal(code)
+	}
+	time.Sleep(150 * time.Millisecond)
+	select {
+	case <-never.Done():
+		t.Fatal("crashed before any drain")
+	default:
+	}
+	adminDo(t, never, "POST", "/drain_listeners?graceful")
+	select {
+	case <-never.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no crash after the drain")
+	}
+	if !errors.Is(never.Err(), envoysim.ErrCrashed) || never.CrashExitCode() != 9 {
+		t.Errorf("Err() = %v, exit code %d", never.Err(), never.CrashExitCode())
+	}
+}
+
+func postJSON(t *testing.T, s *envoysim.Sim, path, body string) int {
+	t.Helper()
+	resp, err := http.Post("http://"+s.AdminAddr()+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// The slow admin fault delays every answer but the hook's.
+func TestAdminSlow(t *testing.T) {
+	sim := startSim(t, envoysim.Config{Fault: envoysim.Fault{Admin: envoysim.AdminSlow, AdminDelay: 300 * time.Millisecond}})
+	start := time.Now()
+	if code, body := adminGet(t, sim, "/ready"); code != 200 || body != "LIVE\n" {
+		t.Errorf("slow: %d %q", code, body)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Errorf("answered after %v, before the delay", d)
+	}
+	start = time.Now()
+	adminDo(t, sim, "POST", "/envoysim/fault?admin=ok")
+	adminGet(t, sim, "/ready")
+	if d := time.Since(start); d >= 300*time.Millisecond {
+		t.Logf("hook and answer took %v (slow machine?)", d)
+	}
+	if code := postJSON(t, sim, "/envoysim/fault", `{"admin_delay_ms": 200, "admin": "500"}`); code != 200 {
+		t.Fatal(code)
+	}
+	start = time.Now()
+	if code, _ := adminGet(t, sim, "/ready"); code != 500 || time.Since(start) < 200*time.Millisecond {
+		t.Errorf("slow 500: %d after %v", code, time.Since(start))
 	}
 }
 
