@@ -10,7 +10,9 @@ import (
 	"net/netip"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -339,34 +341,26 @@ func (l *ListenerConfig) withDefaults(i int, names map[string]bool) error {
 	if _, err := parseHostPort(l.Address); err != nil {
 		return fmt.Errorf("listener %q: address: %w", l.Name, err)
 	}
-	switch l.Direction {
-	case "", "inbound", "outbound":
-	default:
-		return fmt.Errorf("listener %q: direction %q: want inbound or outbound", l.Name, l.Direction)
-	}
-	switch l.Protocol {
-	case "":
-		l.Protocol = "tcp"
-	case "tcp", "http":
-	default:
-		return fmt.Errorf("listener %q: protocol %q: want tcp or http", l.Name, l.Protocol)
-	}
-	switch l.UpstreamProtocol {
-	case "":
-		l.UpstreamProtocol = "http1"
-	case "http1", "h2c":
-	default:
-		return fmt.Errorf("listener %q: upstream protocol %q: want http1 or h2c", l.Name, l.UpstreamProtocol)
+	for _, e := range []struct {
+		field   *string
+		what    string
+		def     string
+		allowed []string
+	}{
+		{&l.Direction, "direction", "", []string{"inbound", "outbound"}},
+		{&l.Protocol, "protocol", "tcp", []string{"tcp", "http"}},
+		{&l.UpstreamProtocol, "upstream protocol", "http1", []string{"http1", "h2c"}},
+		{&l.DrainType, "drain type", "default", []string{"default", "modify_only"}},
+	} {
+		if *e.field == "" {
+			*e.field = e.def
+		}
+		if *e.field != "" && !slices.Contains(e.allowed, *e.field) {
+			return fmt.Errorf("listener %q: %s %q: want %s", l.Name, e.what, *e.field, strings.Join(e.allowed, " or "))
+		}
 	}
 	if _, err := parseUpstream(l.Upstream); err != nil {
 		return fmt.Errorf("listener %q: upstream %q: %w", l.Name, l.Upstream, err)
-	}
-	switch l.DrainType {
-	case "":
-		l.DrainType = "default"
-	case "default", "modify_only":
-	default:
-		return fmt.Errorf("listener %q: drain type %q: want default or modify_only", l.Name, l.DrainType)
 	}
 	if l.DrainTimeout == 0 {
 		l.DrainTimeout = DefaultDrainTimeout
