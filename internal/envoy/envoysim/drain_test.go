@@ -288,3 +288,38 @@ func TestHealthcheckFailDrainCloses(t *testing.T) {
 		t.Errorf("ready after ok: %d %q", code, body)
 	}
 }
+
+// The gradual strategy closes with probability 1/N already in the first
+// second of an N-second drain (Envoy's DrainManagerImpl::drainClose works
+// in whole seconds of remaining time, rounded down): some responses close
+// their connection, some do not.
+func TestDrainGradualFirstSecond(t *testing.T) {
+	up := newUpstream(t)
+	sim := startSim(t, envoysim.Config{
+		DrainTime:     3 * time.Second,
+		DrainStrategy: "gradual",
+		Listeners:     []envoysim.ListenerConfig{{Name: "in", Address: "127.0.0.1:0", Direction: "inbound", Protocol: "http", Upstream: up.addr}},
+	})
+	conn := dialHTTP(t, sim.ListenerAddr("in"))
+	start := time.Now()
+	if code, _ := adminDo(t, sim, "POST", "/drain_listeners?graceful"); code != 200 {
+		t.Fatal(code)
+	}
+	n, closed := 0, 0
+	for n < 60 && time.Since(start) < 900*time.Millisecond {
+		resp, _ := conn.get("/fast")
+		n++
+		if closes(resp) {
+			closed++
+			conn.closedByPeer()
+			conn = dialHTTP(t, sim.ListenerAddr("in"))
+		}
+	}
+	if time.Since(start) >= time.Second || n < 30 {
+		t.Logf("only %d responses in the first second: not judged", n)
+		return
+	}
+	if closed == 0 || closed == n {
+		t.Errorf("%d of %d responses drain-closed in the first second of a 3 s drain, want about a third", closed, n)
+	}
+}

@@ -231,9 +231,12 @@ func (l *listener) upstream(c *conn) (string, error) {
 }
 
 // drainClose is Envoy's DrainDecision::drainClose for this listener: should
-// this response close its connection? The gradual strategy decides in
-// whole seconds, as Envoy does (no close in the first second); below one
-// second of drain time it is continuous.
+// this response close its connection? The gradual strategy is
+// DrainManagerImpl's, in whole seconds: it closes when
+// drain_time_s - trunc(remaining_s) > rand % drain_time_s, so with
+// probability 1/N already in the first second of an N-second drain, k/N in
+// the k-th. Below one second of drain time (envoysim only) it is
+// continuous: elapsed/drain time.
 func (l *listener) drainClose() bool {
 	s := l.s
 	s.mu.Lock()
@@ -253,7 +256,8 @@ func (l *listener) drainClose() bool {
 		return true
 	}
 	if secs := int64(s.cfg.DrainTime / time.Second); secs > 0 {
-		return rand.Int64N(secs) < int64(elapsed/time.Second)
+		remaining := int64((s.cfg.DrainTime - elapsed) / time.Second)
+		return secs-remaining > rand.Int64N(secs)
 	}
 	return rand.Float64() < float64(elapsed)/float64(s.cfg.DrainTime)
 }
