@@ -577,8 +577,11 @@ func startUpstream(t *testing.T, kind string) string {
 		t.Cleanup(func() { srv.Close(); <-done })
 		return ln.Addr().String()
 	case UpstreamEcho, UpstreamStuck:
+		// Every connection is kept, and closed at the end; echoes are
+		// waited for.
 		var mu sync.Mutex
 		var held []net.Conn
+		var echoes sync.WaitGroup
 		go func() {
 			defer close(done)
 			for {
@@ -586,23 +589,23 @@ func startUpstream(t *testing.T, kind string) string {
 				if err != nil {
 					return
 				}
-				if kind == UpstreamStuck {
-					mu.Lock()
-					held = append(held, c)
-					mu.Unlock()
-					continue
+				mu.Lock()
+				held = append(held, c)
+				mu.Unlock()
+				if kind == UpstreamEcho {
+					echoes.Go(func() { io.Copy(c, c); c.Close() })
 				}
-				go func() { io.Copy(c, c); c.Close() }()
 			}
 		}()
 		t.Cleanup(func() {
 			ln.Close()
 			<-done
 			mu.Lock()
-			defer mu.Unlock()
 			for _, c := range held {
 				c.Close()
 			}
+			mu.Unlock()
+			echoes.Wait()
 		})
 		return ln.Addr().String()
 	}

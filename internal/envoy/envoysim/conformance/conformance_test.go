@@ -2,12 +2,31 @@ package conformance_test
 
 import (
 	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"testing"
 
 	"github.com/draind/draind/internal/envoy/envoysim/conformance"
 )
 
 func TestEnvoysim(t *testing.T) { conformance.Run(t, conformance.Sim()) }
+
+// TestEnvoysimProgram plays them against the envoysim program, a process.
+func TestEnvoysimProgram(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "envoysim")
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/draind/draind/internal/envoy/envoysim/cmd/envoysim")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	conformance.Run(t, conformance.Program(bin))
+}
 
 // TestEnvoy plays the same scenarios against a real Envoy; it skips when
 // none is installed (ENVOY_BIN or envoy on PATH).

@@ -95,13 +95,55 @@ func (envoyTarget) Start(t *testing.T, s Setup) Instance {
 	if err != nil {
 		t.Skip(err)
 	}
-	dir := t.TempDir()
 	boot, err := Bootstrap(s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := filepath.Join(dir, "bootstrap.json")
-	if err := os.WriteFile(cfg, boot, 0o644); err != nil {
+	return startProcess(t, "envoy", bin, "bootstrap.json", boot, s)
+}
+
+// Program is the envoysim program at bin, run as a process with a config
+// equivalent to the setup (SIGTERM then reaches a real process).
+func Program(bin string) Target { return programTarget{bin} }
+
+type programTarget struct{ bin string }
+
+func (programTarget) Name() string { return "envoysim-program" }
+
+func (p programTarget) Start(t *testing.T, s Setup) Instance {
+	t.Helper()
+	type listener struct {
+		Name           string  `json:"name"`
+		Address        string  `json:"address"`
+		Direction      string  `json:"direction,omitempty"`
+		Protocol       string  `json:"protocol,omitempty"`
+		StatPrefix     string  `json:"stat_prefix,omitempty"`
+		Upstream       string  `json:"upstream"`
+		DrainTimeoutMs float64 `json:"drain_timeout_ms,omitempty"`
+	}
+	cfg := struct {
+		AdminAddress string     `json:"admin_address"`
+		StatsMatcher string     `json:"stats_matcher,omitempty"`
+		Listeners    []listener `json:"listeners"`
+	}{AdminAddress: "127.0.0.1:0", StatsMatcher: s.StatsMatcher}
+	for _, l := range s.Listeners {
+		cfg.Listeners = append(cfg.Listeners, listener{l.Name, "127.0.0.1:0", l.Direction, l.Protocol, l.StatPrefix,
+			l.UpstreamAddr, float64(l.DrainTimeout) / float64(time.Millisecond)})
+	}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startProcess(t, "envoysim", p.bin, "envoysim.json", b, s)
+}
+
+// startProcess runs an Envoy-like binary with config and Envoy's flags,
+// and waits until it is LIVE.
+func startProcess(t *testing.T, name, bin, configName string, config []byte, s Setup) Instance {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, configName)
+	if err := os.WriteFile(cfg, config, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	addrFile := filepath.Join(dir, "admin-address")
@@ -117,13 +159,13 @@ func (envoyTarget) Start(t *testing.T, s Setup) Instance {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	in := &envoyInstance{cmd: cmd, done: make(chan struct{})}
+	in := &processInstance{cmd: cmd, done: make(chan struct{})}
 	go func() { cmd.Wait(); close(in.done) }()
 	t.Cleanup(func() {
 		cmd.Process.Kill()
 		<-in.done
 		if t.Failed() {
-			t.Logf("envoy output:\n%s", logs.String())
+			t.Logf("%s output:\n%s", name, logs.String())
 		}
 	})
 	deadline := time.Now().Add(30 * time.Second)
@@ -133,13 +175,13 @@ func (envoyTarget) Start(t *testing.T, s Setup) Instance {
 		}
 		select {
 		case <-in.done:
-			t.Fatalf("envoy exited at start:\n%s", logs.String())
+			t.Fatalf("%s exited at start:\n%s", name, logs.String())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("envoy not LIVE after 30 s:\n%s", logs.String())
+			t.Fatalf("%s not LIVE after 30 s:\n%s", name, logs.String())
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
 	if err := in.readListeners(); err != nil {
 		t.Fatal(err)
@@ -158,19 +200,19 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 	return l.w.Write(b)
 }
 
-type envoyInstance struct {
+type processInstance struct {
 	cmd       *exec.Cmd
 	done      chan struct{}
 	admin     string
 	listeners map[string]string
 }
 
-func (e *envoyInstance) AdminAddr() string               { return e.admin }
-func (e *envoyInstance) ListenerAddr(name string) string { return e.listeners[name] }
-func (e *envoyInstance) Signal(sig os.Signal) error      { return e.cmd.Process.Signal(sig) }
-func (e *envoyInstance) Done() <-chan struct{}           { return e.done }
+func (e *processInstance) AdminAddr() string               { return e.admin }
+func (e *processInstance) ListenerAddr(name string) string { return e.listeners[name] }
+func (e *processInstance) Signal(sig os.Signal) error      { return e.cmd.Process.Signal(sig) }
+func (e *processInstance) Done() <-chan struct{}           { return e.done }
 
-func (e *envoyInstance) live() bool {
+func (e *processInstance) live() bool {
 	if e.admin == "" {
 		return false
 	}
@@ -183,7 +225,7 @@ func (e *envoyInstance) live() bool {
 }
 
 // readListeners learns the bound addresses from /listeners?format=json.
-func (e *envoyInstance) readListeners() error {
+func (e *processInstance) readListeners() error {
 	resp, err := adminClient.Get("http://" + e.admin + "/listeners?format=json")
 	if err != nil {
 		return err
