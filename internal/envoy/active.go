@@ -2,17 +2,17 @@ package envoy
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 )
 
-// ActiveFilter is the /stats filter ActiveDownstream sends. RE2 matches
-// filters partially; the anchors make it exact: every listener-scoped
-// downstream_cx_active gauge, per-worker ones included (SumActive drops them).
-const ActiveFilter = `^listener\..*downstream_cx_active$`
+// activeFilter is the /stats filter of ActiveDownstream and
+// DownstreamGauges. RE2 matches filters partially; the anchors make it
+// exact: every listener-scoped downstream_cx_active gauge, per-worker ones
+// included (they are left out of the sum).
+const activeFilter = `^listener\..*downstream_cx_active$`
 
 // ExcludeSet names listeners whose connections do not hold a drain: the
 // status and metrics listeners (15021, 15090) and the like.
@@ -48,64 +48,90 @@ type ListenerActive struct {
 // ActiveConns is the sum of active downstream connections, and what it is
 // made of, sorted by stat name.
 type ActiveConns struct {
-	Total     uint64
-	Listeners []ListenerActive // counted
-	Excluded  []ListenerActive // left out by the ExcludeSet
+	// Total is the sum over Listeners.
+	Total uint64
+	// Gauges is how many listener gauges were summed (len(Listeners)).
+	// Zero gauges is not zero connections: Envoy may expose no
+	// downstream_cx_active gauge at all (Istio's default stats_matcher),
+	// or, under usedonly, none for listeners that never took a
+	// connection. [Client.DownstreamGauges] tells the two apart.
+	Gauges int
+	// Listeners are the gauges counted.
+	Listeners []ListenerActive
+	// Excluded are the gauges left out by the ExcludeSet.
+	Excluded []ListenerActive
 }
 
 // ActiveDownstream returns Envoy's active downstream connections, from
-// /stats?usedonly&filter=ActiveFilter, summed by [SumActive].
+// GET /stats?usedonly&filter=^listener\..*downstream_cx_active$: the sum of
+// listener.<name>.downstream_cx_active over traffic listeners, leaving out
+// the admin listener, per-worker duplicates (listener.<name>.worker_N...),
+// Envoy-internal listeners and the client's ExcludeSet ([WithExclude]).
 //
-// A listener that never took a connection has no gauge under usedonly, so
-// no listener gauge at all is a total of 0. An empty answer is an error
-// ([ErrMalformed]): the admin listener's gauge counts this very request's
-// connection, so a healthy Envoy always returns at least that line.
-func (c *Client) ActiveDownstream(ctx context.Context, exclude ExcludeSet) (ActiveConns, error) {
-	stats, err := c.Stats(ctx, StatsQuery{UsedOnly: true, Filter: ActiveFilter})
+// An answer with no gauge is a total of 0 over 0 gauges, not an error: a
+// listener that never took a connection has no gauge under usedonly, and a
+// stats_matcher may drop them all (then even the admin listener's gauge,
+// which counts this very request, is missing: the answer is empty).
+func (c *Client) ActiveDownstream(ctx context.Context) (ActiveConns, error) {
+	stats, err := c.stats(ctx, activeFilter, true)
 	if err != nil {
 		return ActiveConns{}, err
 	}
-	if len(stats) == 0 {
-		return ActiveConns{}, fmt.Errorf("envoy admin: GET /stats: %w: empty answer, not even the admin listener's gauge", ErrMalformed)
-	}
-	return SumActive(stats, exclude), nil
+	return sumActive(stats, c.exclude), nil
 }
 
-// SumActive adds up listener.<name>.downstream_cx_active gauges. It skips
+// DownstreamGauges tells whether Envoy exposes downstream_cx_active gauges
+// for its traffic listeners at all. It asks GET /stats without usedonly
+// (so that listeners that never took a connection show their gauge) and
+// reports true when at least one gauge ActiveDownstream would count is
+// there. False means ActiveDownstream can only ever say 0: a stats_matcher
+// (Istio's default, without EXIT_ON_ZERO_ACTIVE_CONNECTIONS) drops the
+// gauges, or no traffic listener exists.
+func (c *Client) DownstreamGauges(ctx context.Context) (present bool, err error) {
+	stats, err := c.stats(ctx, activeFilter, false)
+	if err != nil {
+		return false, err
+	}
+	return len(sumActive(stats, c.exclude).Listeners) > 0, nil
+}
+
+// sumActive adds up listener.<name>.downstream_cx_active gauges. It skips
 // the admin listener (listener.admin.*), per-worker duplicates
 // (listener.<name>.worker_N.*), Envoy-internal listeners (envoy_internal in
 // the name) and every other stat, and moves excluded listeners to Excluded.
-func SumActive(stats []Stat, exclude ExcludeSet) ActiveConns {
+func sumActive(stats []stat, exclude ExcludeSet) ActiveConns {
 	const prefix, suffix = "listener.", ".downstream_cx_active"
 	var ac ActiveConns
 	for _, s := range stats {
-		if !strings.HasPrefix(s.Name, prefix) || !strings.HasSuffix(s.Name, suffix) ||
-			len(s.Name) <= len(prefix)+len(suffix) {
+		if !strings.HasPrefix(s.name, prefix) || !strings.HasSuffix(s.name, suffix) ||
+			len(s.name) <= len(prefix)+len(suffix) {
 			continue
 		}
-		name := s.Name[len(prefix) : len(s.Name)-len(suffix)]
+		name := s.name[len(prefix) : len(s.name)-len(suffix)]
 		if name == "admin" || strings.HasPrefix(name, "admin.") ||
-			strings.Contains(s.Name, "envoy_internal") || perThread(name) {
+			strings.Contains(s.name, "envoy_internal") || perThread(name) {
 			continue
 		}
-		l := ListenerActive{Stat: s.Name, Listener: name, Active: s.Value}
-		if ap, ok := ParseListenerAddr(name); ok {
+		l := ListenerActive{Stat: s.name, Listener: name, Active: s.value}
+		if ap, ok := parseListenerAddr(name); ok {
 			l.Addr, l.Port = ap, ap.Port()
 		}
 		if exclude.excludes(l) {
 			ac.Excluded = append(ac.Excluded, l)
 			continue
 		}
-		ac.Total += s.Value
 		ac.Listeners = append(ac.Listeners, l)
+		ac.Total += l.Active
 	}
 	byStat := func(a, b ListenerActive) int { return strings.Compare(a.Stat, b.Stat) }
-	slices.SortStableFunc(ac.Listeners, byStat)
-	slices.SortStableFunc(ac.Excluded, byStat)
+	slices.SortFunc(ac.Listeners, byStat)
+	slices.SortFunc(ac.Excluded, byStat)
+	ac.Gauges = len(ac.Listeners)
 	return ac
 }
 
-// perThread tells a per-thread scope: <name>.worker_N or <name>.main_thread.
+// perThread tells whether a listener part ends in a per-thread scope:
+// "<addr>.worker_<N>" or "<addr>.main_thread".
 func perThread(name string) bool {
 	dot := strings.LastIndexByte(name, '.')
 	if dot < 0 {
@@ -123,11 +149,11 @@ func perThread(name string) bool {
 	return err == nil
 }
 
-// ParseListenerAddr parses the address form of a listener's stat name, as
+// parseListenerAddr parses the address form of a listener's stat name, as
 // Envoy writes it (':' replaced by '_'): "0.0.0.0_15001", "[__]_15001",
 // "[__1]_15090", "[__ffff_10.0.0.1]_80". It reports false for anything else
 // (a stat_prefix).
-func ParseListenerAddr(name string) (netip.AddrPort, bool) {
+func parseListenerAddr(name string) (netip.AddrPort, bool) {
 	us := strings.LastIndexByte(name, '_')
 	if us <= 0 || us == len(name)-1 {
 		return netip.AddrPort{}, false

@@ -32,6 +32,7 @@ type Client struct {
 	maxBody int64
 	retries int
 	backoff time.Duration
+	exclude ExcludeSet
 }
 
 // Option configures a Client.
@@ -82,6 +83,10 @@ func WithBackoff(d time.Duration) Option {
 	}
 }
 
+// WithExclude sets the listeners ActiveDownstream and DownstreamGauges
+// leave out (default [DefaultExclude]: 15020, 15021, 15090).
+func WithExclude(e ExcludeSet) Option { return func(c *Client) { c.exclude = e } }
+
 // New returns a client for the admin API at addr, "127.0.0.1:15000" or
 // "[::1]:15000" (an "http://" URL is accepted too).
 func New(addr string, opts ...Option) *Client {
@@ -95,6 +100,7 @@ func New(addr string, opts ...Option) *Client {
 		maxBody: DefaultMaxBody,
 		retries: DefaultRetries,
 		backoff: DefaultBackoff,
+		exclude: DefaultExclude(),
 	}
 	for _, o := range opts {
 		o(c)
@@ -233,10 +239,4 @@ func retryable(err error, r request) bool {
 		return true // the request never left
 	}
 	return r.repeatable
-}
-
-// escape is url.QueryEscape with spaces as %20, which every Envoy version
-// decodes the same way.
-func escape(s string) string {
-	return strings.ReplaceAll(url.QueryEscape(s), "+", "%20")
 }

@@ -1,7 +1,6 @@
-package envoy_test
+package envoy
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -9,12 +8,11 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-
-	"github.com/draind/draind/internal/envoy"
 )
 
-// seeds adds every fixture and a few edge cases.
-func seeds(f *testing.F) {
+// FuzzParseStatsText: any body either parses or is ErrMalformed, never a
+// panic; what parses renders back to text that parses the same, and sums.
+func FuzzParseStatsText(f *testing.F) {
 	files, err := filepath.Glob(filepath.Join("testdata", "*"))
 	if err != nil {
 		f.Fatal(err)
@@ -28,92 +26,57 @@ func seeds(f *testing.F) {
 			f.Add(b)
 		}
 	}
-	for _, s := range []string{"", "\n", "a: 1", "a: \"x\ny\"\n", "h: P0(nan,1) P100(1,2)\n", `{"stats":[]}`, `{"stats":[{"name":"a","value":1}]}`} {
+	for _, s := range []string{"", "\n", "a: 1", "a: \"x\ny\"\n", "h: P0(nan,1) P100(1,2)\n", `{"stats":[]}`,
+		"listener.[__]_15006.downstream_cx_active: 3\nlistener.admin.downstream_cx_active: 1\n"} {
 		f.Add([]byte(s))
 	}
-}
-
-func FuzzParseStatsText(f *testing.F) {
-	seeds(f)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		stats, err := envoy.ParseStatsText(b)
+		stats, err := parseStatsText(b)
 		if err != nil {
-			if !errors.Is(err, envoy.ErrMalformed) {
+			if !errors.Is(err, ErrMalformed) {
 				t.Fatalf("error %v does not wrap ErrMalformed", err)
 			}
 			return
 		}
-		// What parses renders back to text that parses the same.
 		var sb strings.Builder
 		for _, s := range stats {
-			if s.Name == "" || strings.ContainsAny(s.Name, " \n\r\t\"") {
-				t.Fatalf("bad name %q", s.Name)
+			if s.name == "" || strings.ContainsAny(s.name, " \n\r\t\"") {
+				t.Fatalf("bad name %q", s.name)
 			}
-			fmt.Fprintf(&sb, "%s: %d\n", s.Name, s.Value)
+			fmt.Fprintf(&sb, "%s: %d\n", s.name, s.value)
 		}
-		again, err := envoy.ParseStatsText([]byte(sb.String()))
+		again, err := parseStatsText([]byte(sb.String()))
 		if err != nil || !reflect.DeepEqual(again, stats) {
 			t.Fatalf("round trip: %v, %v != %v", err, again, stats)
 		}
-		envoy.SumActive(stats, envoy.DefaultExclude())
+		ac := sumActive(stats, DefaultExclude())
+		if ac.Gauges != len(ac.Listeners) {
+			t.Fatalf("gauges %d, listeners %d", ac.Gauges, len(ac.Listeners))
+		}
 	})
 }
 
-func FuzzParseStatsJSON(f *testing.F) {
-	seeds(f)
-	f.Fuzz(func(t *testing.T, b []byte) {
-		stats, err := envoy.ParseStatsJSON(b)
-		if err != nil {
-			if !errors.Is(err, envoy.ErrMalformed) {
-				t.Fatalf("error %v does not wrap ErrMalformed", err)
-			}
-			return
-		}
-		type nv struct {
-			Name  string `json:"name"`
-			Value uint64 `json:"value"`
-		}
-		doc := struct {
-			Stats []nv `json:"stats"`
-		}{Stats: []nv{}}
-		for _, s := range stats {
-			if s.Name == "" {
-				t.Fatal("empty name")
-			}
-			doc.Stats = append(doc.Stats, nv(s))
-		}
-		out, err := json.Marshal(doc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		again, err := envoy.ParseStatsJSON(out)
-		if err != nil || !reflect.DeepEqual(again, stats) {
-			t.Fatalf("round trip: %v, %v != %v", err, again, stats)
-		}
-		envoy.SumActive(stats, envoy.ExcludeSet{Names: []string{"admin"}})
-	})
-}
-
+// FuzzParseListenerAddr: what parses is valid and renders back to Envoy's
+// form, which parses the same.
 func FuzzParseListenerAddr(f *testing.F) {
 	for _, s := range []string{"0.0.0.0_15006", "[__]_15021", "[__1]_15090", "virtualOutbound", "[__ffff_10.0.0.1]_80", "[fe80__1%eth0]_80"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		ap, ok := envoy.ParseListenerAddr(s)
+		ap, ok := parseListenerAddr(s)
 		if !ok {
 			return
 		}
 		if !ap.IsValid() {
 			t.Fatalf("%q: ok but invalid", s)
 		}
-		// The address renders back to Envoy's form.
 		var back string
 		if ap.Addr().Is4() {
 			back = ap.Addr().String() + "_" + fmt.Sprint(ap.Port())
 		} else {
 			back = "[" + strings.ReplaceAll(ap.Addr().String(), ":", "_") + "]_" + fmt.Sprint(ap.Port())
 		}
-		if again, ok := envoy.ParseListenerAddr(back); !ok || again != ap {
+		if again, ok := parseListenerAddr(back); !ok || again != ap {
 			t.Fatalf("%q -> %v -> %q -> %v", s, ap, back, again)
 		}
 	})

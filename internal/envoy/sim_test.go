@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -36,7 +37,7 @@ func echoServer(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func hasIPv6(t *testing.T) bool {
+func hasIPv6() bool {
 	ln, err := net.Listen("tcp", "[::1]:0")
 	if err != nil {
 		return false
@@ -94,6 +95,30 @@ func eventually(t *testing.T, what string, f func() error) {
 	}
 }
 
+// adminPost POSTs to an admin path, for what the client does not do.
+func adminPost(t *testing.T, addr, path string) int {
+	t.Helper()
+	resp, err := http.Post("http://"+addr+path, "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func portOf(t *testing.T, addr string) uint16 {
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.ParseUint(p, 10, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uint16(n)
+}
+
 func TestClientAgainstSim(t *testing.T) {
 	ctx := context.Background()
 	echo := echoServer(t)
@@ -103,43 +128,38 @@ func TestClientAgainstSim(t *testing.T) {
 		{Name: "status", Address: "127.0.0.1:0", Upstream: echo},
 		{Name: "idle", Address: "127.0.0.1:0", Upstream: echo},
 	}
-	v6 := hasIPv6(t)
+	v6 := hasIPv6()
 	if v6 {
 		ls = append(ls, envoysim.ListenerConfig{Name: "in6", Address: "[::1]:0", Direction: "inbound", Upstream: echo})
 	}
 	sim := startSim(t, envoysim.Config{Concurrency: 2, DrainTime: 45 * time.Second, DrainStrategy: "immediate", Listeners: ls})
-	c := fast(sim.AdminAddr())
+	c := fast(sim.AdminAddr(), envoy.WithExclude(envoy.ExcludeSet{Ports: []uint16{portOf(t, sim.ListenerAddr("status"))}}))
 
 	// A listener that never took a connection has no gauge under usedonly:
-	// zero, not an error.
-	ac, err := c.ActiveDownstream(ctx, envoy.ExcludeSet{})
-	if err != nil || ac.Total != 0 || len(ac.Listeners) != 0 {
+	// zero over zero gauges, not an error. Without usedonly they are there.
+	ac, err := c.ActiveDownstream(ctx)
+	if err != nil || ac.Total != 0 || ac.Gauges != 0 {
 		t.Fatalf("fresh sim: %+v, %v", ac, err)
+	}
+	if present, err := c.DownstreamGauges(ctx); err != nil || !present {
+		t.Errorf("fresh sim: gauges %t %v, want present", present, err)
 	}
 
 	dialEcho(t, sim.ListenerAddr("in"))
 	dialEcho(t, sim.ListenerAddr("in"))
 	dialEcho(t, sim.ListenerAddr("vo"))
 	dialEcho(t, sim.ListenerAddr("status"))
-	want := uint64(3)
+	want, gauges := uint64(3), 2
 	if v6 {
 		dialEcho(t, sim.ListenerAddr("in6"))
-		want++
+		want, gauges = want+1, gauges+1
 	}
-	_, statusPort, _ := net.SplitHostPort(sim.ListenerAddr("status"))
-	port := func(s string) uint16 {
-		var p uint16
-		for _, c := range s {
-			p = p*10 + uint16(c-'0')
-		}
-		return p
-	}
-	ac, err = c.ActiveDownstream(ctx, envoy.ExcludeSet{Ports: []uint16{port(statusPort)}})
+	ac, err = c.ActiveDownstream(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ac.Total != want {
-		t.Errorf("total %d, want %d: %+v", ac.Total, want, ac)
+	if ac.Total != want || ac.Gauges != gauges {
+		t.Errorf("total %d over %d gauges, want %d over %d: %+v", ac.Total, ac.Gauges, want, gauges, ac)
 	}
 	got := map[string]uint64{}
 	for _, l := range ac.Listeners {
@@ -154,74 +174,27 @@ func TestClientAgainstSim(t *testing.T) {
 			t.Errorf("IPv6 listener %q: %d", name, got[name])
 		}
 	}
-	if _, err := c.Stat(ctx, "listener."+sim.ListenerStatName("idle")+".downstream_cx_active"); err != nil {
-		t.Errorf("without usedonly the idle listener's gauge is there: %v", err)
+	if l, err := c.Live(ctx); err != nil || !l.Live() {
+		t.Errorf("live: %+v %v", l, err)
 	}
 
-	if s, err := c.ServerState(ctx); err != nil || s != envoy.StateLive {
-		t.Errorf("state %v, %v", s, err)
+	// A drain changes no liveness; a repeated drain is an OK.
+	for range 2 {
+		if err := c.DrainListeners(ctx, envoy.DrainOptions{InboundOnly: true, Graceful: true}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if ok, err := c.WorkersStarted(ctx); err != nil || !ok {
-		t.Errorf("workers started %v, %v", ok, err)
-	}
-	if st, ready, err := c.Ready(ctx); st != "LIVE" || !ready || err != nil {
-		t.Errorf("ready %q %t %v", st, ready, err)
-	}
-	si, err := c.ServerInfo(ctx)
-	if err != nil || si.State != "LIVE" || si.DrainTime != 45*time.Second || si.DrainStrategy != "Immediate" ||
-		si.Concurrency != 2 || si.ParentShutdownTime != 900*time.Second {
-		t.Errorf("server info %+v, %v", si, err)
-	}
-	js, err := c.Stats(ctx, envoy.StatsQuery{Format: "json", UsedOnly: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	text, err := c.Stats(ctx, envoy.StatsQuery{UsedOnly: true, Type: "Gauges"})
-	if err != nil || len(text) == 0 || len(js) <= len(text) {
-		t.Errorf("json %d stats, text gauges %d, %v", len(js), len(text), err)
-	}
-
-	// /healthcheck/fail changes /ready and server.state; ok undoes it.
-	if err := c.HealthcheckFail(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if st, ready, err := c.Ready(ctx); st != "DRAINING" || ready || err != nil {
-		t.Errorf("after fail: ready %q %t %v", st, ready, err)
-	}
-	if s, _ := c.ServerState(ctx); s != envoy.StateDraining {
-		t.Errorf("after fail: state %v", s)
-	}
-	if err := c.HealthcheckOK(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if st, ready, _ := c.Ready(ctx); st != "LIVE" || !ready {
-		t.Errorf("after ok: %q %t", st, ready)
-	}
-
-	// A drain changes neither /ready nor server.state.
-	if err := c.DrainListeners(ctx, envoy.DrainOptions{InboundOnly: true, Graceful: true}); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.DrainListeners(ctx, envoy.DrainOptions{InboundOnly: true, Graceful: true}); err != nil {
-		t.Errorf("a repeated drain: %v", err)
-	}
-	if st, ready, _ := c.Ready(ctx); st != "LIVE" || !ready {
-		t.Errorf("draining: ready %q %t", st, ready)
-	}
-	if s, _ := c.ServerState(ctx); s != envoy.StateLive {
-		t.Errorf("draining: state %v", s)
+	if l, err := c.Live(ctx); err != nil || !l.Live() {
+		t.Errorf("draining: %+v %v", l, err)
 	}
 	var se *envoy.StatusError
 	if err := c.DrainListeners(ctx, envoy.DrainOptions{SkipExit: true}); !errors.As(err, &se) || se.Code != 400 {
 		t.Errorf("skip_exit without graceful: %v, want 400", err)
 	}
-
-	// Envoy's answers to mistakes.
-	if _, err := c.Stats(ctx, envoy.StatsQuery{Filter: "("}); !errors.As(err, &se) || se.Code != 400 || se.Body != "Invalid re2 regex" {
-		t.Errorf("bad regex: %v", err)
-	}
-	if _, err := c.Stats(ctx, envoy.StatsQuery{Type: "Nope"}); !errors.As(err, &se) || se.Code != 400 || se.Body != "invalid &type= param" {
-		t.Errorf("bad type: %v", err)
+	// /healthcheck/fail: server.state DRAINING, so not live.
+	adminPost(t, sim.AdminAddr(), "/healthcheck/fail")
+	if l, err := c.Live(ctx); err != nil || l.Live() || l.State != envoy.StateDraining {
+		t.Errorf("health check failed: %+v %v", l, err)
 	}
 
 	if err := c.QuitQuitQuit(ctx); err != nil {
@@ -235,53 +208,135 @@ func TestClientAgainstSim(t *testing.T) {
 	if sim.Err() != nil {
 		t.Errorf("quit: Err() = %v", sim.Err())
 	}
-	if _, err := c.ServerState(ctx); !errors.Is(err, envoy.ErrUnreachable) {
+	if _, err := c.Live(ctx); !errors.Is(err, envoy.ErrUnreachable) {
 		t.Errorf("after quit: %v, want ErrUnreachable", err)
 	}
 }
 
+// Under Istio's default stats_matcher there is no downstream_cx_active
+// gauge: ActiveDownstream says 0 over 0 gauges, DownstreamGauges says
+// absent, liveness still reads. With EXIT_ON_ZERO_ACTIVE_CONNECTIONS's
+// suffix, the gauges are back.
+func TestClientSimStatsMatcher(t *testing.T) {
+	ctx := context.Background()
+	echo := echoServer(t)
+	for _, tc := range []struct {
+		matcher string
+		gauges  bool
+	}{
+		{"istio", false},
+		{"istio_exit_on_zero", true},
+		{"", true},
+	} {
+		t.Run("matcher="+tc.matcher, func(t *testing.T) {
+			sim := startSim(t, envoysim.Config{StatsMatcher: tc.matcher, Listeners: []envoysim.ListenerConfig{
+				{Name: "in", Address: "127.0.0.1:0", Direction: "inbound", Upstream: echo},
+			}})
+			c := fast(sim.AdminAddr())
+			dialEcho(t, sim.ListenerAddr("in"))
+			ac, err := c.ActiveDownstream(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if present, err := c.DownstreamGauges(ctx); err != nil || present != tc.gauges {
+				t.Errorf("gauges %t %v, want %t", present, err, tc.gauges)
+			}
+			wantTotal, wantGauges := uint64(0), 0
+			if tc.gauges {
+				wantTotal, wantGauges = 1, 1
+			}
+			if ac.Total != wantTotal || ac.Gauges != wantGauges {
+				t.Errorf("active %+v, want %d over %d gauges", ac, wantTotal, wantGauges)
+			}
+			if l, err := c.Live(ctx); err != nil || !l.Live() {
+				t.Errorf("live %+v %v", l, err)
+			}
+		})
+	}
+}
+
+func TestClientSimLive(t *testing.T) {
+	ctx := context.Background()
+	sim := startSim(t, envoysim.Config{StartupDelay: 600 * time.Millisecond})
+	c := fast(sim.AdminAddr())
+	// Starting: server.state is the unset gauge (0, LIVE), the workers have
+	// not started: not live.
+	l, err := c.Live(ctx)
+	if err != nil || l.Live() || l.WorkersStarted || l.State != envoy.StateLive {
+		t.Errorf("starting: %+v %v", l, err)
+	}
+	eventually(t, "live", func() error {
+		if l, err := c.Live(ctx); err != nil || !l.Live() {
+			return errors.New("not live")
+		}
+		return nil
+	})
+
+	never := startSim(t, envoysim.Config{Fault: envoysim.Fault{NeverLive: true}})
+	c = fast(never.AdminAddr())
+	time.Sleep(100 * time.Millisecond)
+	if l, err := c.Live(ctx); err != nil || l.Live() {
+		t.Errorf("never live: %+v %v", l, err)
+	}
+	never.SetFault(envoysim.Fault{})
+	if l, err := c.Live(ctx); err != nil || !l.Live() {
+		t.Errorf("fault cleared: %+v %v", l, err)
+	}
+}
+
+// No call outlives its timeout, whatever the admin API does; a crash is
+// unreachable.
 func TestClientSimFaults(t *testing.T) {
 	ctx := context.Background()
 	sim := startSim(t, envoysim.Config{})
 	c := envoy.New(sim.AdminAddr(), envoy.WithTimeout(300*time.Millisecond), envoy.WithBackoff(time.Millisecond))
 
+	calls := map[string]func() error{
+		"ActiveDownstream": func() error { _, err := c.ActiveDownstream(ctx); return err },
+		"DownstreamGauges": func() error { _, err := c.DownstreamGauges(ctx); return err },
+		"Live":             func() error { _, err := c.Live(ctx); return err },
+		"DrainListeners":   func() error { return c.DrainListeners(ctx, envoy.DrainOptions{Graceful: true, SkipExit: true}) },
+	}
+	timeout := func(err error) bool {
+		return errors.Is(err, envoy.ErrUnreachable) && errors.Is(err, context.DeadlineExceeded)
+	}
 	for _, tc := range []struct {
-		fault envoysim.AdminFault
-		check func(err error) bool
+		fault envoysim.Fault
+		check func(call string, err error) bool
 	}{
-		{envoysim.AdminHang, func(err error) bool {
-			return errors.Is(err, envoy.ErrUnreachable) && errors.Is(err, context.DeadlineExceeded)
-		}},
-		{envoysim.AdminError, func(err error) bool {
+		{envoysim.Fault{Admin: envoysim.AdminHang}, func(_ string, err error) bool { return timeout(err) }},
+		{envoysim.Fault{Admin: envoysim.AdminSlow}, func(_ string, err error) bool { return timeout(err) }},
+		{envoysim.Fault{Admin: envoysim.AdminError}, func(_ string, err error) bool {
 			var se *envoy.StatusError
 			return errors.As(err, &se) && se.Code == 500
 		}},
-		{envoysim.AdminGarbage, func(err error) bool { return errors.Is(err, envoy.ErrMalformed) }},
+		{envoysim.Fault{Admin: envoysim.AdminGarbage}, func(call string, err error) bool {
+			if call == "DrainListeners" {
+				return err == nil // a 200: the body of a POST is not read
+			}
+			return errors.Is(err, envoy.ErrMalformed)
+		}},
 	} {
-		if err := sim.SetFault(envoysim.Fault{Admin: tc.fault}); err != nil {
+		if err := sim.SetFault(tc.fault); err != nil {
 			t.Fatal(err)
 		}
-		done := make(chan error, 1)
-		go func() {
-			_, err := c.ActiveDownstream(ctx, envoy.ExcludeSet{})
-			done <- err
-		}()
-		select {
-		case err := <-done:
-			if !tc.check(err) {
-				t.Errorf("fault %q: err = %v", tc.fault, err)
+		for name, call := range calls {
+			done := make(chan error, 1)
+			go func() { done <- call() }()
+			select {
+			case err := <-done:
+				if !tc.check(name, err) {
+					t.Errorf("fault %+v: %s: err = %v", tc.fault, name, err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("fault %+v: %s did not return by its timeout", tc.fault, name)
 			}
-		case <-time.After(20 * time.Second):
-			t.Fatalf("fault %q: the call did not return by its timeout", tc.fault)
-		}
-		if _, _, err := c.Ready(ctx); err == nil {
-			t.Errorf("fault %q: /ready answered", tc.fault)
 		}
 	}
 	if err := sim.SetFault(envoysim.Fault{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.ActiveDownstream(ctx, envoy.ExcludeSet{}); err != nil {
+	if _, err := c.ActiveDownstream(ctx); err != nil {
 		t.Errorf("fault cleared: %v", err)
 	}
 
@@ -297,77 +352,9 @@ func TestClientSimFaults(t *testing.T) {
 	if !errors.Is(sim.Err(), envoysim.ErrCrashed) {
 		t.Errorf("Err() = %v", sim.Err())
 	}
-	if _, err := c.ActiveDownstream(ctx, envoy.ExcludeSet{}); !errors.Is(err, envoy.ErrUnreachable) {
-		t.Errorf("after crash: %v", err)
-	}
-}
-
-func TestClientSimStartup(t *testing.T) {
-	ctx := context.Background()
-	echo := echoServer(t)
-	sim := startSim(t, envoysim.Config{
-		StartupDelay: 600 * time.Millisecond,
-		Listeners:    []envoysim.ListenerConfig{{Name: "in", Address: "127.0.0.1:0", Upstream: echo}},
-	})
-	c := fast(sim.AdminAddr())
-	// Before LIVE: /ready 503 with the init state, no workers, connections refused.
-	st, ready, err := c.Ready(ctx)
-	if err != nil || ready || (st != "PRE_INITIALIZING" && st != "INITIALIZING") {
-		t.Errorf("starting: ready %q %t %v", st, ready, err)
-	}
-	if ok, err := c.WorkersStarted(ctx); err != nil || ok {
-		t.Errorf("starting: workers started %t %v", ok, err)
-	}
-	if sim.State() != "LIVE" {
-		if c, err := net.Dial("tcp", sim.ListenerAddr("in")); err == nil {
-			c.Close()
-			if sim.State() != "LIVE" {
-				t.Error("a listener accepted before LIVE")
-			}
-		}
-	}
-	eventually(t, "LIVE", func() error {
-		if _, ready, err := c.Ready(ctx); err != nil || !ready {
-			return errors.New("not ready")
-		}
-		return nil
-	})
-	if ok, err := c.WorkersStarted(ctx); err != nil || !ok {
-		t.Errorf("live: workers started %t %v", ok, err)
-	}
-	dialEcho(t, sim.ListenerAddr("in"))
-}
-
-// A raw look at the sim's admin answers the client never sees.
-func TestSimAdminRaw(t *testing.T) {
-	sim := startSim(t, envoysim.Config{})
-	base := "http://" + sim.AdminAddr()
-	for _, tc := range []struct {
-		method, path string
-		code         int
-		prefix       string
-	}{
-		{"GET", "/quitquitquit", 405, "Method GET not allowed, POST required."},
-		{"GET", "/drain_listeners?inboundonly&graceful", 405, "Method GET not allowed, POST required."},
-		{"PUT", "/healthcheck/fail", 405, "Method PUT not allowed, POST required."},
-		{"GET", "/nope", 404, "invalid path. admin commands are:\n"},
-		{"GET", "/stats/", 404, "invalid path. "},
-		{"GET", "/stats?format=xml", 400, "usage: /stats?format=(html|active-html|json|prometheus|text)\n\n"},
-		{"GET", "/ready?x=1", 200, "LIVE\n"},
-		{"POST", "/ready", 200, "LIVE\n"},
-	} {
-		req, _ := http.NewRequest(tc.method, base+tc.path, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != tc.code || !strings.HasPrefix(string(b), tc.prefix) {
-			t.Errorf("%s %s: %d %q, want %d %q...", tc.method, tc.path, resp.StatusCode, b, tc.code, tc.prefix)
-		}
-		if tc.code == 405 && string(b) != tc.prefix {
-			t.Errorf("%s %s: body %q, want exactly %q", tc.method, tc.path, b, tc.prefix)
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, envoy.ErrUnreachable) {
+			t.Errorf("after crash: %s: %v", name, err)
 		}
 	}
 }

@@ -3,89 +3,34 @@ package envoy
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"regexp"
+	"net/url"
 	"strconv"
 	"strings"
 )
 
-// Stat is one counter or gauge. The text and JSON formats do not say which.
-type Stat struct {
-	Name  string
-	Value uint64
+// stat is one counter or gauge. The text format does not say which.
+type stat struct {
+	name  string
+	value uint64
 }
 
-// StatsQuery is what /stats is asked for.
-type StatsQuery struct {
-	// UsedOnly hides stats that never changed (the bare usedonly flag).
-	UsedOnly bool
-	// Filter is an RE2 regular expression, matched partially against each
-	// name: use ^...$ for an exact match. Envoy answers 400 to a bad one.
-	Filter string
-	// Format is "" or "text" (the default text format) or "json".
-	Format string
-	// Type is "" (all) or one of Envoy's words: "Counters", "Gauges",
-	// "Histograms", "TextReadouts", "All".
-	Type string
-}
-
-func (q StatsQuery) encode() string {
-	var parts []string
-	if q.UsedOnly {
-		parts = append(parts, "usedonly")
+// stats asks GET /stats?[usedonly&]filter=F and returns its counters and
+// gauges in Envoy's order (text readouts and histograms skipped).
+func (c *Client) stats(ctx context.Context, filter string, usedOnly bool) ([]stat, error) {
+	q := "filter=" + escape(filter)
+	if usedOnly {
+		q = "usedonly&" + q
 	}
-	if q.Filter != "" {
-		parts = append(parts, "filter="+escape(q.Filter))
-	}
-	if q.Format != "" {
-		parts = append(parts, "format="+escape(q.Format))
-	}
-	if q.Type != "" {
-		parts = append(parts, "type="+escape(q.Type))
-	}
-	return strings.Join(parts, "&")
-}
-
-// Stats returns the counters and gauges /stats answers, in Envoy's order.
-// Text readouts and histograms are skipped.
-func (c *Client) Stats(ctx context.Context, q StatsQuery) ([]Stat, error) {
-	var parse func([]byte) ([]Stat, error)
-	switch q.Format {
-	case "", "text":
-		parse = ParseStatsText
-	case "json":
-		parse = ParseStatsJSON
-	default:
-		return nil, fmt.Errorf("envoy admin: stats format %q: only text and json are parsed", q.Format)
-	}
-	_, body, err := c.do(ctx, request{method: "GET", path: "/stats", query: q.encode(), repeatable: true})
+	_, body, err := c.do(ctx, request{method: "GET", path: "/stats", query: q, repeatable: true})
 	if err != nil {
 		return nil, err
 	}
-	stats, err := parse(body)
+	stats, err := parseStatsText(body)
 	if err != nil {
 		return nil, fmt.Errorf("envoy admin: GET /stats: %w", err)
 	}
 	return stats, nil
-}
-
-// Stat returns one counter's or gauge's value, asked for by exact name and
-// without usedonly, so a stat Envoy has is found even if it never changed.
-// A stat Envoy does not have is [ErrStatAbsent].
-func (c *Client) Stat(ctx context.Context, name string) (uint64, error) {
-	stats, err := c.Stats(ctx, StatsQuery{Filter: "^" + regexp.QuoteMeta(name) + "$"})
-	if err != nil {
-		return 0, err
-	}
-	for _, s := range stats {
-		if s.Name == name {
-			return s.Value, nil
-		}
-	}
-	return 0, fmt.Errorf("envoy admin: %s: %w", name, ErrStatAbsent)
 }
 
 // malformed makes an ErrMalformed error.
@@ -93,10 +38,14 @@ func malformed(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrMalformed}, args...)...)
 }
 
-// ParseStatsText parses Envoy's text stats format. An empty body is no stats
-// and no error (a filter may match nothing).
-func ParseStatsText(b []byte) ([]Stat, error) {
-	stats := []Stat{}
+// parseStatsText parses Envoy's text stats format: quoted text readouts
+// first (a value may span lines), then counters and gauges as
+// "name: uint64" in name order, then histograms ("P0(nan,1) P25(...)" or
+// "No recorded values"). Readouts and histograms are recognised and
+// skipped; any other line is an error. An empty body is no stats and no
+// error (a filter may match nothing).
+func parseStatsText(b []byte) ([]stat, error) {
+	stats := []stat{}
 	lineNo := 0
 	readout := 0 // line where an unterminated multi-line text readout began
 	for len(b) > 0 {
@@ -138,7 +87,7 @@ func ParseStatsText(b []byte) ([]Stat, error) {
 			if err != nil {
 				return nil, malformed("stats line %d: %s: value %q is not a uint64", lineNo, name, truncate(value, 80))
 			}
-			stats = append(stats, Stat{Name: string(name), Value: v})
+			stats = append(stats, stat{name: string(name), value: v})
 		}
 	}
 	if readout > 0 {
@@ -179,44 +128,8 @@ func isHistogram(v []byte) bool {
 	return true
 }
 
-// ParseStatsJSON parses /stats?format=json: {"stats":[{"name":..,"value":N}]},
-// skipping text readouts (string values) and the histograms element.
-func ParseStatsJSON(b []byte) ([]Stat, error) {
-	var doc struct {
-		Stats *[]map[string]json.RawMessage `json:"stats"`
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if err := dec.Decode(&doc); err != nil {
-		return nil, malformed("stats json: %v", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, malformed("stats json: data after the document")
-	}
-	if doc.Stats == nil {
-		return nil, malformed("stats json: no \"stats\" array")
-	}
-	stats := make([]Stat, 0, len(*doc.Stats))
-	for i, e := range *doc.Stats {
-		rawName, hasName := e["name"]
-		if !hasName {
-			if _, ok := e["histograms"]; ok {
-				continue
-			}
-			return nil, malformed("stats json: element %d has no name", i)
-		}
-		var name string
-		if err := json.Unmarshal(rawName, &name); err != nil || name == "" {
-			return nil, malformed("stats json: element %d: bad name %s", i, truncate(rawName, 80))
-		}
-		raw := bytes.TrimSpace(e["value"])
-		if len(raw) > 0 && raw[0] == '"' {
-			continue // text readout
-		}
-		v, err := strconv.ParseUint(string(raw), 10, 64)
-		if err != nil {
-			return nil, malformed("stats json: %s: value %q is not a uint64", name, truncate(raw, 80))
-		}
-		stats = append(stats, Stat{Name: name, Value: v})
-	}
-	return stats, nil
+// escape is url.QueryEscape with spaces as %20, which every Envoy version
+// decodes the same way.
+func escape(s string) string {
+	return strings.ReplaceAll(url.QueryEscape(s), "+", "%20")
 }

@@ -34,7 +34,7 @@ func init() {
 			"skip_exit: When draining listeners, do not exit after the drain period. This must be used with graceful",
 			"inboundonly: Drains all inbound listeners. traffic_direction field in envoy_v3_api_msg_config.listener.v3.Listener is used to determine whether a listener is inbound or outbound.",
 		}, h: (*Sim).handleDrainListeners},
-		{path: "/envoysim/fault", help: "envoysim test hook: set the fault in force (admin=hang|500|garbage, crash_after=DURATION, crash_exit_code=N)", post: true, h: (*Sim).handleFault},
+		{path: "/envoysim/fault", help: "envoysim test hook: set the fault in force (admin=hang|500|garbage|slow, admin_delay=D, crash_after=D, crash_after_drain=D, crash_exit_code=N, exit_at_start=N, never_live=true)", post: true, h: (*Sim).handleFault},
 		{path: "/healthcheck/fail", help: "cause the server to fail health checks", post: true, h: healthcheckHandler(true)},
 		{path: "/healthcheck/ok", help: "cause the server to pass health checks", post: true, h: healthcheckHandler(false)},
 		{path: "/help", help: "print out list of admin commands", h: (*Sim).handleHelp},
@@ -104,7 +104,20 @@ func (s *Sim) serveAdmin(w http.ResponseWriter, r *http.Request) {
 	defer s.admin.rqActive.dec()
 
 	if r.URL.Path != "/envoysim/fault" {
-		switch s.currentFault().Admin {
+		f := s.currentFault()
+		if d := f.adminDelay(); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+				t.Stop()
+				return
+			case <-s.ctx.Done():
+				t.Stop()
+				panic(http.ErrAbortHandler)
+			}
+		}
+		switch f.Admin {
 		case AdminHang:
 			s.hang(w, r)
 			return
@@ -166,11 +179,11 @@ func (s *Sim) handleStats(w http.ResponseWriter, r *http.Request) {
 		s.reply(w, http.StatusBadRequest, textPlain, bad)
 		return
 	}
-	if s.cfg.StatsFlushInterval == 0 {
-		s.refreshServerStats()
-	}
+	s.statsRead()
 	samples, hs := s.st.snapshot(p)
 	switch p.format {
+	case "html", "active-html":
+		s.reply(w, http.StatusOK, "text/html; charset=UTF-8", string(renderHTML(samples, hs)))
 	case "json":
 		s.reply(w, http.StatusOK, "application/json", string(renderJSON(samples, hs)))
 	case "prometheus":
@@ -181,9 +194,7 @@ func (s *Sim) handleStats(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Sim) handlePrometheus(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.StatsFlushInterval == 0 {
-		s.refreshServerStats()
-	}
+	s.statsRead()
 	samples, _ := s.st.snapshot(statsParams{typ: "All"})
 	s.reply(w, http.StatusOK, "text/plain; version=0.0.4", string(renderPrometheus(samples)))
 }
@@ -288,6 +299,7 @@ func (s *Sim) handleDrainListeners(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mu.Lock()
+	s.drainRequestedLocked()
 	switch d := s.drain; {
 	case !graceful:
 		s.stopListenersLocked(inboundOnly)
@@ -349,6 +361,13 @@ func healthcheckHandler(fail bool) func(*Sim, http.ResponseWriter, *http.Request
 		s.mu.Lock()
 		s.hcFailed = fail
 		s.mu.Unlock()
+		// server.live follows at once (Envoy's failHealthcheck sets it);
+		// server.state only on the next refresh.
+		if fail {
+			s.server.live.set(0)
+		} else {
+			s.server.live.set(1)
+		}
 		s.reply(w, http.StatusOK, textPlain, "OK\n")
 	}
 }
@@ -368,62 +387,74 @@ func (s *Sim) handleQuit(w http.ResponseWriter, _ *http.Request) {
 
 // handleFault is the test hook behind SetFault, for the envoysim program.
 // It takes the config's "fault" object as a JSON body,
-// {"admin":"hang","crash_after_ms":3000,"crash_exit_code":134}, or query
-// parameters: ?admin=hang&crash_after=3s&crash_exit_code=134. "ok" or ""
-// clears the admin fault.
+// {"admin":"hang","crash_after_ms":3000}, or query parameters:
+// ?admin=hang|500|garbage|slow|ok&admin_delay=2s&crash_after=3s&
+// crash_after_drain=1s&crash_exit_code=N&exit_at_start=N&never_live=true.
+// "ok" or "" clears the admin fault. Each request replaces the whole fault.
 func (s *Sim) handleFault(w http.ResponseWriter, r *http.Request) {
+	f, err := parseFaultRequest(r)
+	if err == nil {
+		err = s.SetFault(f)
+	}
+	if err != nil {
+		s.reply(w, http.StatusBadRequest, textPlain, "fault: "+err.Error()+"\n")
+		return
+	}
+	s.reply(w, http.StatusOK, textPlain, "OK\n")
+}
+
+func parseFaultRequest(r *http.Request) (Fault, error) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
 	if err != nil {
-		s.reply(w, http.StatusBadRequest, textPlain, err.Error()+"\n")
-		return
+		return Fault{}, err
 	}
 	if len(bytes.TrimSpace(body)) > 0 {
 		var ff fileFault
 		dec := json.NewDecoder(bytes.NewReader(body))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&ff); err != nil {
-			s.reply(w, http.StatusBadRequest, textPlain, "fault: "+err.Error()+"\n")
-			return
+			return Fault{}, err
 		}
-		f := Fault{Admin: AdminFault(ff.Admin), CrashExitCode: ff.CrashExitCode}
-		if f.Admin == "ok" {
-			f.Admin = AdminOK
-		}
-		if f.CrashAfter, err = seconds(ff.CrashAfterMs/1e3, "crash_after_ms"); err == nil {
-			err = s.SetFault(f)
-		}
-		if err != nil {
-			s.reply(w, http.StatusBadRequest, textPlain, err.Error()+"\n")
-			return
-		}
-		s.reply(w, http.StatusOK, textPlain, "OK\n")
-		return
+		return ff.fault()
 	}
 	q := r.URL.Query()
-	var f Fault
-	f.Admin = AdminFault(q.Get("admin"))
-	if f.Admin == "ok" {
-		f.Admin = AdminOK
-	}
-	if v := q.Get("crash_after"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			s.reply(w, http.StatusBadRequest, textPlain, "crash_after: "+err.Error()+"\n")
-			return
+	ff := fileFault{Admin: q.Get("admin"), NeverLive: q.Get("never_live") == "true"}
+	for _, d := range []struct {
+		key string
+		dst *float64
+	}{
+		{"admin_delay", &ff.AdminDelayMs},
+		{"crash_after", &ff.CrashAfterMs},
+		{"crash_after_drain", &ff.CrashAfterDrainMs},
+	} {
+		if v := q.Get(d.key); v != "" {
+			dur, err := time.ParseDuration(v)
+			if err != nil {
+				return Fault{}, fmt.Errorf("%s: %w", d.key, err)
+			}
+			*d.dst = float64(dur) / float64(time.Millisecond)
 		}
-		f.CrashAfter = d
 	}
-	if v := q.Get("crash_exit_code"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			s.reply(w, http.StatusBadRequest, textPlain, "crash_exit_code: "+err.Error()+"\n")
-			return
+	for _, n := range []struct {
+		key string
+		dst **int
+	}{
+		{"crash_exit_code", nil},
+		{"exit_at_start", &ff.ExitAtStart},
+	} {
+		v := q.Get(n.key)
+		if v == "" {
+			continue
 		}
-		f.CrashExitCode = n
+		code, err := strconv.Atoi(v)
+		if err != nil {
+			return Fault{}, fmt.Errorf("%s: %w", n.key, err)
+		}
+		if n.dst == nil {
+			ff.CrashExitCode = code
+		} else {
+			*n.dst = &code
+		}
 	}
-	if err := s.SetFault(f); err != nil {
-		s.reply(w, http.StatusBadRequest, textPlain, err.Error()+"\n")
-		return
-	}
-	s.reply(w, http.StatusOK, textPlain, "OK\n")
+	return ff.fault()
 }

@@ -9,8 +9,21 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
+
+// ZeroDrainTime is the [Config.DrainTime] of Envoy's --drain-time-s 0: a
+// graceful drain closes at once. (A zero DrainTime means the default, 600 s.)
+const ZeroDrainTime time.Duration = -1
+
+// DefaultDrainTimeout is the HTTP connection manager's drain_timeout: the
+// time between the first GOAWAY of an HTTP/2 connection's drain and the
+// final one.
+const DefaultDrainTimeout = 5 * time.Second
 
 // Config is what a Sim runs. The zero value is usable: an admin API on
 // 127.0.0.1:0, no listeners, Envoy's defaults for the rest.
@@ -25,7 +38,8 @@ type Config struct {
 	// listener has worker_0..N-1 stats and hands connections to the workers
 	// round-robin. Default 2.
 	Concurrency int
-	// DrainTime is --drain-time-s. Default 600 s.
+	// DrainTime is --drain-time-s. Zero means the default, 600 s;
+	// [ZeroDrainTime] is Envoy's --drain-time-s 0.
 	DrainTime time.Duration
 	// DrainStrategy is --drain-strategy: "gradual" (default) or "immediate".
 	DrainStrategy string
@@ -36,10 +50,21 @@ type Config struct {
 	// LIVE, when the listeners start listening and workers_started turns 1.
 	StartupDelay time.Duration
 	// StatsFlushInterval, when positive, refreshes server.state,
-	// server.live, server.uptime and server.total_connections only on a
-	// flush of that period, as Envoy does (5 s by default). Zero refreshes
-	// them on every read.
+	// server.uptime and server.total_connections only when the workers
+	// start and on a flush of that period (the first one interval after
+	// start), as Envoy does (5 s by default). Zero refreshes them on every
+	// read once the workers have started. Before the first refresh
+	// server.state is an unset gauge: it reads 0 and usedonly hides it.
 	StatsFlushInterval time.Duration
+	// StatsMatcher is a preset of the bootstrap's stats_matcher: "" keeps
+	// every stat (Envoy's default); "istio" is Istio's default inclusion
+	// list, which has no downstream_cx_active gauge at all; "istio_exit_on_zero"
+	// is Istio's list with EXIT_ON_ZERO_ACTIVE_CONNECTIONS set, which adds
+	// the downstream_cx_active suffix. See [IstioStatsInclusion].
+	StatsMatcher string
+	// StatsInclusion, when set, is an inclusion list of its own (it wins
+	// over StatsMatcher): a stat exists only if it matches one pattern.
+	StatsInclusion *StatsInclusion
 	// Listeners are the proxy's listeners.
 	Listeners []ListenerConfig
 	// Fault is the fault the sim starts with (see [Sim.SetFault]).
@@ -48,6 +73,41 @@ type Config struct {
 	Log io.Writer
 	// ConfigPath is only reported (server_info's config_path).
 	ConfigPath string
+	// OnCrash, when set, is called by a crash before the sim stops, if the
+	// fault's CrashExitCode is 0. The envoysim program kills itself there
+	// with SIGABRT, so that the kernel closes its sockets as it does for
+	// a crashing Envoy. If OnCrash returns, the sim stops as a crash.
+	OnCrash func()
+}
+
+// StatsInclusion is a stats_matcher inclusion_list: a stat is created only
+// if its name has one of the prefixes or suffixes or fully matches one of
+// the regular expressions (Envoy's StringMatcher safe_regex is a full
+// match). Stats it rejects do not exist: /stats never lists them, with or
+// without usedonly.
+type StatsInclusion struct {
+	Prefixes []string `json:"prefixes"`
+	Suffixes []string `json:"suffixes"`
+	Regexes  []string `json:"regexes"`
+}
+
+// IstioStatsInclusion is Istio's default stats_matcher (pkg/bootstrap
+// config.go and tools/packaging/common/envoy_bootstrap.json): the prefixes
+// reporter=, cluster_manager, listener_manager, server, cluster.xds-grpc,
+// wasm, component and istio; the suffixes rbac.allowed, rbac.denied,
+// shadow_allowed and shadow_denied, plus downstream_cx_active when
+// EXIT_ON_ZERO_ACTIVE_CONNECTIONS is set; and the regex vhost\.*\.route\.*.
+// Without that suffix no listener.*, http.* or admin gauge is kept.
+func IstioStatsInclusion(exitOnZeroActiveConnections bool) StatsInclusion {
+	in := StatsInclusion{
+		Prefixes: []string{"reporter=", "cluster_manager", "listener_manager", "server", "cluster.xds-grpc", "wasm", "component", "istio"},
+		Suffixes: []string{"rbac.allowed", "rbac.denied", "shadow_allowed", "shadow_denied"},
+		Regexes:  []string{`vhost\.*\.route\.*`},
+	}
+	if exitOnZeroActiveConnections {
+		in.Suffixes = append(in.Suffixes, "downstream_cx_active")
+	}
+	return in
 }
 
 // ListenerConfig is one listener.
@@ -62,11 +122,23 @@ type ListenerConfig struct {
 	Direction string
 	// StatPrefix, when set, replaces the address in listener.<...> stats.
 	StatPrefix string
-	// Protocol is "tcp" (a byte pipe, as tcp_proxy) or "http" (HTTP/1.1
-	// with keep-alive, as the HTTP connection manager and router).
+	// Protocol is "tcp" (a byte pipe, as tcp_proxy) or "http" (the HTTP
+	// connection manager with codec_type AUTO and the router: HTTP/1.1
+	// with keep-alive, or HTTP/2 cleartext with prior knowledge, told
+	// apart by the HTTP/2 connection preface).
 	Protocol string
-	// Upstream is the host:port connections or requests go to.
+	// Upstream is where connections or requests go: a host:port; or
+	// "original_dst", the connection's original destination (the address
+	// SO_ORIGINAL_DST reports after an iptables REDIRECT, else the accepted
+	// socket's local address, which TPROXY keeps), as Envoy's ORIGINAL_DST
+	// cluster; or "HOST:original_dst_port", HOST with the original
+	// destination's port ("127.0.0.1:original_dst_port": the app on
+	// localhost, as Istio's inbound clusters). A connection whose original
+	// destination is the listener's own port is refused (no loop).
 	Upstream string
+	// UpstreamProtocol is the HTTP listener's upstream protocol: "http1"
+	// (default) or "h2c" (HTTP/2 cleartext, prior knowledge).
+	UpstreamProtocol string
 	// FilterStatPrefix is the stat_prefix of the listener's filter: the
 	// HTTP connection manager's (http.<prefix>. stats) or tcp_proxy's
 	// (tcp.<prefix>.). Default: StatPrefix, else Name.
@@ -74,6 +146,14 @@ type ListenerConfig struct {
 	// DrainType is "default" or "modify_only". Only "default" listeners
 	// drain-close responses while /healthcheck/fail is in force.
 	DrainType string
+	// DrainTimeout is the HTTP connection manager's drain_timeout: an
+	// HTTP/2 connection gets its final GOAWAY that long after the first.
+	// Default [DefaultDrainTimeout] (5 s).
+	DrainTimeout time.Duration
+	// Transparent sets IP_TRANSPARENT (IPV6_TRANSPARENT) on the listen
+	// socket, as Envoy's transparent listener option for TPROXY
+	// interception; it needs CAP_NET_ADMIN.
+	Transparent bool
 }
 
 // AdminFault is how the admin API misbehaves.
@@ -85,36 +165,103 @@ const (
 	AdminHang    AdminFault = "hang"    // accepts, reads the request, never answers
 	AdminError   AdminFault = "500"     // every answer is a 500
 	AdminGarbage AdminFault = "garbage" // every answer is a 200 with a garbage body
+	AdminSlow    AdminFault = "slow"    // every answer comes after Fault.AdminDelay (default 2 s)
 )
+
+// DefaultAdminDelay is the delay of the slow admin fault when none is given.
+const DefaultAdminDelay = 2 * time.Second
 
 // Fault is a failure to inject.
 type Fault struct {
 	// Admin makes the admin API misbehave (the test hook endpoint
 	// /envoysim/fault is exempt).
 	Admin AdminFault
+	// AdminDelay delays every admin answer (hook exempt) by that long,
+	// whatever Admin is; Admin "slow" with no delay is 2 s.
+	AdminDelay time.Duration
 	// CrashAfter, when positive, makes the sim crash that long after the
-	// fault is set (at start, or by SetFault): every socket is reset at
-	// once and [Sim.Err] is [ErrCrashed]; the envoysim program exits with
-	// CrashExitCode.
+	// fault is set (at start, or by SetFault).
 	CrashAfter time.Duration
-	// CrashExitCode is the envoysim program's exit code on a crash. Default
-	// 134 (what a shell reports for SIGABRT).
+	// CrashAfterDrain, when positive, makes the sim crash that long after
+	// the first POST /drain_listeners that follows the fault.
+	CrashAfterDrain time.Duration
+	// CrashExitCode is what a crash does to the envoysim program: 0 (the
+	// default) kills the process with SIGABRT, as a crashing Envoy dies
+	// (a parent sees "killed by signal 6"; a shell reports 134); any other
+	// value makes it exit with that code instead, after closing its
+	// sockets. In process, a crash closes every socket and [Sim.Err] is
+	// [ErrCrashed].
 	CrashExitCode int
+	// ExitAtStart makes the sim exit with ExitAtStartCode when it would go
+	// LIVE (after StartupDelay), as an Envoy that fails its initialization:
+	// the listeners never listen; [Sim.Err] is an [*ExitError].
+	ExitAtStart     bool
+	ExitAtStartCode int
+	// NeverLive keeps the server INITIALIZING: the listeners never listen
+	// and the workers never start. Clearing it (SetFault) after the
+	// startup delay makes the sim go LIVE at once.
+	NeverLive bool
 }
 
 func (f Fault) validate() error {
 	switch f.Admin {
-	case AdminOK, AdminHang, AdminError, AdminGarbage:
+	case AdminOK, AdminHang, AdminError, AdminGarbage, AdminSlow:
 	default:
-		return fmt.Errorf("admin fault %q: want hang, 500 or garbage", f.Admin)
+		return fmt.Errorf("admin fault %q: want hang, 500, garbage or slow", f.Admin)
 	}
-	if f.CrashAfter < 0 {
-		return fmt.Errorf("crash after %v: negative", f.CrashAfter)
+	if f.CrashAfter < 0 || f.CrashAfterDrain < 0 || f.AdminDelay < 0 {
+		return fmt.Errorf("negative crash delay or admin delay")
 	}
 	if f.CrashExitCode < 0 || f.CrashExitCode > 255 {
 		return fmt.Errorf("crash exit code %d: want 0..255", f.CrashExitCode)
 	}
+	if f.ExitAtStartCode < 0 || f.ExitAtStartCode > 255 {
+		return fmt.Errorf("exit at start code %d: want 0..255", f.ExitAtStartCode)
+	}
 	return nil
+}
+
+// adminDelay is how long every admin answer waits.
+func (f Fault) adminDelay() time.Duration {
+	if f.AdminDelay == 0 && f.Admin == AdminSlow {
+		return DefaultAdminDelay
+	}
+	return f.AdminDelay
+}
+
+// upstreamKind is how a listener picks its upstream.
+type upstreamKind int
+
+const (
+	upstreamFixed        upstreamKind = iota // host:port
+	upstreamOriginalDst                      // original_dst
+	upstreamOriginalPort                     // HOST:original_dst_port
+)
+
+const (
+	originalDstName = "original_dst"
+	originalDstPort = "original_dst_port"
+)
+
+// parseUpstream checks an upstream and says which kind it is.
+func parseUpstream(s string) (upstreamKind, error) {
+	if s == originalDstName {
+		return upstreamOriginalDst, nil
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return 0, err
+	}
+	if port == originalDstPort {
+		if _, err := netip.ParseAddr(host); err != nil {
+			return 0, fmt.Errorf("%q: with original_dst_port the host must be an IP literal", s)
+		}
+		return upstreamOriginalPort, nil
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return 0, fmt.Errorf("%q: bad port", s)
+	}
+	return upstreamFixed, nil
 }
 
 // withDefaults fills in defaults and checks the config.
@@ -128,10 +275,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Concurrency < 1 || c.Concurrency > 256 {
 		return c, fmt.Errorf("concurrency %d: want 1..256", c.Concurrency)
 	}
-	if c.DrainTime == 0 {
+	switch {
+	case c.DrainTime == 0:
 		c.DrainTime = 600 * time.Second
-	}
-	if c.DrainTime < 0 {
+	case c.DrainTime == ZeroDrainTime:
+		c.DrainTime = 0
+	case c.DrainTime < 0:
 		return c, fmt.Errorf("drain time %v: negative", c.DrainTime)
 	}
 	if c.ParentShutdownTime == 0 {
@@ -147,8 +296,22 @@ func (c Config) withDefaults() (Config, error) {
 	if c.StartupDelay < 0 || c.StatsFlushInterval < 0 {
 		return c, fmt.Errorf("negative startup delay or stats flush interval")
 	}
-	if c.Fault.CrashExitCode == 0 {
-		c.Fault.CrashExitCode = 134
+	if c.StatsInclusion == nil {
+		switch c.StatsMatcher {
+		case "":
+		case "istio", "istio_exit_on_zero":
+			in := IstioStatsInclusion(c.StatsMatcher == "istio_exit_on_zero")
+			c.StatsInclusion = &in
+		default:
+			return c, fmt.Errorf("stats matcher %q: want istio or istio_exit_on_zero", c.StatsMatcher)
+		}
+	}
+	if in := c.StatsInclusion; in != nil {
+		for _, r := range in.Regexes {
+			if _, err := regexp.Compile(r); err != nil {
+				return c, fmt.Errorf("stats inclusion regex %q: %w", r, err)
+			}
+		}
 	}
 	if err := c.Fault.validate(); err != nil {
 		return c, err
@@ -160,46 +323,58 @@ func (c Config) withDefaults() (Config, error) {
 	names := map[string]bool{}
 	for i := range c.Listeners {
 		l := &c.Listeners[i]
-		if l.Name == "" {
-			return c, fmt.Errorf("listener %d: no name", i)
-		}
-		if names[l.Name] {
-			return c, fmt.Errorf("listener %q: name used twice", l.Name)
-		}
-		names[l.Name] = true
-		if _, err := parseHostPort(l.Address); err != nil {
-			return c, fmt.Errorf("listener %q: address: %w", l.Name, err)
-		}
-		switch l.Direction {
-		case "", "inbound", "outbound":
-		default:
-			return c, fmt.Errorf("listener %q: direction %q: want inbound or outbound", l.Name, l.Direction)
-		}
-		switch l.Protocol {
-		case "":
-			l.Protocol = "tcp"
-		case "tcp", "http":
-		default:
-			return c, fmt.Errorf("listener %q: protocol %q: want tcp or http", l.Name, l.Protocol)
-		}
-		if _, _, err := net.SplitHostPort(l.Upstream); err != nil {
-			return c, fmt.Errorf("listener %q: upstream %q: %w", l.Name, l.Upstream, err)
-		}
-		switch l.DrainType {
-		case "":
-			l.DrainType = "default"
-		case "default", "modify_only":
-		default:
-			return c, fmt.Errorf("listener %q: drain type %q: want default or modify_only", l.Name, l.DrainType)
-		}
-		if l.FilterStatPrefix == "" {
-			l.FilterStatPrefix = l.StatPrefix
-			if l.FilterStatPrefix == "" {
-				l.FilterStatPrefix = l.Name
-			}
+		if err := l.withDefaults(i, names); err != nil {
+			return c, err
 		}
 	}
 	return c, nil
+}
+
+func (l *ListenerConfig) withDefaults(i int, names map[string]bool) error {
+	if l.Name == "" {
+		return fmt.Errorf("listener %d: no name", i)
+	}
+	if names[l.Name] {
+		return fmt.Errorf("listener %q: name used twice", l.Name)
+	}
+	names[l.Name] = true
+	if _, err := parseHostPort(l.Address); err != nil {
+		return fmt.Errorf("listener %q: address: %w", l.Name, err)
+	}
+	for _, e := range []struct {
+		field   *string
+		what    string
+		def     string
+		allowed []string
+	}{
+		{&l.Direction, "direction", "", []string{"inbound", "outbound"}},
+		{&l.Protocol, "protocol", "tcp", []string{"tcp", "http"}},
+		{&l.UpstreamProtocol, "upstream protocol", "http1", []string{"http1", "h2c"}},
+		{&l.DrainType, "drain type", "default", []string{"default", "modify_only"}},
+	} {
+		if *e.field == "" {
+			*e.field = e.def
+		}
+		if *e.field != "" && !slices.Contains(e.allowed, *e.field) {
+			return fmt.Errorf("listener %q: %s %q: want %s", l.Name, e.what, *e.field, strings.Join(e.allowed, " or "))
+		}
+	}
+	if _, err := parseUpstream(l.Upstream); err != nil {
+		return fmt.Errorf("listener %q: upstream %q: %w", l.Name, l.Upstream, err)
+	}
+	if l.DrainTimeout == 0 {
+		l.DrainTimeout = DefaultDrainTimeout
+	}
+	if l.DrainTimeout < 0 {
+		return fmt.Errorf("listener %q: drain timeout %v: negative", l.Name, l.DrainTimeout)
+	}
+	if l.FilterStatPrefix == "" {
+		l.FilterStatPrefix = l.StatPrefix
+		if l.FilterStatPrefix == "" {
+			l.FilterStatPrefix = l.Name
+		}
+	}
+	return nil
 }
 
 // parseHostPort parses an IP literal and a port: "127.0.0.1:0", "[::]:15001".
@@ -213,33 +388,69 @@ func parseHostPort(s string) (netip.AddrPort, error) {
 
 // fileConfig is the JSON form of Config (see docs/envoysim.md).
 type fileConfig struct {
-	AdminAddress         string         `json:"admin_address"`
-	AdminAddressPath     string         `json:"admin_address_path"`
-	Concurrency          int            `json:"concurrency"`
-	DrainTimeS           float64        `json:"drain_time_s"`
-	DrainStrategy        string         `json:"drain_strategy"`
-	ParentShutdownTimeS  float64        `json:"parent_shutdown_time_s"`
-	StartupDelayMs       float64        `json:"startup_delay_ms"`
-	StatsFlushIntervalMs float64        `json:"stats_flush_interval_ms"`
-	Listeners            []fileListener `json:"listeners"`
-	Fault                *fileFault     `json:"fault"`
+	AdminAddress         string          `json:"admin_address"`
+	AdminAddressPath     string          `json:"admin_address_path"`
+	Concurrency          int             `json:"concurrency"`
+	DrainTimeS           *float64        `json:"drain_time_s"`
+	DrainStrategy        string          `json:"drain_strategy"`
+	ParentShutdownTimeS  float64         `json:"parent_shutdown_time_s"`
+	StartupDelayMs       float64         `json:"startup_delay_ms"`
+	StatsFlushIntervalMs float64         `json:"stats_flush_interval_ms"`
+	StatsMatcher         string          `json:"stats_matcher"`
+	StatsInclusion       *StatsInclusion `json:"stats_inclusion"`
+	Listeners            []fileListener  `json:"listeners"`
+	Fault                *fileFault      `json:"fault"`
 }
 
 type fileListener struct {
-	Name             string `json:"name"`
-	Address          string `json:"address"`
-	Direction        string `json:"direction"`
-	StatPrefix       string `json:"stat_prefix"`
-	Protocol         string `json:"protocol"`
-	Upstream         string `json:"upstream"`
-	FilterStatPrefix string `json:"filter_stat_prefix"`
-	DrainType        string `json:"drain_type"`
+	Name             string  `json:"name"`
+	Address          string  `json:"address"`
+	Direction        string  `json:"direction"`
+	StatPrefix       string  `json:"stat_prefix"`
+	Protocol         string  `json:"protocol"`
+	Upstream         string  `json:"upstream"`
+	UpstreamProtocol string  `json:"upstream_protocol"`
+	FilterStatPrefix string  `json:"filter_stat_prefix"`
+	DrainType        string  `json:"drain_type"`
+	DrainTimeoutMs   float64 `json:"drain_timeout_ms"`
+	Transparent      bool    `json:"transparent"`
 }
 
+// fileFault is the JSON form of Fault, in the config and in the
+// /envoysim/fault hook's body.
 type fileFault struct {
-	Admin         string  `json:"admin"`
-	CrashAfterMs  float64 `json:"crash_after_ms"`
-	CrashExitCode int     `json:"crash_exit_code"`
+	Admin             string  `json:"admin"`
+	AdminDelayMs      float64 `json:"admin_delay_ms"`
+	CrashAfterMs      float64 `json:"crash_after_ms"`
+	CrashAfterDrainMs float64 `json:"crash_after_drain_ms"`
+	CrashExitCode     int     `json:"crash_exit_code"`
+	ExitAtStart       *int    `json:"exit_at_start"`
+	NeverLive         bool    `json:"never_live"`
+}
+
+func (ff fileFault) fault() (Fault, error) {
+	f := Fault{Admin: AdminFault(ff.Admin), CrashExitCode: ff.CrashExitCode, NeverLive: ff.NeverLive}
+	if f.Admin == "ok" {
+		f.Admin = AdminOK
+	}
+	if ff.ExitAtStart != nil {
+		f.ExitAtStart, f.ExitAtStartCode = true, *ff.ExitAtStart
+	}
+	for _, d := range []struct {
+		dst  *time.Duration
+		ms   float64
+		what string
+	}{
+		{&f.AdminDelay, ff.AdminDelayMs, "admin_delay_ms"},
+		{&f.CrashAfter, ff.CrashAfterMs, "crash_after_ms"},
+		{&f.CrashAfterDrain, ff.CrashAfterDrainMs, "crash_after_drain_ms"},
+	} {
+		var err error
+		if *d.dst, err = seconds(d.ms/1e3, d.what); err != nil {
+			return f, err
+		}
+	}
+	return f, f.validate()
 }
 
 func seconds(f float64, what string) (time.Duration, error) {
@@ -262,15 +473,24 @@ func ParseConfig(b []byte) (Config, error) {
 		AdminAddressPath: fc.AdminAddressPath,
 		Concurrency:      fc.Concurrency,
 		DrainStrategy:    fc.DrainStrategy,
+		StatsMatcher:     fc.StatsMatcher,
+		StatsInclusion:   fc.StatsInclusion,
 	}
 	var err error
+	if fc.DrainTimeS != nil {
+		if c.DrainTime, err = seconds(*fc.DrainTimeS, "drain_time_s"); err != nil {
+			return Config{}, fmt.Errorf("envoysim config: %w", err)
+		}
+		if c.DrainTime == 0 {
+			c.DrainTime = ZeroDrainTime // an explicit 0 is Envoy's --drain-time-s 0
+		}
+	}
 	for _, d := range []struct {
 		dst  *time.Duration
 		v    float64
 		unit float64
 		what string
 	}{
-		{&c.DrainTime, fc.DrainTimeS, 1, "drain_time_s"},
 		{&c.ParentShutdownTime, fc.ParentShutdownTimeS, 1, "parent_shutdown_time_s"},
 		{&c.StartupDelay, fc.StartupDelayMs, 1e-3, "startup_delay_ms"},
 		{&c.StatsFlushInterval, fc.StatsFlushIntervalMs, 1e-3, "stats_flush_interval_ms"},
@@ -279,14 +499,20 @@ func ParseConfig(b []byte) (Config, error) {
 			return Config{}, fmt.Errorf("envoysim config: %w", err)
 		}
 	}
-	for _, l := range fc.Listeners {
-		c.Listeners = append(c.Listeners, ListenerConfig(l))
+	for _, fl := range fc.Listeners {
+		l := ListenerConfig{
+			Name: fl.Name, Address: fl.Address, Direction: fl.Direction, StatPrefix: fl.StatPrefix,
+			Protocol: fl.Protocol, Upstream: fl.Upstream, UpstreamProtocol: fl.UpstreamProtocol,
+			FilterStatPrefix: fl.FilterStatPrefix, DrainType: fl.DrainType, Transparent: fl.Transparent,
+		}
+		if l.DrainTimeout, err = seconds(fl.DrainTimeoutMs/1e3, "drain_timeout_ms"); err != nil {
+			return Config{}, fmt.Errorf("envoysim config: listener %q: %w", fl.Name, err)
+		}
+		c.Listeners = append(c.Listeners, l)
 	}
 	if fc.Fault != nil {
-		c.Fault.Admin = AdminFault(fc.Fault.Admin)
-		c.Fault.CrashExitCode = fc.Fault.CrashExitCode
-		if c.Fault.CrashAfter, err = seconds(fc.Fault.CrashAfterMs/1e3, "crash_after_ms"); err != nil {
-			return Config{}, fmt.Errorf("envoysim config: %w", err)
+		if c.Fault, err = fc.Fault.fault(); err != nil {
+			return Config{}, fmt.Errorf("envoysim config: fault: %w", err)
 		}
 	}
 	return c, nil

@@ -7,16 +7,15 @@
 // NOTES-envoy.md), so that the client in package envoy and the drain logic
 // in draind can be tested end to end. It does not import package envoy: the
 // two sides are written separately, so that a misreading of Envoy in one is
-// not copied into the other.
+// not copied into the other. Package conformance holds the scenarios that
+// pin its behaviour, runnable against a real Envoy too.
 //
 // # Use
 //
 // In a test, [Start] a [Sim] from a [Config] and [Sim.Close] it. As a
 // process (for draind run, which supervises a child), build
 // ./internal/envoy/envoysim/cmd/envoysim, or have a test binary call [Main]:
-// it takes a JSON config (-c) and Envoy's flags (--drain-time-s,
-// --drain-strategy, --admin-address, --admin-address-path, --concurrency);
-// see docs/envoysim.md.
+// it takes a JSON config (-c) and Envoy's flags; see docs/envoysim.md.
 //
 // # Lifecycle
 //
@@ -26,45 +25,53 @@
 // is PRE_INITIALIZING, then INITIALIZING, then LIVE, when the workers start
 // (listener_manager.workers_started 1). Connections before that are refused.
 // SIGTERM, SIGINT and POST /quitquitquit stop it at once ([Sim.Quit]):
-// proxied connections are reset. SIGHUP is ignored.
+// connections are closed normally (a FIN; a RST where data is left unread).
+// A crash kills the program with SIGABRT. SIGHUP is ignored.
 //
 // # Proxying
 //
 // A "tcp" listener pipes bytes to its upstream (half-closes passed on), as
-// tcp_proxy. An "http" listener serves HTTP/1.1 with keep-alive and
-// forwards each request to its upstream, as the HTTP connection manager and
-// router. Connections go to the [Config.Concurrency] workers round-robin.
+// tcp_proxy. An "http" listener is the HTTP connection manager with codec
+// AUTO: HTTP/1.1 with keep-alive, or HTTP/2 cleartext with prior knowledge
+// (told by the connection preface), each request forwarded to the upstream
+// (HTTP/1.1 or h2c) as the router does. The upstream is fixed, or the
+// connection's original destination (SO_ORIGINAL_DST after REDIRECT, the
+// local address under TPROXY with a transparent listener). Connections go
+// to the [Config.Concurrency] workers round-robin.
 //
 // # Draining
 //
 // POST /drain_listeners: without graceful the listeners (inbound only with
 // inboundonly) stop at once, closing their listen sockets; open connections
-// stay. With graceful, HTTP/1.1 responses on draining listeners carry
-// Connection: close (strategy immediate: all of them; gradual: with
-// probability elapsed/drain time), the listeners keep accepting for the
-// drain time, then stop; with skip_exit they never stop. The sim never
-// exits on its own, and neither /ready nor server.state changes. POST
-// /healthcheck/fail turns /ready and server_info to DRAINING.
+// stay. With graceful, the next HTTP/1.1 response on a draining listener
+// carries Connection: close; the next HTTP/2 response is preceded by a
+// GOAWAY with last-stream-id 2^31-1, and the final GOAWAY follows after
+// the listener's drain_timeout (5 s); idle connections get nothing. The
+// listeners keep accepting for the drain time, then stop; with skip_exit
+// they never stop. The sim never exits on its own, and neither /ready nor
+// server.state changes. POST /healthcheck/fail turns /ready and server_info
+// to DRAINING and server.live to 0.
 //
 // # Stats
 //
 // /stats serves text ("name: value", counters and gauges in name order,
-// then histograms) or JSON, honours usedonly (stats that never changed are
-// hidden) and filter (RE2, partial match), and answers 400 to a bad regex,
-// format or type. Names are Envoy's: listener.<ip>_<port>.downstream_cx_active
-// ([::] as [__]), a stat_prefix in place of the address,
-// listener.<name>.worker_N.*, listener.admin.*, http.admin.*,
-// http.<prefix>.*, server.state, server.total_connections,
-// listener_manager.workers_started. Unlike Envoy, server.* gauges are
-// current on every read unless [Config.StatsFlushInterval] is set, and a
-// port-0 listener is named by its bound port.
+// then histograms), JSON or HTML, honours usedonly (stats that never
+// changed are hidden) and filter (RE2, partial match), and answers 400 to a
+// bad regex, format or type. Names are Envoy's:
+// listener.<ip>_<port>.downstream_cx_active ([::] as [__]), a stat_prefix
+// in place of the address, listener.<name>.worker_N.*, listener.admin.*,
+// http.admin.*, http.<prefix>.*, server.state, server.live,
+// listener_manager.workers_started. A stats matcher ([Config.StatsMatcher],
+// e.g. Istio's) makes the stats it rejects not exist. server.state is an
+// unset gauge until the workers start or a stats flush.
 //
 // # Faults
 //
-// [Fault] makes the admin API hang, answer 500s or garbage, or crashes the
-// sim after a delay. Set it in the Config (or program flags) or at run time
-// with [Sim.SetFault] or POST /envoysim/fault (a test-only endpoint taking
-// the config's fault object as JSON, or query parameters).
+// [Fault] makes the admin API hang, answer 500s, garbage or slowly, exits
+// before LIVE, stays INITIALIZING, or crashes after a delay or after the
+// first drain request. Set it in the Config (or program flags) or at run
+// time with [Sim.SetFault] or POST /envoysim/fault (a test-only endpoint
+// taking the config's fault object as JSON, or query parameters).
 //
 // # Goroutines
 //

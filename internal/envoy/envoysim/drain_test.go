@@ -35,12 +35,12 @@ func TestDrainInboundGraceful(t *testing.T) {
 	})
 	in, out := sim.ListenerAddr("in"), sim.ListenerAddr("out")
 	inStat, outStat := sim.ListenerStatName("in"), sim.ListenerStatName("out")
-	c := envoy.New(sim.AdminAddr(), envoy.WithTimeout(5*time.Second))
+	c := envoy.New(sim.AdminAddr(), envoy.WithTimeout(5*time.Second), envoy.WithExclude(envoy.ExcludeSet{}))
 
 	expect := func(step string, wantIn, wantOut uint64) {
 		t.Helper()
 		eventually(t, step, func() error {
-			ac, err := c.ActiveDownstream(ctx, envoy.ExcludeSet{})
+			ac, err := c.ActiveDownstream(ctx)
 			if err != nil {
 				return err
 			}
@@ -132,17 +132,17 @@ func TestDrainInboundGraceful(t *testing.T) {
 	expect("all inbound gone", 0, 3)
 
 	// The drain changed neither /ready nor server.state, and never exits.
-	if st, ready, err := c.Ready(ctx); st != "LIVE" || !ready || err != nil {
-		t.Errorf("ready %q %t %v", st, ready, err)
+	if code, body := adminGet(t, sim, "/ready"); code != 200 || body != "LIVE\n" {
+		t.Errorf("ready %d %q", code, body)
 	}
-	if s, err := c.ServerState(ctx); s != envoy.StateLive || err != nil {
-		t.Errorf("server.state %v %v", s, err)
+	if l, err := c.Live(ctx); !l.Live() || err != nil {
+		t.Errorf("live %+v %v", l, err)
 	}
-	if v, err := c.Stat(ctx, "listener_manager.listener_stopped"); v != 1 || err != nil {
-		t.Errorf("listener_stopped %d %v", v, err)
+	if v, ok := sim.Stat("listener_manager.listener_stopped"); v != 1 || !ok {
+		t.Errorf("listener_stopped %d %t", v, ok)
 	}
-	if v, err := c.Stat(ctx, "http.in.downstream_cx_drain_close"); v != 3 || err != nil {
-		t.Errorf("http.in.downstream_cx_drain_close %d %v, want 3", v, err)
+	if v, ok := sim.Stat("http.in.downstream_cx_drain_close"); v != 3 || !ok {
+		t.Errorf("http.in.downstream_cx_drain_close %d %t, want 3", v, ok)
 	}
 	select {
 	case <-sim.Done():
@@ -286,5 +286,40 @@ func TestHealthcheckFailDrainCloses(t *testing.T) {
 	adminDo(t, sim, "POST", "/healthcheck/ok")
 	if code, body := adminGet(t, sim, "/ready"); code != 200 || body != "LIVE\n" {
 		t.Errorf("ready after ok: %d %q", code, body)
+	}
+}
+
+// The gradual strategy closes with probability 1/N already in the first
+// second of an N-second drain (Envoy's DrainManagerImpl::drainClose works
+// in whole seconds of remaining time, rounded down): some responses close
+// their connection, some do not.
+func TestDrainGradualFirstSecond(t *testing.T) {
+	up := newUpstream(t)
+	sim := startSim(t, envoysim.Config{
+		DrainTime:     3 * time.Second,
+		DrainStrategy: "gradual",
+		Listeners:     []envoysim.ListenerConfig{{Name: "in", Address: "127.0.0.1:0", Direction: "inbound", Protocol: "http", Upstream: up.addr}},
+	})
+	conn := dialHTTP(t, sim.ListenerAddr("in"))
+	start := time.Now()
+	if code, _ := adminDo(t, sim, "POST", "/drain_listeners?graceful"); code != 200 {
+		t.Fatal(code)
+	}
+	n, closed := 0, 0
+	for n < 60 && time.Since(start) < 900*time.Millisecond {
+		resp, _ := conn.get("/fast")
+		n++
+		if closes(resp) {
+			closed++
+			conn.closedByPeer()
+			conn = dialHTTP(t, sim.ListenerAddr("in"))
+		}
+	}
+	if time.Since(start) >= time.Second || n < 30 {
+		t.Logf("only %d responses in the first second: not judged", n)
+		return
+	}
+	if closed == 0 || closed == n {
+		t.Errorf("%d of %d responses drain-closed in the first second of a 3 s drain, want about a third", closed, n)
 	}
 }

@@ -1,13 +1,18 @@
 package envoysim
 
 import (
+	"bufio"
+	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -23,7 +28,9 @@ type listener struct {
 	inbound bool
 	sock    *boundSocket
 	addr    net.Addr // bound address
+	port    uint16   // bound port
 	scope   string   // listener.<scope>. in stats
+	upKind  upstreamKind
 
 	// guarded by s.mu
 	ln      net.Listener // once listening
@@ -36,7 +43,7 @@ type listener struct {
 	workersOnce                  sync.Once
 	filter                       filterStats
 
-	httpSrv   *http.Server
+	handler   http.Handler // HTTP listeners: the connection manager and router
 	transport *http.Transport
 }
 
@@ -45,7 +52,9 @@ type workerStats struct{ active, total *metric }
 // filterStats are the network filter's: http.<prefix>. or tcp.<prefix>.
 type filterStats struct {
 	cxActive, cxTotal, cxDestroy, http1Active, http1Total *metric
-	drainClose, rqActive, rqTotal, rqHTTP1, rqCompleted   *metric
+	http2Active, http2Total                               *metric
+	drainClose, rqActive, rqTotal, rqHTTP1, rqHTTP2       *metric
+	rqCompleted                                           *metric
 	rqClass                                               [6]*metric // 1xx..5xx
 	upstreamFail                                          *metric
 }
@@ -59,11 +68,15 @@ func (s *Sim) newListener(lc ListenerConfig) (*listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	sock, err := bindSocket(ap)
+	upKind, err := parseUpstream(lc.Upstream)
 	if err != nil {
 		return nil, err
 	}
-	l := &listener{s: s, cfg: lc, inbound: lc.Direction == "inbound", sock: sock}
+	sock, err := bindSocket(ap, lc.Transparent)
+	if err != nil {
+		return nil, err
+	}
+	l := &listener{s: s, cfg: lc, inbound: lc.Direction == "inbound", sock: sock, port: sock.addr.Port(), upKind: upKind}
 	l.addr = net.TCPAddrFromAddrPort(sock.addr)
 	// Envoy names the listener by its configured address; a port-0
 	// listener is named by its bound port here so that several coexist.
@@ -79,54 +92,77 @@ func (s *Sim) newListener(lc ListenerConfig) (*listener, error) {
 		h := "http." + lc.FilterStatPrefix + "."
 		f.cxActive, f.cxTotal, f.cxDestroy = g(h+"downstream_cx_active"), c(h+"downstream_cx_total"), c(h+"downstream_cx_destroy")
 		f.http1Active, f.http1Total = g(h+"downstream_cx_http1_active"), c(h+"downstream_cx_http1_total")
+		f.http2Active, f.http2Total = g(h+"downstream_cx_http2_active"), c(h+"downstream_cx_http2_total")
 		f.drainClose = c(h + "downstream_cx_drain_close")
-		f.rqActive, f.rqTotal, f.rqHTTP1 = g(h+"downstream_rq_active"), c(h+"downstream_rq_total"), c(h+"downstream_rq_http1_total")
+		f.rqActive, f.rqTotal = g(h+"downstream_rq_active"), c(h+"downstream_rq_total")
+		f.rqHTTP1, f.rqHTTP2 = c(h+"downstream_rq_http1_total"), c(h+"downstream_rq_http2_total")
 		f.rqCompleted = c(h + "downstream_rq_completed")
 		for i := 1; i <= 5; i++ {
 			f.rqClass[i] = c(h + "downstream_rq_" + string(rune('0'+i)) + "xx")
 		}
-		l.transport = &http.Transport{
-			Proxy:               nil,
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 64,
-			IdleConnTimeout:     time.Hour,
-			DisableCompression:  true,
-		}
-		rp := &httputil.ReverseProxy{
-			Rewrite: func(pr *httputil.ProxyRequest) {
-				pr.SetURL(&url.URL{Scheme: "http", Host: lc.Upstream})
-				pr.Out.Host = pr.In.Host // Envoy keeps the authority
-				pr.Out.Header.Set("X-Forwarded-Proto", "http")
-			},
-			Transport: l.transport,
-			ModifyResponse: func(r *http.Response) error {
-				r.Header.Set("Server", "envoy")
-				return nil
-			},
-			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-				if r.Context().Err() != nil {
-					return // the downstream is gone
-				}
-				f.upstreamFail.inc()
-				w.Header().Set("Content-Type", "text/plain")
-				w.Header().Set("Server", "envoy")
-				w.WriteHeader(http.StatusServiceUnavailable)
-				io.WriteString(w, "upstream connect error or disconnect/reset before headers. reset reason: connection failure")
-			},
-			ErrorLog: log.New(io.Discard, "", 0),
-		}
-		l.httpSrv = &http.Server{
-			Handler:        l.handler(rp),
-			ErrorLog:       log.New(io.Discard, "", 0),
-			MaxHeaderBytes: 60 << 10,  // Envoy's max_request_headers_kb
-			IdleTimeout:    time.Hour, // the HTTP connection manager's default idle_timeout
-		}
+		l.newHTTP()
 	} else {
 		t := "tcp." + lc.FilterStatPrefix + "."
 		f.cxTotal = c(t + "downstream_cx_total")
 	}
 	f.upstreamFail = c("cluster." + lc.Name + ".upstream_cx_connect_fail")
 	return l, nil
+}
+
+// upstreamKey carries a request's upstream address in its context.
+type upstreamKey struct{}
+
+// newHTTP builds the HTTP connection manager and router of an HTTP listener.
+func (l *listener) newHTTP() {
+	dialer := &net.Dialer{Timeout: 5 * time.Second} // a cluster's default connect_timeout
+	l.transport = &http.Transport{
+		Proxy:               nil,
+		DialContext:         dialer.DialContext,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     time.Hour,
+		DisableCompression:  true,
+	}
+	if l.cfg.UpstreamProtocol == "h2c" {
+		p := new(http.Protocols)
+		p.SetUnencryptedHTTP2(true)
+		l.transport.Protocols = p
+		l.transport.DialTLSContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return dialer.DialContext(ctx, network, addr) // never TLS here
+		}
+		l.transport.TLSClientConfig = &tls.Config{}
+	}
+	f := &l.filter
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			up, _ := pr.In.Context().Value(upstreamKey{}).(string)
+			pr.SetURL(&url.URL{Scheme: "http", Host: up})
+			pr.Out.Host = pr.In.Host // Envoy keeps the authority
+			pr.Out.Header.Set("X-Forwarded-Proto", "http")
+		},
+		Transport: l.transport,
+		ModifyResponse: func(r *http.Response) error {
+			r.Header.Set("Server", "envoy")
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return // the downstream is gone
+			}
+			f.upstreamFail.inc()
+			l.upstreamFailure(w)
+		},
+		ErrorLog: log.New(io.Discard, "", 0),
+	}
+	l.handler = l.connectionManager(rp)
+}
+
+// upstreamFailure is Envoy's local reply when no upstream connection could
+// be made.
+func (l *listener) upstreamFailure(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "text/plain")
+	w.Header().Set("Server", "envoy")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	io.WriteString(w, "upstream connect error or disconnect/reset before headers. reset reason: connection failure")
 }
 
 func (l *listener) initWorkerStats() {
@@ -142,18 +178,18 @@ func (l *listener) initWorkerStats() {
 // serve accepts connections until the listen socket closes.
 func (l *listener) serve(ln net.Listener) {
 	acc := &acceptor{ln: ln, track: l.track}
-	if l.httpSrv != nil {
-		l.httpSrv.Serve(acc)
-		return
-	}
 	for {
 		c, err := acc.Accept()
 		if err != nil {
 			return
 		}
 		tc := c.(*conn)
-		if !l.s.goTracked(func() { l.proxyTCP(tc) }) {
-			tc.reset()
+		run := func() { l.proxyTCP(tc) }
+		if l.handler != nil {
+			run = func() { l.serveHTTP(tc) }
+		}
+		if !l.s.goTracked(run) {
+			tc.Close()
 		}
 	}
 }
@@ -171,18 +207,36 @@ func (l *listener) stopLocked() bool {
 	return true
 }
 
-// shutdown ends the HTTP server and the upstream pool at stop.
+// shutdown ends the upstream pool at stop.
 func (l *listener) shutdown() {
-	if l.httpSrv != nil {
-		l.httpSrv.Close()
-	}
 	if l.transport != nil {
 		l.transport.CloseIdleConnections()
 	}
 }
 
+// upstream is where c's connection or requests go.
+func (l *listener) upstream(c *conn) (string, error) {
+	if l.upKind == upstreamFixed {
+		return l.cfg.Upstream, nil
+	}
+	dst := c.originalDst()
+	if dst.Port() == l.port {
+		return "", fmt.Errorf("original destination %v is the listener itself", dst)
+	}
+	if l.upKind == upstreamOriginalDst {
+		return dst.String(), nil
+	}
+	host, _, _ := net.SplitHostPort(l.cfg.Upstream)
+	return net.JoinHostPort(host, strconv.Itoa(int(dst.Port()))), nil
+}
+
 // drainClose is Envoy's DrainDecision::drainClose for this listener: should
-// this response close its connection?
+// this response close its connection? The gradual strategy is
+// DrainManagerImpl's, in whole seconds: it closes when
+// drain_time_s - trunc(remaining_s) > rand % drain_time_s, so with
+// probability 1/N already in the first second of an N-second drain, k/N in
+// the k-th. Below one second of drain time (envoysim only) it is
+// continuous: elapsed/drain time.
 func (l *listener) drainClose() bool {
 	s := l.s
 	s.mu.Lock()
@@ -201,22 +255,34 @@ func (l *listener) drainClose() bool {
 	if elapsed >= s.cfg.DrainTime {
 		return true
 	}
+	if secs := int64(s.cfg.DrainTime / time.Second); secs > 0 {
+		remaining := int64((s.cfg.DrainTime - elapsed) / time.Second)
+		return secs-remaining > rand.Int64N(secs)
+	}
 	return rand.Float64() < float64(elapsed)/float64(s.cfg.DrainTime)
 }
 
-// handler wraps the reverse proxy with the HTTP connection manager's part:
-// stats and the drain's Connection: close.
-func (l *listener) handler(next http.Handler) http.Handler {
+// connKey carries the downstream *conn in a request's context.
+type connKey struct{}
+
+// connectionManager wraps the router with the HTTP connection manager's
+// part: the upstream, stats and the drain's Connection: close or GOAWAY.
+func (l *listener) connectionManager(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !l.s.enter() {
 			panic(http.ErrAbortHandler) // stopping: drop the connection, no answer
 		}
 		defer l.s.leave()
+		c, _ := r.Context().Value(connKey{}).(*conn)
 		f := &l.filter
 		f.rqTotal.inc()
-		f.rqHTTP1.inc()
+		if r.ProtoMajor == 2 {
+			f.rqHTTP2.inc()
+		} else {
+			f.rqHTTP1.inc()
+		}
 		f.rqActive.inc()
-		dw := &drainWriter{ResponseWriter: w, l: l}
+		dw := &drainWriter{ResponseWriter: w, l: l, c: c}
 		defer func() {
 			f.rqActive.dec()
 			f.rqCompleted.inc()
@@ -224,25 +290,41 @@ func (l *listener) handler(next http.Handler) http.Handler {
 				f.rqClass[c].inc()
 			}
 		}()
-		next.ServeHTTP(dw, r)
+		up, err := l.upstream(c)
+		if err != nil {
+			f.upstreamFail.inc()
+			l.upstreamFailure(dw)
+			return
+		}
+		next.ServeHTTP(dw, r.WithContext(context.WithValue(r.Context(), upstreamKey{}, up)))
 	})
 }
 
 // drainWriter decides, when the response's headers go out, whether the
-// connection closes after it, as Envoy's HTTP/1.1 codec does while
-// draining.
+// connection drains, as Envoy's connection manager does in encodeHeaders:
+// an HTTP/1.1 response carries Connection: close and the connection
+// closes after it; an HTTP/2 connection starts its drain sequence (a
+// GOAWAY before these headers, the final one after drain_timeout).
 type drainWriter struct {
 	http.ResponseWriter
 	l    *listener
+	c    *conn
 	code int
 }
 
 func (w *drainWriter) WriteHeader(code int) {
 	if code >= 200 && w.code == 0 {
 		w.code = code
-		if w.l.drainClose() {
-			w.Header().Set("Connection", "close")
+		h2 := w.c != nil && w.c.isH2()
+		if h2 && w.c.draining() {
+			// Draining already: no further decision.
+		} else if w.l.drainClose() {
 			w.l.filter.drainClose.inc()
+			if h2 {
+				w.c.startDrainSequence()
+			} else {
+				w.Header().Set("Connection", "close")
+			}
 		}
 	}
 	w.ResponseWriter.WriteHeader(code)
@@ -264,37 +346,92 @@ func (w *drainWriter) Flush() {
 
 func (w *drainWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// h2Preface is the HTTP/2 client connection preface.
+const h2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+// serveHTTP serves one downstream connection of an HTTP listener, as
+// Envoy's codec_type AUTO: HTTP/2 if it starts with the HTTP/2 preface
+// (prior knowledge), HTTP/1.1 otherwise. Each connection has a server of
+// its own, so that an HTTP/2 connection's final GOAWAY can be sent to it
+// alone.
+func (l *listener) serveHTTP(c *conn) {
+	br := bufio.NewReaderSize(c.Conn, 4096)
+	h2 := true
+	for i := 1; i <= len(h2Preface); i++ {
+		b, err := br.Peek(i)
+		if err != nil {
+			c.Close() // closed before saying anything
+			return
+		}
+		if b[i-1] != h2Preface[i-1] {
+			h2 = false
+			break
+		}
+	}
+	f := &l.filter
+	p := new(http.Protocols)
+	if h2 {
+		f.http2Active.inc()
+		f.http2Total.inc()
+		p.SetUnencryptedHTTP2(true)
+	} else {
+		f.http1Active.inc()
+		f.http1Total.inc()
+		p.SetHTTP1(true)
+	}
+	srv := &http.Server{
+		Handler:        l.handler,
+		Protocols:      p,
+		ErrorLog:       log.New(io.Discard, "", 0),
+		MaxHeaderBytes: 60 << 10,  // Envoy's max_request_headers_kb
+		IdleTimeout:    time.Hour, // the HTTP connection manager's default idle_timeout
+		HTTP2:          &http.HTTP2Config{MaxConcurrentStreams: 1<<31 - 1},
+		ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
+	}
+	ln := &oneConnListener{c: &peekedConn{conn: c, r: br}, done: make(chan struct{})}
+	c.setCodec(h2, srv, ln.close)
+	srv.Serve(ln)
+}
+
 // proxyTCP pipes bytes between the downstream and the upstream, passing
 // half-closes on, as tcp_proxy does.
 func (l *listener) proxyTCP(down *conn) {
 	defer down.Close()
-	d := net.Dialer{Timeout: 5 * time.Second} // a cluster's default connect_timeout
-	upc, err := d.DialContext(l.s.ctx, "tcp", l.cfg.Upstream)
+	up, err := l.upstream(down)
 	if err != nil {
 		l.filter.upstreamFail.inc()
 		return
 	}
-	up := upc.(*net.TCPConn)
-	defer up.Close()
-	errc := make(chan error, 1)
-	if !l.s.goTracked(func() { errc <- pipe(up, down, down.Conn.(*net.TCPConn)) }) {
-		down.reset()
+	d := net.Dialer{Timeout: 5 * time.Second} // a cluster's default connect_timeout
+	upc, err := d.DialContext(l.s.ctx, "tcp", up)
+	if err != nil {
+		l.filter.upstreamFail.inc()
 		return
 	}
-	pipe(down.Conn.(*net.TCPConn), up, up)
+	upConn := upc.(*net.TCPConn)
+	defer upConn.Close()
+	// At exit the upstream side closes too, even with a write to it
+	// blocked (an upstream that does not read).
+	defer context.AfterFunc(l.s.ctx, func() { upConn.Close() })()
+	errc := make(chan error, 1)
+	if !l.s.goTracked(func() { errc <- pipe(upConn, down, down.Conn.(*net.TCPConn)) }) {
+		return
+	}
+	pipe(down.Conn.(*net.TCPConn), upConn, upConn)
 	<-errc
 }
 
 // pipe copies src to dst and half-closes dst at src's end; on an error it
-// closes both sides so the other direction ends too.
+// closes both sides so that the other direction ends too (tcp_proxy
+// closes the other side normally: a FIN, not a reset).
 func pipe(dst *net.TCPConn, src io.Reader, srcConn *net.TCPConn) error {
 	_, err := io.Copy(dst, src)
 	if err == nil {
 		return dst.CloseWrite()
 	}
-	dst.SetLinger(0)
 	dst.Close()
-	srcConn.SetLinger(0)
 	srcConn.Close()
 	return err
 }
@@ -306,6 +443,22 @@ type conn struct {
 	s      *Sim
 	worker int
 	once   sync.Once
+	closed chan struct{}
+
+	dstOnce sync.Once
+	dst     netip.AddrPort
+
+	// HTTP listeners, set once the codec is known.
+	mu      sync.Mutex
+	h2      bool
+	srv     *http.Server
+	onClose func()
+	drain   int // h2: 0 not draining, 1 draining (first GOAWAY sent), 2 closing (final GOAWAY)
+	inj     *goawayInjector
+}
+
+func newConn(nc net.Conn, l *listener, s *Sim) *conn {
+	return &conn{Conn: nc, l: l, s: s, closed: make(chan struct{})}
 }
 
 func (c *conn) Close() error {
@@ -314,15 +467,153 @@ func (c *conn) Close() error {
 	return err
 }
 
-// reset closes with SO_LINGER 0: the peer gets a RST.
-func (c *conn) reset() {
-	if tc, ok := c.Conn.(*net.TCPConn); ok {
-		tc.SetLinger(0)
+// Write goes through the GOAWAY injector on an HTTP/2 connection.
+func (c *conn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	inj := c.inj
+	c.mu.Unlock()
+	if inj != nil {
+		return inj.write(c.Conn, b)
 	}
-	c.Close()
+	return c.Conn.Write(b)
+}
+
+// originalDst is the connection's original destination: what
+// SO_ORIGINAL_DST reports (an iptables REDIRECT or DNAT rewrote it), else
+// the accepted socket's local address (TPROXY keeps it).
+func (c *conn) originalDst() netip.AddrPort {
+	c.dstOnce.Do(func() { c.dst = originalDst(c.Conn) })
+	return c.dst
+}
+
+func (c *conn) setCodec(h2 bool, srv *http.Server, onClose func()) {
+	c.mu.Lock()
+	c.h2, c.srv, c.onClose = h2, srv, onClose
+	if h2 {
+		c.inj = &goawayInjector{}
+	}
+	c.mu.Unlock()
+	select {
+	case <-c.closed:
+		onClose()
+	default:
+	}
+}
+
+func (c *conn) isH2() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.h2
+}
+
+func (c *conn) draining() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.drain > 0
+}
+
+// startDrainSequence is Envoy's for an HTTP/2 connection: a GOAWAY with
+// the last stream id 2^31-1 now (a shutdown notice: streams keep coming),
+// then after the connection manager's drain_timeout the final GOAWAY with
+// the last stream id processed, after which the connection closes once
+// its streams are done (Go's server closes it 1 s later, as Envoy's
+// delayed close).
+func (c *conn) startDrainSequence() {
+	c.mu.Lock()
+	if c.drain > 0 {
+		c.mu.Unlock()
+		return
+	}
+	c.drain = 1
+	inj, srv := c.inj, c.srv
+	c.mu.Unlock()
+	inj.inject(c.Conn, goawayFrame(1<<31-1))
+	s := c.s
+	s.goTracked(func() {
+		s.wait(c.l.cfg.DrainTimeout, c.closed, func() {
+			c.mu.Lock()
+			c.drain = 2
+			c.mu.Unlock()
+			srv.Shutdown(s.ctx) // the final GOAWAY, then close when idle
+		})
+	})
+}
+
+// goawayFrame is an HTTP/2 GOAWAY frame with NO_ERROR.
+func goawayFrame(lastStreamID uint32) []byte {
+	return []byte{0, 0, 8, 0x7, 0, 0, 0, 0, 0, // length 8, type GOAWAY, no flags, stream 0
+		byte(lastStreamID >> 24 & 0x7f), byte(lastStreamID >> 16), byte(lastStreamID >> 8), byte(lastStreamID),
+		0, 0, 0, 0} // NO_ERROR
+}
+
+// goawayInjector follows the frames an HTTP/2 server writes, so that a
+// frame of the sim's own (the drain's first GOAWAY) goes out between two
+// of them. Go's server knows nothing of it; GOAWAY touches neither the
+// header compression state nor flow control.
+type goawayInjector struct {
+	mu      sync.Mutex
+	hdr     [9]byte
+	hdrN    int    // bytes of the current frame header seen
+	left    int    // payload bytes of the current frame still to come
+	pending []byte // frames waiting for a frame boundary
+}
+
+func (g *goawayInjector) atBoundary() bool { return g.hdrN == 0 && g.left == 0 }
+
+// inject writes frame at once if the writer is between frames, else with
+// the next write, at the next frame boundary.
+func (g *goawayInjector) inject(w io.Writer, frame []byte) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.atBoundary() {
+		w.Write(frame)
+		return
+	}
+	g.pending = append(g.pending, frame...)
+}
+
+func (g *goawayInjector) write(w io.Writer, b []byte) (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for len(b) > 0 {
+		if g.atBoundary() && len(g.pending) > 0 {
+			if _, err := w.Write(g.pending); err != nil {
+				return n, err
+			}
+			g.pending = nil
+		}
+		var k int
+		if g.left == 0 {
+			k = min(9-g.hdrN, len(b))
+			copy(g.hdr[g.hdrN:], b[:k])
+			g.hdrN += k
+			if g.hdrN == 9 {
+				g.hdrN = 0
+				g.left = int(g.hdr[0])<<16 | int(g.hdr[1])<<8 | int(g.hdr[2])
+			}
+		} else {
+			k = min(g.left, len(b))
+			g.left -= k
+		}
+		m, err := w.Write(b[:k])
+		n += m
+		if err != nil {
+			return n, err
+		}
+		b = b[k:]
+	}
+	if g.atBoundary() && len(g.pending) > 0 {
+		if _, err := w.Write(g.pending); err != nil {
+			return n, err
+		}
+		g.pending = nil
+	}
+	return n, nil
 }
 
 func (c *conn) release() {
+	close(c.closed)
 	s := c.s
 	s.mu.Lock()
 	delete(s.conns, c)
@@ -337,10 +628,22 @@ func (c *conn) release() {
 	l.cxActive.dec()
 	l.cxDestroy.inc()
 	l.workers[c.worker].active.dec()
-	if l.httpSrv != nil {
+	if l.handler != nil {
 		l.filter.cxActive.dec()
-		l.filter.http1Active.dec()
 		l.filter.cxDestroy.inc()
+		c.mu.Lock()
+		h2, srv, onClose := c.h2, c.srv, c.onClose
+		c.mu.Unlock()
+		switch {
+		case srv == nil: // closed before its codec was known
+		case h2:
+			l.filter.http2Active.dec()
+		default:
+			l.filter.http1Active.dec()
+		}
+		if onClose != nil {
+			onClose()
+		}
 	}
 	s.totalConns.Add(-1)
 }
@@ -359,20 +662,19 @@ func (s *Sim) register(c *conn) bool {
 // track counts a new proxied connection and gives it a worker.
 func (l *listener) track(nc net.Conn) *conn {
 	w := int((l.rr.Add(1) - 1) % uint64(len(l.workers)))
-	c := &conn{Conn: nc, l: l, s: l.s, worker: w}
+	c := newConn(nc, l, l.s)
+	c.worker = w
 	l.cxActive.inc()
 	l.cxTotal.inc()
 	l.workers[w].active.inc()
 	l.workers[w].total.inc()
 	l.filter.cxTotal.inc()
-	if l.httpSrv != nil {
+	if l.handler != nil {
 		l.filter.cxActive.inc()
-		l.filter.http1Active.inc()
-		l.filter.http1Total.inc()
 	}
 	l.s.totalConns.Add(1)
 	if !l.s.register(c) {
-		c.reset()
+		c.Close()
 		return nil
 	}
 	return c
@@ -380,7 +682,7 @@ func (l *listener) track(nc net.Conn) *conn {
 
 // trackAdmin counts a new admin connection.
 func (s *Sim) trackAdmin(nc net.Conn) *conn {
-	c := &conn{Conn: nc, s: s}
+	c := newConn(nc, nil, s)
 	s.admin.cxActive.inc()
 	s.admin.cxTotal.inc()
 	s.admin.mainActive.inc()
@@ -388,7 +690,7 @@ func (s *Sim) trackAdmin(nc net.Conn) *conn {
 	s.admin.httpCxActive.inc()
 	s.admin.httpCxTotal.inc()
 	if !s.register(c) {
-		c.reset()
+		c.Close()
 		return nil
 	}
 	return c
@@ -418,3 +720,37 @@ func (a *acceptor) Accept() (net.Conn, error) {
 
 func (a *acceptor) Close() error   { return a.ln.Close() }
 func (a *acceptor) Addr() net.Addr { return a.ln.Addr() }
+
+// peekedConn replays the bytes read to tell the codec apart.
+type peekedConn struct {
+	*conn
+	r *bufio.Reader
+}
+
+func (p *peekedConn) Read(b []byte) (int, error) { return p.r.Read(b) }
+
+// oneConnListener hands one connection to an http.Server, then blocks
+// until closed (when the connection closes).
+type oneConnListener struct {
+	c         net.Conn
+	mu        sync.Mutex
+	taken     bool
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func (o *oneConnListener) Accept() (net.Conn, error) {
+	o.mu.Lock()
+	if !o.taken {
+		o.taken = true
+		o.mu.Unlock()
+		return o.c, nil
+	}
+	o.mu.Unlock()
+	<-o.done
+	return nil, net.ErrClosed
+}
+
+func (o *oneConnListener) close()         { o.closeOnce.Do(func() { close(o.done) }) }
+func (o *oneConnListener) Close() error   { o.close(); return nil }
+func (o *oneConnListener) Addr() net.Addr { return o.c.LocalAddr() }

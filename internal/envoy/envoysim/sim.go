@@ -18,6 +18,17 @@ import (
 // ErrCrashed is [Sim.Err] after an injected crash.
 var ErrCrashed = errors.New("envoysim: crashed (injected fault)")
 
+// ExitError is [Sim.Err] after the exit-at-start fault: the sim exited
+// before going LIVE, as an Envoy whose initialization fails.
+type ExitError struct{ Code int }
+
+func (e *ExitError) Error() string {
+	return fmt.Sprintf("envoysim: exited at start with code %d (injected fault)", e.Code)
+}
+
+// ExitCode is the program's exit code.
+func (e *ExitError) ExitCode() int { return e.Code }
+
 // Server states, as Envoy numbers them in server.state.
 const (
 	stateLive            = 0
@@ -62,19 +73,22 @@ type Sim struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu         sync.Mutex
-	phase      phase
-	hcFailed   bool
-	drain      *drainState
-	fault      Fault
-	crashGen   int // invalidates crash timers armed by an earlier fault
-	closing    bool
-	conns      map[*conn]struct{}
-	reason     error // why the sim stopped: nil, or ErrCrashed
-	closeErr   error
-	wg         sync.WaitGroup
-	done       chan struct{}
-	totalConns atomic.Int64
+	mu             sync.Mutex
+	phase          phase
+	startupOver    bool // the startup delay has passed (LIVE unless NeverLive)
+	workersStarted bool // server.* gauges may be refreshed on a read
+	hcFailed       bool
+	drain          *drainState
+	fault          Fault
+	faultGen       int  // invalidates crash timers armed by an earlier fault
+	drainCrashArm  bool // the fault's CrashAfterDrain waits for a drain
+	closing        bool
+	conns          map[*conn]struct{}
+	reason         error // why the sim stopped: nil, ErrCrashed or an *ExitError
+	closeErr       error
+	wg             sync.WaitGroup
+	done           chan struct{}
+	totalConns     atomic.Int64
 
 	server struct {
 		state, live, uptime, totalConns, concurrency *metric
@@ -99,7 +113,7 @@ func Start(cfg Config) (*Sim, error) {
 	}
 	s := &Sim{
 		cfg:    cfg,
-		st:     newStore(),
+		st:     newStore(cfg.StatsInclusion),
 		start:  time.Now(),
 		byName: map[string]*listener{},
 		conns:  map[*conn]struct{}{},
@@ -141,7 +155,6 @@ func Start(cfg Config) (*Sim, error) {
 		ErrorLog:    log.New(io.Discard, "", 0),
 		IdleTimeout: time.Hour,
 	}
-	s.refreshServerStats()
 	s.goTracked(func() { s.adminSrv.Serve(&acceptor{ln: ln, track: s.trackAdmin}) })
 	if cfg.StatsFlushInterval > 0 {
 		s.goTracked(s.flushLoop)
@@ -155,9 +168,9 @@ func Start(cfg Config) (*Sim, error) {
 			s.mu.Unlock()
 			s.logf("initializing")
 		})
-		s.after(cfg.StartupDelay, s.goLive)
+		s.after(cfg.StartupDelay, s.startupDone)
 	} else {
-		s.goLive()
+		s.startupDone()
 	}
 	s.mu.Lock()
 	s.armCrashLocked()
@@ -182,8 +195,9 @@ func (s *Sim) logf(format string, args ...any) {
 
 func (s *Sim) initStats() {
 	g, c := s.st.gauge, s.st.counter
-	s.server.state = g("server.state")
+	s.server.state = g("server.state") // unset until the first refresh
 	s.server.live = g("server.live")
+	s.server.live.set(1) // failHealthcheck(false) at initialization
 	s.server.uptime = g("server.uptime")
 	s.server.totalConns = g("server.total_connections")
 	s.server.concurrency = g("server.concurrency")
@@ -240,25 +254,49 @@ func (s *Sim) leave() { s.wg.Done() }
 
 // after runs f after d unless the sim stops first.
 func (s *Sim) after(d time.Duration, f func()) bool {
-	return s.goTracked(func() { s.wait(d, f) })
+	return s.goTracked(func() { s.wait(d, nil, f) })
 }
 
 func (s *Sim) afterLocked(d time.Duration, f func()) bool {
-	return s.goLocked(func() { s.wait(d, f) })
+	return s.goLocked(func() { s.wait(d, nil, f) })
 }
 
-func (s *Sim) wait(d time.Duration, f func()) {
+// wait runs f after d unless the sim stops or cancel closes first.
+func (s *Sim) wait(d time.Duration, cancel <-chan struct{}, f func()) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
 		f()
+	case <-cancel:
 	case <-s.ctx.Done():
 	}
 }
 
+// startupDone is the end of the startup delay: the server goes LIVE,
+// unless a fault makes it exit or stay INITIALIZING.
+func (s *Sim) startupDone() {
+	s.mu.Lock()
+	s.startupOver = true
+	f := s.fault
+	s.mu.Unlock()
+	switch {
+	case f.ExitAtStart:
+		s.logf("exiting before going LIVE with code %d (injected fault)", f.ExitAtStartCode)
+		s.stop(&ExitError{Code: f.ExitAtStartCode})
+	case f.NeverLive:
+		s.mu.Lock()
+		s.phase = phaseInitializing
+		s.mu.Unlock()
+		s.logf("staying INITIALIZING (injected fault)")
+	default:
+		s.goLive()
+	}
+}
+
 // goLive is the end of initialization: the listeners start listening, the
-// workers start, the state turns LIVE.
+// workers start, the state turns LIVE and the server gauges are refreshed
+// (Envoy's startWorkers callback).
 func (s *Sim) goLive() {
 	s.mu.Lock()
 	if s.closing || s.phase == phaseLive {
@@ -285,9 +323,11 @@ func (s *Sim) goLive() {
 	}
 	s.lm.listenersActive.set(uint64(active))
 	s.lm.workersStarted.set(1)
+	s.workersStarted = true
 	s.mu.Unlock()
 	ms := float64(time.Since(s.start).Microseconds()) / 1000
 	s.st.histogram("server.initialization_time_ms").record(ms)
+	s.refreshServerStats()
 	s.logf("starting workers; all listeners listening; state LIVE")
 }
 
@@ -311,20 +351,29 @@ func (s *Sim) stateName() string {
 	return stateNames[s.stateLocked()]
 }
 
-// refreshServerStats is Envoy's stats flush for the server gauges.
+// refreshServerStats is Envoy's updateServerStats, run on a stats flush
+// and when the workers start.
 func (s *Sim) refreshServerStats() {
 	s.mu.Lock()
 	state := s.stateLocked()
-	draining := s.drain != nil
 	s.mu.Unlock()
 	s.server.state.set(uint64(state))
-	if draining {
-		s.server.live.set(0)
-	} else {
-		s.server.live.set(1)
-	}
 	s.server.uptime.set(uint64(time.Since(s.start) / time.Second))
 	s.server.totalConns.set(uint64(max(s.totalConns.Load(), 0)))
+}
+
+// statsRead is called before stats are read: with no flush interval, a
+// read after the workers started sees current server gauges.
+func (s *Sim) statsRead() {
+	if s.cfg.StatsFlushInterval > 0 {
+		return
+	}
+	s.mu.Lock()
+	started := s.workersStarted
+	s.mu.Unlock()
+	if started {
+		s.refreshServerStats()
+	}
 }
 
 func (s *Sim) flushLoop() {
@@ -367,11 +416,10 @@ func (s *Sim) ListenerStatName(name string) string {
 func (s *Sim) State() string { return s.stateName() }
 
 // Stat returns a counter's or gauge's current value, whether or not it
-// ever changed; false if the sim has no such stat.
+// ever changed; false if the sim has no such stat (the stats matcher may
+// have rejected it).
 func (s *Sim) Stat(name string) (uint64, bool) {
-	if s.cfg.StatsFlushInterval == 0 {
-		s.refreshServerStats()
-	}
+	s.statsRead()
 	return s.st.lookup(name)
 }
 
@@ -399,18 +447,21 @@ func (s *Sim) WaitLive(ctx context.Context) error {
 
 // SetFault replaces the fault in force (a test hook). The admin fault
 // applies to the next request; a hang in progress stays hung. CrashAfter
-// counts from now; zero disarms an earlier crash.
+// counts from now; zero disarms an earlier crash. CrashAfterDrain waits
+// for the next drain request. ExitAtStart and NeverLive act when the
+// startup delay ends; clearing NeverLive after it makes the sim go LIVE.
 func (s *Sim) SetFault(f Fault) error {
-	if f.CrashExitCode == 0 {
-		f.CrashExitCode = 134
-	}
 	if err := f.validate(); err != nil {
 		return fmt.Errorf("envoysim: %w", err)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.fault = f
 	s.armCrashLocked()
+	resume := s.startupOver && !f.NeverLive && s.phase != phaseLive
+	s.mu.Unlock()
+	if resume {
+		s.goLive()
+	}
 	return nil
 }
 
@@ -420,15 +471,21 @@ func (s *Sim) currentFault() Fault {
 	return s.fault
 }
 
+// armCrashLocked arms the fault's crash timer, invalidating older ones.
 func (s *Sim) armCrashLocked() {
-	s.crashGen++
-	if s.fault.CrashAfter <= 0 {
-		return
+	s.faultGen++
+	s.drainCrashArm = s.fault.CrashAfterDrain > 0
+	if s.fault.CrashAfter > 0 {
+		s.crashInLocked(s.fault.CrashAfter)
 	}
-	gen := s.crashGen
-	s.afterLocked(s.fault.CrashAfter, func() {
+}
+
+// crashInLocked crashes the sim after d unless the fault changes first.
+func (s *Sim) crashInLocked(d time.Duration) {
+	gen := s.faultGen
+	s.afterLocked(d, func() {
 		s.mu.Lock()
-		current := gen == s.crashGen
+		current := gen == s.faultGen
 		s.mu.Unlock()
 		if current {
 			s.Crash()
@@ -436,25 +493,41 @@ func (s *Sim) armCrashLocked() {
 	})
 }
 
-// CrashExitCode is the exit code the envoysim program uses for a crash.
+// drainRequestedLocked arms CrashAfterDrain on the first drain request.
+func (s *Sim) drainRequestedLocked() {
+	if s.drainCrashArm {
+		s.drainCrashArm = false
+		s.crashInLocked(s.fault.CrashAfterDrain)
+	}
+}
+
+// CrashExitCode is what a crash does to the envoysim program: 0 for death
+// by SIGABRT, else the exit code.
 func (s *Sim) CrashExitCode() int { return s.currentFault().CrashExitCode }
 
-// Crash stops the sim abruptly, as a crashing Envoy: every socket, admin
-// ones included, is reset. Err then returns ErrCrashed.
+// Crash stops the sim abruptly, as a crashing Envoy. With a zero
+// CrashExitCode and an OnCrash hook (the program), the hook kills the
+// process; otherwise every socket, admin ones included, is closed, as the
+// kernel closes a dead process's sockets, and Err returns ErrCrashed.
 func (s *Sim) Crash() {
 	s.logf("caught Aborted: crashing (injected fault)")
+	if s.cfg.OnCrash != nil && s.CrashExitCode() == 0 {
+		s.cfg.OnCrash()
+	}
 	s.stop(ErrCrashed)
 }
 
 // Quit stops the sim as SIGTERM or /quitquitquit stop Envoy: at once,
-// without draining; proxied connections are reset.
+// without draining. Every connection is closed normally (the peer sees a
+// FIN, or a RST if data it sent was left unread).
 func (s *Sim) Quit() { s.stop(nil) }
 
-// Done is closed once the sim has stopped (quit, crash or Close).
+// Done is closed once the sim has stopped (quit, crash, exit at start or Close).
 func (s *Sim) Done() <-chan struct{} { return s.done }
 
 // Err is why the sim stopped: nil for a quit or Close, ErrCrashed for a
-// crash. It is nil while the sim runs.
+// crash, an *ExitError for the exit-at-start fault. It is nil while the
+// sim runs.
 func (s *Sim) Err() error {
 	select {
 	case <-s.done:
@@ -478,6 +551,8 @@ func (s *Sim) Close() error {
 }
 
 // stop closes everything at once; the first call decides the reason.
+// Connections are closed as Envoy's are when it exits, and as the kernel
+// closes a crashed process's: a FIN, or a RST where data is left unread.
 func (s *Sim) stop(reason error) {
 	s.mu.Lock()
 	if s.closing {
@@ -505,15 +580,8 @@ func (s *Sim) stop(reason error) {
 	if err := s.adminLn.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 		errs = append(errs, fmt.Errorf("admin listener: %w", err))
 	}
-	// Proxied connections are reset, as Envoy's are when it exits. Admin
-	// connections are closed cleanly on a quit, so that the answer to
-	// /quitquitquit reaches its caller, and reset on a crash.
 	for _, c := range conns {
-		if c.l != nil || reason != nil {
-			c.reset()
-		} else {
-			c.Close()
-		}
+		c.Close()
 	}
 	if s.adminSrv != nil {
 		s.adminSrv.Close()

@@ -2,12 +2,14 @@ package envoysim_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -173,7 +175,10 @@ func TestStatsFormat(t *testing.T) {
 		t.Error("no json stats")
 	}
 
-	for _, q := range []string{"format=html", "format=xml", "type=gauges", "filter=(", "filter=a%5C"} {
+	if code, body := adminGet(t, sim, "/stats?format=html"); code != 200 || !strings.Contains(body, "listener.admin.downstream_cx_active: 1") || !strings.HasPrefix(body, "<!DOCTYPE html>") {
+		t.Errorf("html: %d %q", code, body)
+	}
+	for _, q := range []string{"format=xml", "type=gauges", "filter=(", "filter=a%5C"} {
 		if code, _ := adminGet(t, sim, "/stats?"+q); code != 400 {
 			t.Errorf("%s: %d, want 400", q, code)
 		}
@@ -204,22 +209,76 @@ func mustGet(t *testing.T, s *envoysim.Sim, path string) string {
 	return body
 }
 
-func TestStatsFlushLag(t *testing.T) {
-	// A flush that never comes: server.state keeps the value of the first
-	// flush (at start, PRE_INITIALIZING), while /ready is current.
-	sim := startSim(t, envoysim.Config{StatsFlushInterval: time.Hour})
-	if code, _ := adminGet(t, sim, "/ready"); code != 200 {
-		t.Errorf("ready %d", code)
+// server.state is Envoy's unset gauge until the workers start or a stats
+// flush refreshes it: it reads 0 and usedonly hides it. server.live
+// follows /healthcheck/fail at once; server.state only on a refresh.
+func TestServerStateAndLive(t *testing.T) {
+	state := func(sim *envoysim.Sim, q string) string {
+		return mustGet(t, sim, "/stats?"+q+"filter=%5Eserver%5C.(state%7Clive)%24")
 	}
-	if body := mustGet(t, sim, "/stats?filter=^server.state$"); body != "server.state: 2\n" {
-		t.Errorf("server.state %q, want the stale 2", body)
-	}
-	sim2 := startSim(t, envoysim.Config{StatsFlushInterval: 50 * time.Millisecond})
-	eventually(t, "flushed", func() error {
-		if body := mustGet(t, sim2, "/stats?filter=^server.state$"); body != "server.state: 0\n" {
-			return errors.New(body)
+	t.Run("starting", func(t *testing.T) {
+		sim := startSim(t, envoysim.Config{StartupDelay: 500 * time.Millisecond})
+		if code, body := adminGet(t, sim, "/ready"); code != 503 || body != "PRE_INITIALIZING\n" {
+			t.Errorf("ready %d %q", code, body)
 		}
-		return nil
+		if got := state(sim, ""); got != "server.live: 1\nserver.state: 0\n" {
+			t.Errorf("starting: %q, want the unset server.state (0)", got)
+		}
+		if got := state(sim, "usedonly&"); got != "server.live: 1\n" {
+			t.Errorf("starting, usedonly: %q, want no server.state", got)
+		}
+		if got := mustGet(t, sim, "/stats?filter=workers_started"); got != "listener_manager.workers_started: 0\n" {
+			t.Errorf("starting: %q", got)
+		}
+		if err := sim.WaitLive(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if got := state(sim, "usedonly&"); got != "server.live: 1\nserver.state: 0\n" {
+			t.Errorf("live, usedonly: %q", got)
+		}
+	})
+	t.Run("flush before the workers start", func(t *testing.T) {
+		sim := startSim(t, envoysim.Config{StartupDelay: 2 * time.Second, StatsFlushInterval: 50 * time.Millisecond})
+		eventually(t, "a flush", func() error {
+			if got := state(sim, "usedonly&"); got != "server.live: 1\nserver.state: 2\n" && got != "server.live: 1\nserver.state: 3\n" {
+				return errors.New(got)
+			}
+			return nil
+		})
+	})
+	t.Run("health check, refreshed on every read", func(t *testing.T) {
+		sim := startSim(t, envoysim.Config{})
+		adminDo(t, sim, "POST", "/healthcheck/fail")
+		if got := state(sim, ""); got != "server.live: 0\nserver.state: 1\n" {
+			t.Errorf("failed: %q", got)
+		}
+		adminDo(t, sim, "POST", "/healthcheck/ok")
+		if got := state(sim, ""); got != "server.live: 1\nserver.state: 0\n" {
+			t.Errorf("ok again: %q", got)
+		}
+		// A drain changes neither.
+		adminDo(t, sim, "POST", "/drain_listeners?graceful")
+		if got := state(sim, ""); got != "server.live: 1\nserver.state: 0\n" {
+			t.Errorf("draining: %q", got)
+		}
+	})
+	t.Run("health check, lagging a flush", func(t *testing.T) {
+		sim := startSim(t, envoysim.Config{StatsFlushInterval: time.Hour})
+		adminDo(t, sim, "POST", "/healthcheck/fail")
+		if code, body := adminGet(t, sim, "/ready"); code != 503 || body != "DRAINING\n" {
+			t.Errorf("ready %d %q", code, body)
+		}
+		if got := state(sim, ""); got != "server.live: 0\nserver.state: 0\n" {
+			t.Errorf("before a flush: %q, want server.state still LIVE", got)
+		}
+		sim2 := startSim(t, envoysim.Config{StatsFlushInterval: 50 * time.Millisecond})
+		adminDo(t, sim2, "POST", "/healthcheck/fail")
+		eventually(t, "flushed", func() error {
+			if got := state(sim2, ""); got != "server.live: 0\nserver.state: 1\n" {
+				return errors.New(got)
+			}
+			return nil
+		})
 	})
 }
 
@@ -335,6 +394,8 @@ func TestMainExitCodes(t *testing.T) {
 		{[]string{"--nope"}, 1},
 		{[]string{"--admin-address", "localhost:0"}, 1},
 		{[]string{"--admin-address", "127.0.0.1:0", "--crash-after", "10ms", "--crash-exit-code", "139"}, 139},
+		{[]string{"--admin-address", "127.0.0.1:0", "--fault-exit-at-start", "7"}, 7},
+		{[]string{"--admin-address", "127.0.0.1:0", "--mode", "validate", "--stats-matcher", "istio"}, 0},
 	} {
 		if code := envoysim.Main(ctx, tc.args, &out, io.Discard); code != tc.code {
 			t.Errorf("Main(%q) = %d, want %d", tc.args, code, tc.code)
@@ -342,37 +403,103 @@ func TestMainExitCodes(t *testing.T) {
 	}
 }
 
-func TestQuitResetsConnections(t *testing.T) {
-	for _, crash := range []bool{false, true} {
-		t.Run(fmt.Sprint("crash=", crash), func(t *testing.T) {
+// Quit, SIGTERM and a crash close connections as Envoy's exit does and as
+// the kernel closes a dead process's sockets: a FIN, or a RST where data
+// the peer sent was left unread.
+func TestQuitClosesConnections(t *testing.T) {
+	for _, how := range []string{"quitquitquit", "quit", "crash"} {
+		t.Run(how, func(t *testing.T) {
 			echo := echoServer(t)
-			sim := startSim(t, envoysim.Config{Listeners: []envoysim.ListenerConfig{{Name: "in", Address: "127.0.0.1:0", Upstream: echo}}})
-			c := dialEcho(t, sim.ListenerAddr("in"))
-			if crash {
-				sim.SetFault(envoysim.Fault{CrashAfter: time.Millisecond})
-			} else {
+			// An upstream that never reads: data sent through it piles up
+			// unread in the proxy's socket.
+			stuck, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stuck.Close()
+			held := make(chan net.Conn, 1)
+			go func() {
+				if c, err := stuck.Accept(); err == nil {
+					held <- c
+				}
+			}()
+			defer func() {
+				select {
+				case c := <-held:
+					c.Close()
+				default:
+				}
+			}()
+			up := newUpstream(t)
+			sim := startSim(t, envoysim.Config{Listeners: []envoysim.ListenerConfig{
+				{Name: "in", Address: "127.0.0.1:0", Upstream: echo},
+				{Name: "stuck", Address: "127.0.0.1:0", Upstream: stuck.Addr().String()},
+				{Name: "http", Address: "127.0.0.1:0", Protocol: "http", Upstream: up.addr},
+			}})
+			idle := dialEcho(t, sim.ListenerAddr("in"))
+			keepAlive := dialHTTP(t, sim.ListenerAddr("http"))
+			keepAlive.get("/fast")
+			unread := dial(t, sim.ListenerAddr("stuck"))
+			fill(t, unread)
+
+			switch how {
+			case "quitquitquit":
 				if code, body := adminDo(t, sim, "POST", "/quitquitquit"); code != 200 || body != "OK\n" {
 					t.Fatalf("%d %q", code, body)
 				}
+			case "quit":
+				sim.Quit()
+			case "crash":
+				sim.SetFault(envoysim.Fault{CrashAfter: time.Millisecond})
 			}
 			select {
 			case <-sim.Done():
 			case <-time.After(10 * time.Second):
 				t.Fatal("still running")
 			}
-			if crash != errors.Is(sim.Err(), envoysim.ErrCrashed) {
+			if (how == "crash") != errors.Is(sim.Err(), envoysim.ErrCrashed) {
 				t.Errorf("Err() = %v", sim.Err())
 			}
-			c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			_, err := c.Read(make([]byte, 1))
-			if !errors.Is(err, syscall.ECONNRESET) {
-				t.Errorf("proxied connection: %v, want a reset", err)
+			for name, c := range map[string]net.Conn{"idle tcp": idle, "idle keep-alive": keepAlive.c} {
+				if err := readErr(c); !errors.Is(err, io.EOF) {
+					t.Errorf("%s connection: %v, want a FIN (EOF)", name, err)
+				}
+			}
+			if err := readErr(unread); !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("connection with unread data: %v, want a RST", err)
 			}
 			if !refused(sim.ListenerAddr("in")) || !refused(sim.AdminAddr()) {
 				t.Error("still accepting")
 			}
 		})
 	}
+}
+
+// fill writes to c until its send buffer and the peer's receive buffer are
+// full: the peer has data it did not read.
+func fill(t *testing.T, c net.Conn) {
+	t.Helper()
+	buf := make([]byte, 64<<10)
+	for {
+		c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+		if _, err := c.Write(buf); err != nil {
+			if !isTimeout(err) {
+				t.Fatal(err)
+			}
+			c.SetWriteDeadline(time.Time{})
+			return
+		}
+	}
+}
+
+// readErr reads c until an error.
+func readErr(c net.Conn) error {
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := io.Copy(io.Discard, c)
+	if err == nil {
+		return io.EOF
+	}
+	return err
 }
 
 // simGoroutines lists goroutines running the sim's code.
@@ -473,23 +600,186 @@ func TestParseConfig(t *testing.T) {
   "drain_strategy": "immediate",
   "startup_delay_ms": 200,
   "stats_flush_interval_ms": 5000,
+  "stats_matcher": "istio",
   "listeners": [
-    {"name": "virtualInbound", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": "127.0.0.1:8080"},
-    {"name": "virtualOutbound", "address": "[::]:15001", "direction": "outbound", "stat_prefix": "virtualOutbound", "upstream": "10.0.0.1:80"}
+    {"name": "virtualInbound", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": "127.0.0.1:original_dst_port",
+     "transparent": true, "drain_timeout_ms": 250, "upstream_protocol": "h2c"},
+    {"name": "virtualOutbound", "address": "[::]:15001", "direction": "outbound", "stat_prefix": "virtualOutbound", "upstream": "original_dst"}
   ],
-  "fault": {"admin": "hang", "crash_after_ms": 3000, "crash_exit_code": 139}
+  "fault": {"admin": "slow", "admin_delay_ms": 1500, "crash_after_ms": 3000, "crash_after_drain_ms": 100,
+            "crash_exit_code": 139, "exit_at_start": 0, "never_live": true}
 }`))
 	if err != nil {
 		t.Fatal(err)
 	}
+	in := cfg.Listeners[0]
 	if cfg.AdminAddress != "127.0.0.1:15000" || cfg.DrainTime != 1500*time.Millisecond || cfg.StartupDelay != 200*time.Millisecond ||
-		cfg.StatsFlushInterval != 5*time.Second || len(cfg.Listeners) != 2 || cfg.Listeners[1].StatPrefix != "virtualOutbound" ||
-		cfg.Fault != (envoysim.Fault{Admin: envoysim.AdminHang, CrashAfter: 3 * time.Second, CrashExitCode: 139}) {
+		cfg.StatsFlushInterval != 5*time.Second || cfg.StatsMatcher != "istio" || len(cfg.Listeners) != 2 ||
+		cfg.Listeners[1].StatPrefix != "virtualOutbound" || cfg.Listeners[1].Upstream != "original_dst" ||
+		!in.Transparent || in.DrainTimeout != 250*time.Millisecond || in.UpstreamProtocol != "h2c" ||
+		cfg.Fault != (envoysim.Fault{Admin: envoysim.AdminSlow, AdminDelay: 1500 * time.Millisecond, CrashAfter: 3 * time.Second,
+			CrashAfterDrain: 100 * time.Millisecond, CrashExitCode: 139, ExitAtStart: true, ExitAtStartCode: 0, NeverLive: true}) {
 		t.Errorf("%+v", cfg)
 	}
-	for _, bad := range []string{`{"nope": 1}`, `{"listeners": [{"name": "a", "port": 1}]}`, `{"drain_time_s": -1}`, `[`, `{"drain_time_s": "1"}`} {
+	// An explicit drain_time_s 0 is Envoy's --drain-time-s 0; none is the default.
+	if cfg, err := envoysim.ParseConfig([]byte(`{"drain_time_s": 0}`)); err != nil || cfg.DrainTime != envoysim.ZeroDrainTime {
+		t.Errorf("drain_time_s 0: %v %v", cfg.DrainTime, err)
+	}
+	if cfg, err := envoysim.ParseConfig([]byte(`{}`)); err != nil || cfg.DrainTime != 0 {
+		t.Errorf("no drain_time_s: %v %v", cfg.DrainTime, err)
+	}
+	for _, bad := range []string{`{"nope": 1}`, `{"listeners": [{"name": "a", "port": 1}]}`, `{"drain_time_s": -1}`, `[`,
+		`{"drain_time_s": "1"}`, `{"fault": {"admin": "nope"}}`, `{"fault": {"exit_at_start": 300}}`} {
 		if _, err := envoysim.ParseConfig([]byte(bad)); err == nil {
 			t.Errorf("%s: no error", bad)
 		}
 	}
+	for _, bad := range []envoysim.Config{
+		{StatsMatcher: "nope"},
+		{StatsInclusion: &envoysim.StatsInclusion{Regexes: []string{"("}}},
+		{Listeners: []envoysim.ListenerConfig{{Name: "a", Address: "127.0.0.1:0", Upstream: "localhost:original_dst_port"}}},
+		{Listeners: []envoysim.ListenerConfig{{Name: "a", Address: "127.0.0.1:0", Upstream: "127.0.0.1:http"}}},
+		{Listeners: []envoysim.ListenerConfig{{Name: "a", Address: "127.0.0.1:0", Upstream: "127.0.0.1:1", UpstreamProtocol: "h3"}}},
+	} {
+		if s, err := envoysim.Start(bad); err == nil {
+			s.Close()
+			t.Errorf("%+v: no error", bad)
+		}
+	}
+}
+
+// The start-up faults and the crash after a drain, in process.
+func TestStartupAndDrainFaults(t *testing.T) {
+	sim, err := envoysim.Start(envoysim.Config{StartupDelay: 100 * time.Millisecond, Fault: envoysim.Fault{ExitAtStart: true, ExitAtStartCode: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	if code, body := adminGet(t, sim, "/ready"); code != 503 {
+		t.Errorf("before the exit: %d %q", code, body)
+	}
+	select {
+	case <-sim.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no exit")
+	}
+	var ee *envoysim.ExitError
+	if !errors.As(sim.Err(), &ee) || ee.Code != 3 {
+		t.Errorf("Err() = %v", sim.Err())
+	}
+
+	never := startSim(t, envoysim.Config{Fault: envoysim.Fault{NeverLive: true}})
+	time.Sleep(50 * time.Millisecond)
+	if code, body := adminGet(t, never, "/ready"); code != 503 || body != "INITIALIZING\n" {
+		t.Errorf("never live: %d %q", code, body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := never.WaitLive(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("never live: WaitLive %v", err)
+	}
+	// Cleared through the hook: LIVE at once.
+	if code := postJSON(t, never, "/envoysim/fault", `{"admin":"ok"}`); code != 200 {
+		t.Fatal(code)
+	}
+	if code, body := adminGet(t, never, "/ready"); code != 200 || body != "LIVE\n" {
+		t.Errorf("fault cleared: %d %q", code, body)
+	}
+
+	// A crash 50 ms after the first drain request, set through the hook.
+	if code := postJSON(t, never, "/envoysim/fault", `{"crash_after_drain_ms": 50, "crash_exit_code": 9}`); code != 200 {
+		t.Fatal(code)
+	}
+	time.Sleep(150 * time.Millisecond)
+	select {
+	case <-never.Done():
+		t.Fatal("crashed before any drain")
+	default:
+	}
+	adminDo(t, never, "POST", "/drain_listeners?graceful")
+	select {
+	case <-never.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no crash after the drain")
+	}
+	if !errors.Is(never.Err(), envoysim.ErrCrashed) || never.CrashExitCode() != 9 {
+		t.Errorf("Err() = %v, exit code %d", never.Err(), never.CrashExitCode())
+	}
+}
+
+func postJSON(t *testing.T, s *envoysim.Sim, path, body string) int {
+	t.Helper()
+	resp, err := http.Post("http://"+s.AdminAddr()+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// The slow admin fault delays every answer but the hook's.
+func TestAdminSlow(t *testing.T) {
+	sim := startSim(t, envoysim.Config{Fault: envoysim.Fault{Admin: envoysim.AdminSlow, AdminDelay: 300 * time.Millisecond}})
+	start := time.Now()
+	if code, body := adminGet(t, sim, "/ready"); code != 200 || body != "LIVE\n" {
+		t.Errorf("slow: %d %q", code, body)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Errorf("answered after %v, before the delay", d)
+	}
+	start = time.Now()
+	adminDo(t, sim, "POST", "/envoysim/fault?admin=ok")
+	adminGet(t, sim, "/ready")
+	if d := time.Since(start); d >= 300*time.Millisecond {
+		t.Logf("hook and answer took %v (slow machine?)", d)
+	}
+	if code := postJSON(t, sim, "/envoysim/fault", `{"admin_delay_ms": 200, "admin": "500"}`); code != 200 {
+		t.Fatal(code)
+	}
+	start = time.Now()
+	if code, _ := adminGet(t, sim, "/ready"); code != 500 || time.Since(start) < 200*time.Millisecond {
+		t.Errorf("slow 500: %d after %v", code, time.Since(start))
+	}
+}
+
+// A connection made straight to an original_dst listener has the listener
+// itself as its original destination: refused as an upstream failure
+// (a TCP close, an HTTP 503), not looped.
+func TestOriginalDstNoLoop(t *testing.T) {
+	sim := startSim(t, envoysim.Config{Listeners: []envoysim.ListenerConfig{
+		{Name: "tcp", Address: "127.0.0.1:0", Upstream: "original_dst"},
+		{Name: "http", Address: "127.0.0.1:0", Protocol: "http", Upstream: "127.0.0.1:original_dst_port"},
+	}})
+	c := dial(t, sim.ListenerAddr("tcp"))
+	if err := readErr(c); !errors.Is(err, io.EOF) {
+		t.Errorf("tcp: %v, want closed", err)
+	}
+	h := dialHTTP(t, sim.ListenerAddr("http"))
+	if resp, body := h.get("/"); resp.StatusCode != 503 || !strings.HasPrefix(body, "upstream connect error") {
+		t.Errorf("http: %d %q", resp.StatusCode, body)
+	}
+	for _, name := range []string{"cluster.tcp.upstream_cx_connect_fail", "cluster.http.upstream_cx_connect_fail"} {
+		if v, _ := sim.Stat(name); v != 1 {
+			t.Errorf("%s = %d", name, v)
+		}
+	}
+}
+
+// IP_TRANSPARENT needs CAP_NET_ADMIN: without it the listener cannot be
+// created and Start says why; with it (root) the listener works.
+func TestTransparentListener(t *testing.T) {
+	echo := echoServer(t)
+	cfg := envoysim.Config{Listeners: []envoysim.ListenerConfig{
+		{Name: "in", Address: "127.0.0.1:0", Upstream: echo, Transparent: true},
+	}}
+	if os.Geteuid() != 0 {
+		_, err := envoysim.Start(cfg)
+		if err == nil || !strings.Contains(err.Error(), "IP_TRANSPARENT") {
+			t.Fatalf("without CAP_NET_ADMIN: %v", err)
+		}
+		return
+	}
+	sim := startSim(t, cfg)
+	dialEcho(t, sim.ListenerAddr("in"))
 }

@@ -3,11 +3,14 @@
 package envoysim
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // boundSocket is a TCP socket bound to its address but not yet listening,
@@ -19,7 +22,11 @@ type boundSocket struct {
 	addr netip.AddrPort
 }
 
-func bindSocket(ap netip.AddrPort) (*boundSocket, error) {
+// bindSocket binds a TCP socket; transparent sets IP_TRANSPARENT (or
+// IPV6_TRANSPARENT) first, as Envoy's transparent listener option does for
+// TPROXY: the socket then accepts connections to any address iptables
+// hands it, keeping their original destination as the local address.
+func bindSocket(ap netip.AddrPort, transparent bool) (*boundSocket, error) {
 	family := syscall.AF_INET
 	if ap.Addr().Is6() && !ap.Addr().Is4In6() {
 		family = syscall.AF_INET6
@@ -34,6 +41,15 @@ func bindSocket(ap netip.AddrPort) (*boundSocket, error) {
 	}
 	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
 		return fail("setsockopt SO_REUSEADDR", err)
+	}
+	if transparent {
+		level, opt, name := unix.SOL_IP, unix.IP_TRANSPARENT, "IP_TRANSPARENT"
+		if family == syscall.AF_INET6 {
+			level, opt, name = unix.SOL_IPV6, unix.IPV6_TRANSPARENT, "IPV6_TRANSPARENT"
+		}
+		if err := unix.SetsockoptInt(fd, level, opt, 1); err != nil {
+			return fail("setsockopt "+name+" (needs CAP_NET_ADMIN)", err)
+		}
 	}
 	var sa syscall.Sockaddr
 	if family == syscall.AF_INET6 {
@@ -90,4 +106,48 @@ func (b *boundSocket) close() {
 		syscall.Close(b.fd)
 		b.fd = -1
 	}
+}
+
+// ip6tSOOriginalDst is IP6T_SO_ORIGINAL_DST (linux/netfilter_ipv6/ip6_tables.h).
+const ip6tSOOriginalDst = 80
+
+// originalDst is a connection's original destination, as Envoy's
+// original_dst listener filter reads it: SO_ORIGINAL_DST (the address
+// before an iptables REDIRECT or DNAT, from conntrack), else the accepted
+// socket's local address (TPROXY keeps the original destination there).
+func originalDst(c net.Conn) netip.AddrPort {
+	local := netip.AddrPort{}
+	if ta, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		ap := ta.AddrPort()
+		local = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return local
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return local
+	}
+	dst := local
+	rc.Control(func(fd uintptr) {
+		if local.Addr().Is4() {
+			mreq, err := unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST)
+			if err != nil {
+				return
+			}
+			// A struct sockaddr_in: family, port (big-endian), address.
+			b := mreq.Multiaddr
+			dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[4:8])), binary.BigEndian.Uint16(b[2:4]))
+			return
+		}
+		info, err := unix.GetsockoptIPv6MTUInfo(int(fd), unix.SOL_IPV6, ip6tSOOriginalDst)
+		if err != nil {
+			return
+		}
+		var port [2]byte // sin6_port is in network order in memory
+		binary.NativeEndian.PutUint16(port[:], info.Addr.Port)
+		dst = netip.AddrPortFrom(netip.AddrFrom16(info.Addr.Addr), binary.BigEndian.Uint16(port[:]))
+	})
+	return dst
 }

@@ -3,6 +3,7 @@
 package envoysim
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 )
@@ -14,7 +15,10 @@ type boundSocket struct {
 	addr netip.AddrPort
 }
 
-func bindSocket(ap netip.AddrPort) (*boundSocket, error) {
+func bindSocket(ap netip.AddrPort, transparent bool) (*boundSocket, error) {
+	if transparent {
+		return nil, errors.New("transparent listeners need Linux")
+	}
 	ln, err := net.Listen("tcp", ap.String())
 	if err != nil {
 		return nil, err
@@ -37,4 +41,13 @@ func (b *boundSocket) close() {
 		b.ln.Close()
 		b.ln = nil
 	}
+}
+
+// originalDst is the accepted socket's local address off Linux.
+func originalDst(c net.Conn) netip.AddrPort {
+	if ta, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		ap := ta.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return netip.AddrPort{}
 }

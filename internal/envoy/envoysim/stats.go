@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"html/template"
 	"regexp"
 	"slices"
 	"strconv"
@@ -71,13 +72,49 @@ type store struct {
 	mu         sync.Mutex
 	metrics    map[string]*metric
 	histograms map[string]*histogram
+	include    func(name string) bool // the stats matcher; nil keeps all
 }
 
-func newStore() *store {
-	return &store{metrics: map[string]*metric{}, histograms: map[string]*histogram{}}
+func newStore(in *StatsInclusion) *store {
+	st := &store{metrics: map[string]*metric{}, histograms: map[string]*histogram{}}
+	if in != nil {
+		st.include = in.matcher()
+	}
+	return st
 }
 
+// matcher compiles an inclusion list (regexes were checked by withDefaults).
+func (in *StatsInclusion) matcher() func(string) bool {
+	var res []*regexp.Regexp
+	for _, r := range in.Regexes {
+		res = append(res, regexp.MustCompile(`^(?:`+r+`)$`))
+	}
+	return func(name string) bool {
+		for _, p := range in.Prefixes {
+			if strings.HasPrefix(name, p) {
+				return true
+			}
+		}
+		for _, s := range in.Suffixes {
+			if strings.HasSuffix(name, s) {
+				return true
+			}
+		}
+		for _, re := range res {
+			if re.MatchString(name) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// get returns the named stat. A stat the matcher rejects is still counted,
+// by the caller, but exists nowhere: as Envoy's null stats.
 func (st *store) get(name string, k kind) *metric {
+	if st.include != nil && !st.include(name) {
+		return &metric{kind: k}
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	m, ok := st.metrics[name]
@@ -92,6 +129,9 @@ func (st *store) counter(name string) *metric { return st.get(name, counterKind)
 func (st *store) gauge(name string) *metric   { return st.get(name, gaugeKind) }
 
 func (st *store) histogram(name string) *histogram {
+	if st.include != nil && !st.include(name) {
+		return &histogram{}
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	h, ok := st.histograms[name]
@@ -117,7 +157,7 @@ type statsParams struct {
 	usedOnly bool
 	filter   *regexp.Regexp
 	typ      string // All, Counters, Gauges, Histograms, TextReadouts
-	format   string // text, json, prometheus
+	format   string // text, json, prometheus, html, active-html
 }
 
 // parseStatsParams returns the params, or a 400 body.
@@ -141,12 +181,8 @@ func parseStatsParams(q map[string][]string) (statsParams, string) {
 	}
 	if f, ok := q["format"]; ok && len(f) > 0 {
 		switch f[0] {
-		case "text", "json", "prometheus":
+		case "text", "json", "prometheus", "html", "active-html":
 			p.format = f[0]
-		case "html":
-			return p, "HTML output was disabled by building with --define=admin_html=disabled"
-		case "active-html":
-			return p, "Active HTML output was disabled by building with --define=admin_html=disabled"
 		default:
 			return p, "usage: /stats?format=(html|active-html|json|prometheus|text)\n\n"
 		}
@@ -317,4 +353,15 @@ func (st *store) resetCounters() {
 			m.v.Store(0)
 		}
 	}
+}
+
+// renderHTML writes the stats as an HTML page, as official Envoy builds
+// answer /stats?format=html (active-html is a page that fetches them again
+// with JSON; the sim serves the same static page for it).
+func renderHTML(samples []sample, hs []histSample) []byte {
+	var b bytes.Buffer
+	b.WriteString("<!DOCTYPE html>\n<html lang='en'>\n<head><title>Envoy Admin</title></head>\n<body>\n<pre>\n")
+	template.HTMLEscape(&b, renderText(samples, hs))
+	b.WriteString("</pre>\n</body>\n</html>\n")
+	return b.Bytes()
 }

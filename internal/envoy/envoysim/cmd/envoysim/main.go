@@ -4,21 +4,11 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"os"
+
+	"github.com/draind/draind/internal/envoy/envoysim"
 )
 
 func main() {
-	err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr)
-	var ec interface{ ExitCode() int }
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-	case errors.As(err, &ec):
-		os.Exit(ec.ExitCode())
-	default:
-		fmt.Fprintln(os.Stderr, "envoysim:", err)
-		os.Exit(1)
-	}
+	os.Exit(envoysim.Main(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }

@@ -87,6 +87,7 @@ func echoServer(t *testing.T) string {
 
 // proc is a running envoysim process.
 type proc struct {
+	hc     *http.Client // to the admin API
 	cmd    *exec.Cmd
 	admin  *envoy.Client
 	addr   string // admin address
@@ -95,9 +96,33 @@ type proc struct {
 	err    error
 }
 
+// launchOpts say how to run envoysim.
+type launchOpts struct {
+	cred   *syscall.Credential
+	caps   []uintptr                                                         // ambient capabilities (with cred)
+	config string                                                            // JSON config; default: one TCP listener "in" to an echo server
+	start  func(func()) error                                                // runs cmd.Start, e.g. inside a network namespace
+	dial   func(ctx context.Context, network, addr string) (net.Conn, error) // reaches the admin API
+	args   []string
+}
+
 // startProc runs envoysim with a config of one TCP listener to echo, and
 // waits until it is LIVE.
 func startProc(t *testing.T, cred *syscall.Credential, extra ...string) *proc {
+	t.Helper()
+	p := launch(t, launchOpts{cred: cred, args: extra})
+	if p.addr == "" {
+		t.Fatalf("envoysim exited at start: %v\n%s", p.err, p.stderr)
+	}
+	if code, body := p.get(t, "/ready"); code != 200 {
+		t.Fatalf("not ready: %d %q", code, body)
+	}
+	return p
+}
+
+// launch starts envoysim and waits until its admin address is known, or
+// until it exits (then p.addr is empty).
+func launch(t *testing.T, o launchOpts) *proc {
 	t.Helper()
 	bin := build(t)
 	dir := t.TempDir()
@@ -106,20 +131,29 @@ func startProc(t *testing.T, cred *syscall.Credential, extra ...string) *proc {
 	os.Chmod(filepath.Dir(dir), 0o755)
 	os.Chmod(dir, 0o777)
 	cfg := filepath.Join(dir, "envoysim.json")
-	conf := fmt.Sprintf(`{"listeners":[{"name":"in","address":"127.0.0.1:0","direction":"inbound","upstream":%q}]}`, echoServer(t))
+	conf := o.config
+	if conf == "" {
+		conf = fmt.Sprintf(`{"listeners":[{"name":"in","address":"127.0.0.1:0","direction":"inbound","upstream":%q}]}`, echoServer(t))
+	}
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	addrFile := filepath.Join(dir, "admin-address")
 	args := append([]string{"-c", cfg, "--admin-address", "127.0.0.1:0", "--admin-address-path", addrFile,
-		"--drain-time-s", "45", "--drain-strategy", "immediate", "-l", "warning", "--disable-hot-restart"}, extra...)
-	p := &proc{cmd: exec.Command(bin, args...), stderr: &strings.Builder{}, exited: make(chan struct{})}
+		"--drain-time-s", "45", "--drain-strategy", "immediate", "-l", "warning", "--disable-hot-restart"}, o.args...)
+	p := &proc{cmd: exec.Command(bin, args...), stderr: &strings.Builder{}, exited: make(chan struct{}),
+		hc: &http.Client{Transport: &http.Transport{DialContext: o.dial, DisableKeepAlives: true}, Timeout: 10 * time.Second}}
 	p.cmd.Stderr = &lockedWriter{w: p.stderr}
-	if cred != nil {
-		p.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	if o.cred != nil {
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: o.cred, AmbientCaps: o.caps}
 	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
+	start := func(f func()) error { f(); return nil }
+	if o.start != nil {
+		start = o.start
+	}
+	var serr error
+	if err := start(func() { serr = p.cmd.Start() }); err != nil || serr != nil {
+		t.Fatal(err, serr)
 	}
 	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
 	t.Cleanup(func() {
@@ -138,7 +172,7 @@ func startProc(t *testing.T, cred *syscall.Credential, extra ...string) *proc {
 		}
 		select {
 		case <-p.exited:
-			t.Fatalf("envoysim exited at start: %v\n%s", p.err, p.stderr)
+			return p
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -146,11 +180,23 @@ func startProc(t *testing.T, cred *syscall.Credential, extra ...string) *proc {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	p.admin = envoy.New(p.addr, envoy.WithTimeout(5*time.Second))
-	if _, ready, err := p.admin.Ready(context.Background()); err != nil || !ready {
-		t.Fatalf("not ready: %v", err)
-	}
+	p.admin = envoy.New(p.addr, envoy.WithTimeout(5*time.Second), envoy.WithHTTPClient(p.hc))
 	return p
+}
+
+// get fetches an admin path.
+func (p *proc) get(t *testing.T, path string) (int, string) {
+	t.Helper()
+	resp, err := p.hc.Get("http://" + p.addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
 }
 
 type lockedWriter struct {
@@ -167,8 +213,7 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 // listenerAddr reads the listener's bound address from /listeners.
 func (p *proc) listenerAddr(t *testing.T, name string) string {
 	t.Helper()
-	hc := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
-	resp, err := hc.Get("http://" + p.addr + "/listeners")
+	resp, err := p.hc.Get("http://" + p.addr + "/listeners")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,8 +246,15 @@ func proxied(t *testing.T, addr string) net.Conn {
 }
 
 // wait waits for the process to exit, with a generous bound, and returns
-// its exit code.
+// its exit code (-1 when killed by a signal).
 func (p *proc) wait(t *testing.T) int {
+	t.Helper()
+	code, _ := p.waitStatus(t)
+	return code
+}
+
+// waitStatus is wait with the signal that killed the process, if any.
+func (p *proc) waitStatus(t *testing.T) (int, syscall.Signal) {
 	t.Helper()
 	select {
 	case <-p.exited:
@@ -211,12 +263,15 @@ func (p *proc) wait(t *testing.T) int {
 	}
 	var ee *exec.ExitError
 	if errors.As(p.err, &ee) {
-		return ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return -1, ws.Signal()
+		}
+		return ee.ExitCode(), 0
 	}
 	if p.err != nil {
 		t.Fatal(p.err)
 	}
-	return 0
+	return 0, 0
 }
 
 func TestProgramSIGTERM(t *testing.T) {
@@ -224,16 +279,16 @@ func TestProgramSIGTERM(t *testing.T) {
 	c := proxied(t, p.listenerAddr(t, "in"))
 	// SIGHUP is ignored.
 	p.cmd.Process.Signal(syscall.SIGHUP)
-	if _, ready, err := p.admin.Ready(context.Background()); err != nil || !ready {
-		t.Fatalf("after SIGHUP: %v", err)
+	if code, _ := p.get(t, "/ready"); code != 200 {
+		t.Fatalf("after SIGHUP: %d", code)
 	}
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	if code := p.wait(t); code != 0 {
 		t.Errorf("exit code %d, want 0", code)
 	}
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, io.EOF) {
-		t.Errorf("proxied connection after SIGTERM: %v", err)
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Errorf("proxied connection after SIGTERM: %v, want a FIN (EOF)", err)
 	}
 	if !strings.Contains(p.stderr.String(), "caught ENVOY_SIGTERM") {
 		t.Errorf("stderr: %s", p.stderr)
@@ -242,9 +297,8 @@ func TestProgramSIGTERM(t *testing.T) {
 
 func TestProgramQuitQuitQuit(t *testing.T) {
 	p := startProc(t, nil)
-	si, err := p.admin.ServerInfo(context.Background())
-	if err != nil || si.DrainTime != 45*time.Second || si.DrainStrategy != "Immediate" {
-		t.Errorf("flags not applied: %+v %v", si, err)
+	if _, si := p.get(t, "/server_info"); !strings.Contains(si, `"drain_time": "45s"`) || !strings.Contains(si, `"drain_strategy": "Immediate"`) {
+		t.Errorf("flags not applied: %s", si)
 	}
 	proxied(t, p.listenerAddr(t, "in"))
 	if err := p.admin.QuitQuitQuit(context.Background()); err != nil {
@@ -255,10 +309,50 @@ func TestProgramQuitQuitQuit(t *testing.T) {
 	}
 }
 
+// A crash kills the process with SIGABRT, as a crashing Envoy dies, and
+// the kernel closes its connections: a FIN.
 func TestProgramCrash(t *testing.T) {
+	p := startProc(t, nil, "--crash-after", "500ms")
+	c := proxied(t, p.listenerAddr(t, "in"))
+	code, sig := p.waitStatus(t)
+	if sig != syscall.SIGABRT {
+		t.Errorf("exit code %d, signal %v; want killed by SIGABRT", code, sig)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Errorf("proxied connection after the crash: %v, want a FIN (EOF)", err)
+	}
+	if !strings.Contains(p.stderr.String(), "caught Aborted") || strings.Contains(p.stderr.String(), "goroutine ") {
+		t.Errorf("stderr: %s", p.stderr)
+	}
+}
+
+// --crash-exit-code N makes a crash an exit with code N instead (the
+// stand-in's older behaviour: 134 is what a shell reports for SIGABRT).
+func TestProgramCrashExitCode(t *testing.T) {
 	p := startProc(t, nil, "--crash-after", "300ms", "--crash-exit-code", "134")
-	if code := p.wait(t); code != 134 {
-		t.Errorf("exit code %d, want 134", code)
+	if code, sig := p.waitStatus(t); code != 134 || sig != 0 {
+		t.Errorf("exit code %d signal %v, want exit 134", code, sig)
+	}
+}
+
+// The fault hook's crash after the first drain request.
+func TestProgramCrashAfterDrain(t *testing.T) {
+	p := startProc(t, nil)
+	resp, err := http.Post("http://"+p.addr+"/envoysim/fault?crash_after_drain=200ms", "", nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%v %v", resp, err)
+	}
+	resp.Body.Close()
+	time.Sleep(400 * time.Millisecond)
+	if code, _ := p.get(t, "/ready"); code != 200 {
+		t.Fatal("crashed before any drain")
+	}
+	if err := p.admin.DrainListeners(context.Background(), envoy.DrainOptions{InboundOnly: true, Graceful: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, sig := p.waitStatus(t); sig != syscall.SIGABRT {
+		t.Errorf("signal %v, want SIGABRT", sig)
 	}
 }
 
@@ -281,10 +375,15 @@ func TestRunFlags(t *testing.T) {
 	if err := run(context.Background(), []string{"--version"}, &out, &errb); err != nil || !strings.Contains(out.String(), "envoysim") {
 		t.Errorf("--version: %v %q", err, out.String())
 	}
-	for _, args := range [][]string{{"--nope"}, {"extra"}, {"-c", "/nonexistent.json"}, {"--drain-time-s", "0"}, {"--drain-strategy", "slow"}} {
+	for _, args := range [][]string{{"--nope"}, {"extra"}, {"-c", "/nonexistent.json"}, {"--drain-time-s", "-1"},
+		{"--drain-strategy", "slow"}, {"--stats-matcher", "nope"}, {"--mode", "nope"}, {"--skip-deprecated-logs", "true"}} {
 		if err := run(context.Background(), args, &out, &errb); err == nil {
 			t.Errorf("%q: no error", args)
 		}
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"--mode", "validate", "--drain-time-s", "0"}, &out, &errb); err != nil || !strings.Contains(out.String(), "OK") {
+		t.Errorf("--mode validate: %v %q", err, out.String())
 	}
 	// ctx's end stops it like SIGTERM.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -299,5 +398,51 @@ func TestRunFlags(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("run did not return")
+	}
+}
+
+// The flags pilot-agent passes Envoy are all accepted; --drain-time-s 0 is
+// valid.
+func TestProgramPilotAgentFlags(t *testing.T) {
+	p := startProc(t, nil, "--drain-time-s", "0", "--drain-strategy", "immediate", "--local-address-ip-version", "v4",
+		"--file-flush-interval-msec", "1000", "--file-flush-min-size-kb", "64", "--disable-hot-restart",
+		"--allow-unknown-static-fields", "--log-format", "%Y-%m-%dT%T.%fZ\t%l\tenvoy %n %g:%#\t%v\tthread=%t",
+		"-l", "warning", "--component-log-level", "misc:error", "--skip-deprecated-logs", "--enable-core-dump",
+		"--config-yaml", "{}", "--concurrency", "2", "--stats-tag", "a:b", "--stats-tag", "c:d")
+	if _, si := p.get(t, "/server_info"); !strings.Contains(si, `"drain_time": "0s"`) {
+		t.Errorf("server_info: %s", si)
+	}
+	// A graceful drain with no drain time stops the inbound listener at once.
+	if err := p.admin.DrainListeners(context.Background(), envoy.DrainOptions{InboundOnly: true, Graceful: true}); err != nil {
+		t.Fatal(err)
+	}
+	addr := p.listenerAddr(t, "in")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("inbound listener still accepting with --drain-time-s 0")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The start-up faults: exit before LIVE with a code; stay INITIALIZING.
+func TestProgramStartupFaults(t *testing.T) {
+	p := launch(t, launchOpts{args: []string{"--startup-delay", "200ms", "--fault-exit-at-start", "3"}})
+	if code, sig := p.waitStatus(t); code != 3 || sig != 0 {
+		t.Errorf("exit at start: code %d signal %v, want 3", code, sig)
+	}
+	p = launch(t, launchOpts{args: []string{"--fault-never-live"}})
+	time.Sleep(300 * time.Millisecond)
+	if code, body := p.get(t, "/ready"); code != 503 || body != "INITIALIZING\n" {
+		t.Errorf("never live: %d %q", code, body)
+	}
+	if l, err := p.admin.Live(context.Background()); err != nil || l.Live() {
+		t.Errorf("never live: %+v %v", l, err)
 	}
 }

@@ -1,4 +1,4 @@
-package envoy_test
+package envoy
 
 import (
 	"errors"
@@ -8,8 +8,6 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-
-	"github.com/draind/draind/internal/envoy"
 )
 
 func fixture(t testing.TB, name string) []byte {
@@ -21,20 +19,15 @@ func fixture(t testing.TB, name string) []byte {
 	return b
 }
 
-func statMap(stats []envoy.Stat) map[string]uint64 {
-	m := map[string]uint64{}
-	for _, s := range stats {
-		m[s.Name] = s.Value
-	}
-	return m
-}
-
 func TestParseStatsTextFixture(t *testing.T) {
-	stats, err := envoy.ParseStatsText(fixture(t, "stats_sidecar.txt"))
+	stats, err := parseStatsText(fixture(t, "stats_sidecar.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := statMap(stats)
+	m := map[string]uint64{}
+	for _, s := range stats {
+		m[s.name] = s.value
+	}
 	if len(m) != len(stats) {
 		t.Errorf("duplicate names in %d stats", len(stats))
 	}
@@ -61,37 +54,23 @@ func TestParseStatsTextFixture(t *testing.T) {
 	}
 }
 
-func TestParseStatsJSONFixture(t *testing.T) {
-	text, err := envoy.ParseStatsText(fixture(t, "stats_sidecar.txt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := envoy.ParseStatsJSON(fixture(t, "stats_sidecar.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(text, js) {
-		t.Errorf("text and JSON fixtures parse differently:\ntext %v\njson %v", text, js)
-	}
-}
-
 func TestParseStatsText(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		in   string
-		want []envoy.Stat // nil with err
+		want []stat // nil with err
 		err  bool
 	}{
-		{name: "empty", in: "", want: []envoy.Stat{}},
-		{name: "blank lines", in: "\n\n", want: []envoy.Stat{}},
-		{name: "one", in: "a.b: 1\n", want: []envoy.Stat{{"a.b", 1}}},
-		{name: "no final newline", in: "a: 1\nb: 2", want: []envoy.Stat{{"a", 1}, {"b", 2}}},
-		{name: "crlf", in: "a: 1\r\nb: 2\r\n", want: []envoy.Stat{{"a", 1}, {"b", 2}}},
-		{name: "max uint64", in: "a: 18446744073709551615\n", want: []envoy.Stat{{"a", 1<<64 - 1}}},
-		{name: "readout with colon and quotes", in: "r: \"x: \"y\" z\"\na: 3\n", want: []envoy.Stat{{"a", 3}}},
-		{name: "multi-line readout", in: "r: \"line one\nline two\"\na: 3\n", want: []envoy.Stat{{"a", 3}}},
-		{name: "empty readout", in: "r: \"\"\na: 3\n", want: []envoy.Stat{{"a", 3}}},
-		{name: "histograms", in: "a: 3\nh: No recorded values\ng: P0(nan,0) P25(nan,0) P100(1.5,2)\nb: B0.5(0,0) B1(0,0) B1.8e+06(3,3)\n", want: []envoy.Stat{{"a", 3}}},
+		{name: "empty", in: "", want: []stat{}},
+		{name: "blank lines", in: "\n\n", want: []stat{}},
+		{name: "one", in: "a.b: 1\n", want: []stat{{"a.b", 1}}},
+		{name: "no final newline", in: "a: 1\nb: 2", want: []stat{{"a", 1}, {"b", 2}}},
+		{name: "crlf", in: "a: 1\r\nb: 2\r\n", want: []stat{{"a", 1}, {"b", 2}}},
+		{name: "max uint64", in: "a: 18446744073709551615\n", want: []stat{{"a", 1<<64 - 1}}},
+		{name: "readout with colon and quotes", in: "r: \"x: \"y\" z\"\na: 3\n", want: []stat{{"a", 3}}},
+		{name: "multi-line readout", in: "r: \"line one\nline two\"\na: 3\n", want: []stat{{"a", 3}}},
+		{name: "empty readout", in: "r: \"\"\na: 3\n", want: []stat{{"a", 3}}},
+		{name: "histograms", in: "a: 3\nh: No recorded values\ng: P0(nan,0) P25(nan,0) P100(1.5,2)\nb: B0.5(0,0) B1(0,0) B1.8e+06(3,3)\n", want: []stat{{"a", 3}}},
 		{name: "unterminated readout", in: "r: \"abc\na: 3\n", err: true},
 		{name: "lone quote readout", in: "r: \"\n", err: true},
 		{name: "no separator", in: "a 1\n", err: true},
@@ -110,9 +89,9 @@ func TestParseStatsText(t *testing.T) {
 		{name: "state name", in: "LIVE\n", err: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := envoy.ParseStatsText([]byte(tc.in))
+			got, err := parseStatsText([]byte(tc.in))
 			if tc.err {
-				if !errors.Is(err, envoy.ErrMalformed) {
+				if !errors.Is(err, ErrMalformed) {
 					t.Fatalf("err = %v, want ErrMalformed (stats %v)", err, got)
 				}
 				return
@@ -125,57 +104,8 @@ func TestParseStatsText(t *testing.T) {
 			}
 		})
 	}
-	if _, err := envoy.ParseStatsText(fixture(t, "garbage.bin")); !errors.Is(err, envoy.ErrMalformed) {
+	if _, err := parseStatsText(fixture(t, "garbage.bin")); !errors.Is(err, ErrMalformed) {
 		t.Errorf("garbage.bin: err = %v, want ErrMalformed", err)
-	}
-}
-
-func TestParseStatsJSON(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		in   string
-		want []envoy.Stat
-		err  bool
-	}{
-		{name: "empty stats", in: `{"stats":[]}`, want: []envoy.Stat{}},
-		{name: "envoy key order", in: `{"stats":[ {"value":42, "name":"name"}]}`, want: []envoy.Stat{{"name", 42}}},
-		{name: "readout skipped", in: `{"stats":[{"value":"abc \u003c","name":"r"},{"name":"a","value":1}]}`, want: []envoy.Stat{{"a", 1}}},
-		{name: "histograms skipped", in: `{"stats":[{"name":"a","value":1},{"histograms":{"supported_quantiles":[0],"computed_quantiles":[]}}]}`, want: []envoy.Stat{{"a", 1}}},
-		{name: "bucket histograms skipped", in: `{"stats":[{"histograms":[{"name":"h1","buckets":[]}]}]}`, want: []envoy.Stat{}},
-		{name: "big", in: `{"stats":[{"name":"a","value":18446744073709551615}]}`, want: []envoy.Stat{{"a", 1<<64 - 1}}},
-		{name: "trailing newline", in: "{\"stats\":[]}\n", want: []envoy.Stat{}},
-		{name: "empty body", in: "", err: true},
-		{name: "no stats", in: `{}`, err: true},
-		{name: "null stats", in: `{"stats":null}`, err: true},
-		{name: "stats not array", in: `{"stats":{}}`, err: true},
-		{name: "truncated", in: `{"stats":[{"name":`, err: true},
-		{name: "trailing data", in: `{"stats":[]} x`, err: true},
-		{name: "two documents", in: `{"stats":[]}{"stats":[]}`, err: true},
-		{name: "float", in: `{"stats":[{"name":"a","value":1.5}]}`, err: true},
-		{name: "negative", in: `{"stats":[{"name":"a","value":-1}]}`, err: true},
-		{name: "exponent", in: `{"stats":[{"name":"a","value":1e3}]}`, err: true},
-		{name: "no value", in: `{"stats":[{"name":"a"}]}`, err: true},
-		{name: "null value", in: `{"stats":[{"name":"a","value":null}]}`, err: true},
-		{name: "no name", in: `{"stats":[{"value":1}]}`, err: true},
-		{name: "empty name", in: `{"stats":[{"name":"","value":1}]}`, err: true},
-		{name: "number name", in: `{"stats":[{"name":1,"value":1}]}`, err: true},
-		{name: "text format", in: "a: 1\n", err: true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := envoy.ParseStatsJSON([]byte(tc.in))
-			if tc.err {
-				if !errors.Is(err, envoy.ErrMalformed) {
-					t.Fatalf("err = %v, want ErrMalformed (stats %v)", err, got)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !reflect.DeepEqual(got, tc.want) {
-				t.Errorf("got %v, want %v", got, tc.want)
-			}
-		})
 	}
 }
 
@@ -205,52 +135,52 @@ func TestParseListenerAddr(t *testing.T) {
 		{"1.2.3_80", ""},
 		{"admin", ""},
 	} {
-		ap, ok := envoy.ParseListenerAddr(tc.in)
+		ap, ok := parseListenerAddr(tc.in)
 		got := ""
 		if ok {
 			got = ap.String()
 		}
 		if got != tc.want {
-			t.Errorf("ParseListenerAddr(%q) = %q, want %q", tc.in, got, tc.want)
+			t.Errorf("parseListenerAddr(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
 }
 
-func la(stat string, active uint64) envoy.ListenerActive {
-	name := strings.TrimSuffix(strings.TrimPrefix(stat, "listener."), ".downstream_cx_active")
-	l := envoy.ListenerActive{Stat: stat, Listener: name, Active: active}
-	if ap, ok := envoy.ParseListenerAddr(name); ok {
+func la(name string, active uint64) ListenerActive {
+	l := ListenerActive{Stat: name, Listener: strings.TrimSuffix(strings.TrimPrefix(name, "listener."), ".downstream_cx_active"), Active: active}
+	if ap, ok := parseListenerAddr(l.Listener); ok {
 		l.Addr, l.Port = ap, ap.Port()
 	}
 	return l
 }
 
 func TestSumActive(t *testing.T) {
-	sidecar, err := envoy.ParseStatsText(fixture(t, "stats_active_usedonly.txt"))
+	sidecar, err := parseStatsText(fixture(t, "stats_active_usedonly.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
 		name    string
-		stats   []envoy.Stat
-		exclude envoy.ExcludeSet
-		want    envoy.ActiveConns
+		stats   []stat
+		exclude ExcludeSet
+		want    ActiveConns
 	}{
-		{name: "nothing", want: envoy.ActiveConns{}},
+		{name: "nothing", want: ActiveConns{}},
 		{
 			name:    "sidecar, istio exclusions by port in every address form",
 			stats:   sidecar,
-			exclude: envoy.DefaultExclude(),
-			want: envoy.ActiveConns{
-				Total: 15,
-				Listeners: []envoy.ListenerActive{
+			exclude: DefaultExclude(),
+			want: ActiveConns{
+				Total:  15,
+				Gauges: 5,
+				Listeners: []ListenerActive{
 					la("listener.0.0.0.0_15006.downstream_cx_active", 4),
 					la("listener.10.1.2.3_9080.downstream_cx_active", 5),
 					la("listener.[__]_15006.downstream_cx_active", 2),
 					la("listener.[fd00__2]_8443.downstream_cx_active", 1),
 					la("listener.virtualOutbound.downstream_cx_active", 3),
 				},
-				Excluded: []envoy.ListenerActive{
+				Excluded: []ListenerActive{
 					la("listener.0.0.0.0_15021.downstream_cx_active", 1),
 					la("listener.0.0.0.0_15090.downstream_cx_active", 1),
 					la("listener.127.0.0.1_15090.downstream_cx_active", 1),
@@ -262,10 +192,11 @@ func TestSumActive(t *testing.T) {
 		{
 			name:    "exclude a stat_prefix and an address by name",
 			stats:   sidecar,
-			exclude: envoy.ExcludeSet{Names: []string{"virtualOutbound", "10.1.2.3_9080"}},
-			want: envoy.ActiveConns{
-				Total: 13,
-				Listeners: []envoy.ListenerActive{
+			exclude: ExcludeSet{Names: []string{"virtualOutbound", "10.1.2.3_9080"}},
+			want: ActiveConns{
+				Total:  13,
+				Gauges: 8,
+				Listeners: []ListenerActive{
 					la("listener.0.0.0.0_15006.downstream_cx_active", 4),
 					la("listener.0.0.0.0_15021.downstream_cx_active", 1),
 					la("listener.0.0.0.0_15090.downstream_cx_active", 1),
@@ -275,15 +206,15 @@ func TestSumActive(t *testing.T) {
 					la("listener.[__]_15021.downstream_cx_active", 1),
 					la("listener.[fd00__2]_8443.downstream_cx_active", 1),
 				},
-				Excluded: []envoy.ListenerActive{
+				Excluded: []ListenerActive{
 					la("listener.10.1.2.3_9080.downstream_cx_active", 5),
 					la("listener.virtualOutbound.downstream_cx_active", 3),
 				},
 			},
 		},
 		{
-			name: "admin, per-thread, internal and other stats skipped",
-			stats: []envoy.Stat{
+			name: "admin, per-thread, internal and other stats skipped; a zero gauge is counted",
+			stats: []stat{
 				{"listener.admin.downstream_cx_active", 1},
 				{"listener.admin.main_thread.downstream_cx_active", 1},
 				{"listener.0.0.0.0_15006.worker_0.downstream_cx_active", 7},
@@ -296,45 +227,52 @@ func TestSumActive(t *testing.T) {
 				{"listener.downstream_cx_active", 9},
 				{"listener.0.0.0.0_15006.downstream_cx_active", 0},
 			},
-			want: envoy.ActiveConns{Listeners: []envoy.ListenerActive{la("listener.0.0.0.0_15006.downstream_cx_active", 0)}},
+			want: ActiveConns{Gauges: 1, Listeners: []ListenerActive{la("listener.0.0.0.0_15006.downstream_cx_active", 0)}},
 		},
 		{
 			name: "a stat_prefix that looks like a port is not port-excluded; worker_x is a name",
-			stats: []envoy.Stat{
+			stats: []stat{
 				{"listener.inbound_15021.downstream_cx_active", 2},
 				{"listener.a.worker_x.downstream_cx_active", 1},
 			},
-			exclude: envoy.ExcludeSet{Ports: []uint16{15021}},
-			want: envoy.ActiveConns{Total: 3, Listeners: []envoy.ListenerActive{
+			exclude: ExcludeSet{Ports: []uint16{15021}},
+			want: ActiveConns{Total: 3, Gauges: 2, Listeners: []ListenerActive{
 				la("listener.a.worker_x.downstream_cx_active", 1),
 				la("listener.inbound_15021.downstream_cx_active", 2),
 			}},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := envoy.SumActive(tc.stats, tc.exclude)
+			got := sumActive(tc.stats, tc.exclude)
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got  %+v\nwant %+v", got, tc.want)
 			}
 		})
 	}
 	// The per-listener breakdown carries parsed addresses.
-	got := envoy.SumActive(sidecar, envoy.DefaultExclude())
+	got := sumActive(sidecar, DefaultExclude())
 	if a := got.Listeners[2].Addr; a != netip.MustParseAddrPort("[::]:15006") {
 		t.Errorf("[__]_15006 parsed as %v", a)
 	}
 }
 
-func TestServerState(t *testing.T) {
-	for s, name := range map[envoy.ServerState]string{0: "LIVE", 1: "DRAINING", 2: "PRE_INITIALIZING", 3: "INITIALIZING", 9: "ServerState(9)"} {
+func TestServerStateAndLiveness(t *testing.T) {
+	for s, name := range map[ServerState]string{0: "LIVE", 1: "DRAINING", 2: "PRE_INITIALIZING", 3: "INITIALIZING", 9: "ServerState(9)"} {
 		if s.String() != name {
 			t.Errorf("%d.String() = %q, want %q", uint64(s), s.String(), name)
 		}
-		if p, err := envoy.ParseServerState(name); s < 4 && (err != nil || p != s) {
-			t.Errorf("ParseServerState(%q) = %v, %v", name, p, err)
-		}
 	}
-	if _, err := envoy.ParseServerState("live"); err == nil {
-		t.Error("ParseServerState(live): no error")
+	for _, tc := range []struct {
+		l    Liveness
+		live bool
+	}{
+		{Liveness{StateLive, true}, true},
+		{Liveness{StateLive, false}, false}, // the unset gauge of a starting Envoy
+		{Liveness{StateDraining, true}, false},
+		{Liveness{StateInitializing, false}, false},
+	} {
+		if tc.l.Live() != tc.live {
+			t.Errorf("%+v.Live() = %t", tc.l, !tc.live)
+		}
 	}
 }
