@@ -104,9 +104,9 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	mode, why := a.tracker.Mode()
 	log.Info("tracker", zap.String("mode", mode), zap.String("reason", why))
 
-	client := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second))
+	client := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second), envoy.WithExclude(envoy.ExcludeSet{Ports: cfg.ExcludePorts}))
 	closers = append(closers, func() error { client.CloseIdleConnections(); return nil })
-	a.admin = adminView{c: client, exclude: envoy.ExcludeSet{Ports: cfg.ExcludePorts}}
+	a.admin = adminView{c: client}
 
 	if a.proxy, err = proxy.Start(cfg.Command, cfg.Proxy); err != nil {
 		return Result{}, err

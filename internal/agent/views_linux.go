@@ -115,30 +115,18 @@ func (a appView) Count() (int, drain.ProcView) {
 	return a.src.Count(), drain.ProcsComplete
 }
 
-// adminView is drain.Admin over the Envoy admin client.
-type adminView struct {
-	c       *envoy.Client
-	exclude envoy.ExcludeSet
-}
+// adminView is drain.Admin over the Envoy admin client (which knows the
+// listeners to leave out of the sum).
+type adminView struct{ c *envoy.Client }
 
 func (a adminView) Live(ctx context.Context) (bool, string) {
-	stats, err := a.c.Stats(ctx, envoy.StatsQuery{Filter: `^(server\.state|listener_manager\.workers_started)$`})
-	if err != nil {
+	l, err := a.c.Live(ctx)
+	switch {
+	case err != nil:
 		return false, "envoy admin: " + err.Error()
-	}
-	state, workers := uint64(99), uint64(0)
-	for _, s := range stats {
-		switch s.Name {
-		case "server.state":
-			state = s.Value
-		case "listener_manager.workers_started":
-			workers = s.Value
-		}
-	}
-	if state != uint64(envoy.StateLive) {
-		return false, "envoy state " + envoy.ServerState(state).String()
-	}
-	if workers != 1 {
+	case l.State != envoy.StateLive:
+		return false, "envoy state " + l.State.String()
+	case !l.WorkersStarted:
 		return false, "envoy workers not started"
 	}
 	return true, ""
@@ -149,14 +137,16 @@ func (a adminView) DrainListeners(ctx context.Context, inboundOnly bool) error {
 }
 
 func (a adminView) ActiveDownstream(ctx context.Context) (int, error) {
-	ac, err := a.c.ActiveDownstream(ctx, a.exclude)
-	if err != nil {
+	ac, err := a.c.ActiveDownstream(ctx)
+	switch {
+	case err != nil:
 		return 0, err
+	case ac.Gauges == 0:
+		return 0, drain.ErrNoGauges
 	}
 	return int(ac.Total), nil
 }
 
-// Gauges: the client cannot tell yet; Envoy is assumed to keep them.
-func (a adminView) Gauges(ctx context.Context) (bool, error) { return true, nil }
+func (a adminView) Gauges(ctx context.Context) (bool, error) { return a.c.DownstreamGauges(ctx) }
 
 func (a adminView) Quit(ctx context.Context) error { return a.c.QuitQuitQuit(ctx) }
