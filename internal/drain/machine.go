@@ -350,12 +350,18 @@ func (m *Machine) onLive(ctx context.Context) {
 	if m.Phase() == Starting {
 		m.enter(Ready)
 	}
-	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	m.checkGauges(ctx)
+}
+
+// checkGauges asks, once it can be answered, whether Envoy keeps the
+// listener gauges the gate would read.
+func (m *Machine) checkGauges(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	present, err := m.Admin.Gauges(cctx)
 	cancel()
 	switch {
 	case err != nil:
-		m.Log.Warn("could not tell whether Envoy keeps listener gauges; will ask again when draining", zap.Error(err))
+		m.Log.Debug("could not tell whether Envoy keeps listener gauges; will ask again", zap.Error(err))
 	case present:
 		m.gauges.Store(int32(GaugesPresent))
 	default:
@@ -551,7 +557,13 @@ func (m *Machine) gateInput(ctx context.Context) GateInput {
 		in.EnvoyKnown, in.EnvoyActive = true, live // the kernel's count stands in
 		return in
 	}
-	if done, _ := AppDone(in); !done || m.Gauges() == GaugesAbsent {
+	if done, _ := AppDone(in); !done {
+		return in
+	}
+	if m.Gauges() == GaugesUnknown {
+		m.checkGauges(ctx) // the check at LIVE failed, or never ran
+	}
+	if m.Gauges() != GaugesPresent {
 		return in
 	}
 	actx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
