@@ -71,7 +71,11 @@ func (p *pod) runContainer(name string, uid int, out io.Writer, role string, arg
 		Pdeathsig:  syscall.SIGKILL,
 	}
 	var err error
-	p.ns.Do(p.t, func() { err = cmd.Start() })
+	if p.hostNetwork {
+		err = cmd.Start() // the test's own network namespace: the host's
+	} else {
+		p.ns.Do(p.t, func() { err = cmd.Start() })
+	}
 	if err != nil {
 		p.t.Fatalf("start container %s: %v", name, err)
 	}

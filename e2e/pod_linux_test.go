@@ -167,6 +167,9 @@ type pod struct {
 	envoyStartupDelay time.Duration
 	// proxyCommand, when set, replaces envoysim as the proxy.
 	proxyCommand []string
+	// hostNetwork puts the containers started from now on in the test's
+	// own network namespace, the host's (a hostNetwork pod).
+	hostNetwork bool
 	envoyArgs    []string
 	draindLog    *syncBuffer
 	drainedAt    time.Time

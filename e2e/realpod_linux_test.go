@@ -3,6 +3,9 @@ package e2e
 import (
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -202,5 +205,35 @@ func TestIstioDrainDurations(t *testing.T) {
 	}
 	if len(p.logLines("--drain-deadline 45s is longer than Kubernetes' default grace period (30s): set the pod's terminationGracePeriodSeconds to at least 47, or the kubelet kills the proxy mid-drain")) != 1 {
 		t.Errorf("no grace period warning; log:\n%s", p.draindLog.String())
+	}
+}
+
+// A hostNetwork pod, draind in its own PID namespace: draind tells the
+// node's network namespace from the kernel (not from /proc/1, a neighbour
+// there), and the node's processes and listeners do not hold the drain.
+func TestHostNetworkPod(t *testing.T) {
+	p := newPod(t)
+	p.hostNetwork = true
+	cfg := filepath.Join(p.dir, "envoy-host.json")
+	os.WriteFile(cfg, []byte(`{"admin_address": "127.0.0.1:25000", "drain_time_s": 45, "listeners": [
+		{"name": "inbound", "address": "127.0.0.1:25006", "direction": "inbound", "protocol": "http", "upstream": "127.0.0.1:25080"}]}`), 0o644)
+	p.proxyCommand = []string{p.bin, "__envoysim", "-c", cfg}
+	p.draindLog = &syncBuffer{}
+	p.draind = p.runContainer("draind", -1, io.MultiWriter(p.draindLog, testWriter{t}), "__draind", "run",
+		"--status-addr", "127.0.0.1:25020", "--admin-addr", "127.0.0.1:25000", "--log-format", "json", "--run-proxy-as", "1337",
+		"--min-drain", "200ms", "--", p.bin, "__envoysim", "-c", cfg)
+	p.waitLog(10*time.Second, "phase", map[string]any{"phase": "ready"})
+	ns := p.waitLog(time.Second, "network namespace", nil)
+	live := p.waitLog(time.Second, "app liveness", nil)
+	t.Logf("network namespace: %v; app liveness: %v", ns, live)
+	if ns["host_network"] != true || live["source"] != "sockets" {
+		t.Fatalf("host network not recognised: %v, %v", ns, live)
+	}
+	p.drainedAt = time.Now()
+	p.draind.Signal(syscall.SIGTERM)
+	code, took := p.waitExit(10 * time.Second)
+	t.Logf("hostNetwork pod, no --app-ports: draind exited %d, %s after SIGTERM", code, took)
+	if code != 0 {
+		t.Errorf("exit %d; log:\n%s", code, p.draindLog.String())
 	}
 }

@@ -34,6 +34,9 @@ type Config struct {
 	// off (the socket approximation).
 	Tracker  string
 	AppProcs string
+	// HostNetwork is auto, true or false: whether the pod shares the node's
+	// network namespace (auto: told by the kernel where it can be).
+	HostNetwork string
 	// Command is the proxy's argv.
 	Command []string
 	Proxy   proxy.Options
@@ -61,6 +64,7 @@ func DefaultConfig() Config {
 		Drain:        drain.DefaultConfig(),
 		Tracker:      "auto",
 		AppProcs:     "auto",
+		HostNetwork:  "auto",
 	}
 }
 
@@ -93,6 +97,11 @@ func (c *Config) Validate() error {
 	case "auto", "ebpf", "proc", "off":
 	default:
 		return configErr("--app-procs %q: must be auto, ebpf, proc or off", c.AppProcs)
+	}
+	switch c.HostNetwork {
+	case "auto", "true", "false":
+	default:
+		return configErr("--host-network %q: must be auto, true or false", c.HostNetwork)
 	}
 	if len(c.Command) == 0 {
 		return configErr("no proxy command: draind run [flags] -- COMMAND [ARGS...]")

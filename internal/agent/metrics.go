@@ -88,6 +88,22 @@ func newMetrics(a *agent) *metrics {
 			}
 			return float64(a.procs.Count())
 		}),
+		newOneOf("draind_app_liveness", "1 for how draind tells the app is done: complete (every process of the namespace seen), partial (processes seen, zero is no proof: sockets decide too), sockets.", "source",
+			[]string{"complete", "partial", "sockets"}, func() string {
+				switch {
+				case a.procs == nil:
+					return "sockets"
+				case a.procs.Coverage().Complete:
+					return "complete"
+				}
+				return "partial"
+			}),
+		gauge("draind_host_network", "1 when the pod shares the node's network namespace.", func() float64 {
+			if a.hostNet {
+				return 1
+			}
+			return 0
+		}),
 	)
 	return m
 }

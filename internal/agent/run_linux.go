@@ -39,6 +39,8 @@ type agent struct {
 	metrics *metrics
 	// appPorts must be listened on by the app for readiness.
 	appPorts map[uint16]bool
+	// hostNet: the pod shares the node's network namespace.
+	hostNet bool
 }
 
 // Run is `draind run`: it starts the proxy, serves the status endpoints and
@@ -121,7 +123,14 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 
 	nonTraffic := portSet(cfg.ExcludePorts)
 	nonTraffic[statusPort], nonTraffic[adminPort] = true, true
-	fv := newFlowView(a.tracker, nonTraffic, nil, cfg.Drain.IdleTimeout)
+	var appOnly map[uint16]bool
+	if a.hostNet {
+		// The node's listeners and flows are not the app's: only its
+		// --app-ports are (none: the app part is done at once).
+		appOnly = portSet(cfg.AppPorts)
+	}
+	fv := newFlowView(a.tracker, nonTraffic, appOnly, cfg.Drain.IdleTimeout)
+	fv.portFlows = a.hostNet
 	defer fv.Close()
 	parts := drain.Parts{Flows: fv, Admin: a.admin, Proxy: a.proxy, Log: log}
 	if a.procs != nil {
@@ -173,15 +182,11 @@ func portSet(ports []uint16) map[uint16]bool {
 }
 
 // openAppProcs picks the app-liveness source (docs/design.md, "When is the
-// app done?"), logging which and why.
+// app done?") and tells a hostNetwork pod, logging which and why.
 func (a *agent) openAppProcs() {
 	if a.cfg.AppProcs == "off" || a.cfg.Drain.Gateway {
+		a.hostNet = a.cfg.HostNetwork == "true"
 		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "process tracking off"))
-		return
-	}
-	if hostNetNS(a.ns) {
-		// hostNetwork: every process of the node shares this namespace.
-		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "host network namespace: its processes are the node's, not the app's"))
 		return
 	}
 	rules := appprocs.AppProcRules{SelfPIDs: []int{os.Getpid()}, ProxyUID: a.cfg.ProxyUID, ProxyPIDs: []int{a.proxy.Pid()}}
@@ -193,11 +198,25 @@ func (a *agent) openAppProcs() {
 		mode = appprocs.ProcModeProc
 	}
 	src, reason, err := appprocs.OpenAppProcSource(a.ns.Inode(), rules, mode)
-	if err != nil {
+	var host hostNetVerdict
+	if err == nil {
+		host = detectHostNet(a.cfg.HostNetwork, a.ns, src)
+	} else {
+		host = detectHostNet(a.cfg.HostNetwork, a.ns, nil)
+	}
+	a.hostNet = host.host
+	a.log.Info("network namespace", zap.Bool("host_network", host.host), zap.String("how", host.how))
+	switch {
+	case err != nil:
 		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", err.Error()))
 		return
-	}
-	if src.Source() == "proc" && a.cfg.AppProcs == "auto" && src.Count() == 0 {
+	case host.host:
+		// Every process of the node shares this namespace: none of them
+		// tells whether the app is done.
+		src.Close()
+		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "hostNetwork: the namespace's processes and listeners are the node's; the app is its --app-ports"))
+		return
+	case src.Source() == "proc" && a.cfg.AppProcs == "auto" && src.Count() == 0:
 		// /proc shows only our own PID namespace: with no app process in
 		// view, the app is most likely in another container, not absent.
 		src.Close()
@@ -205,16 +224,41 @@ func (a *agent) openAppProcs() {
 		return
 	}
 	a.procs = src
-	a.log.Info("app liveness", zap.String("source", src.Source()), zap.String("reason", reason), zap.Int("app_processes", src.Count()))
+	cov := src.Coverage()
+	a.log.Info("app liveness", zap.String("source", src.Source()), zap.String("reason", reason), zap.Int("app_processes", src.Count()),
+		zap.Bool("complete", cov.Complete), zap.String("coverage", cov.Reason))
 }
 
-// hostNetNS reports whether ns is the host's (init's) network namespace.
-// It can only tell from the host's PID namespace, where /proc/1 is the
-// node's init; in a container's own PID namespace /proc/1 is a neighbour.
-func hostNetNS(ns *namespace.Net) bool {
+type hostNetVerdict struct {
+	host bool
+	how  string
+}
+
+// detectHostNet tells whether ns is the host's network namespace (a
+// hostNetwork pod): --host-network when set; else the host's namespace
+// inode as the eBPF process walk read it from the kernel (whatever PID
+// namespace draind is in); else, from the host's PID namespace only,
+// /proc/1's. In a container without eBPF nothing can tell: the flag is the
+// way, and the answer is "no".
+func detectHostNet(flag string, ns *namespace.Net, src appprocs.AppProcSource) hostNetVerdict {
+	switch flag {
+	case "true":
+		return hostNetVerdict{true, "--host-network"}
+	case "false":
+		return hostNetVerdict{false, "--host-network"}
+	}
+	if src != nil {
+		if ino, ok := src.HostNetNS(); ok {
+			return hostNetVerdict{ino == ns.Inode(), "the kernel's initial network namespace (eBPF)"}
+		}
+	}
 	var net unix.Stat_t
-	_, initial, err := namespace.SelfPID()
-	return err == nil && initial && unix.Stat("/proc/1/ns/net", &net) == nil && net.Ino == ns.Inode()
+	if _, initial, err := namespace.SelfPID(); err == nil && initial {
+		if unix.Stat("/proc/1/ns/net", &net) == nil {
+			return hostNetVerdict{net.Ino == ns.Inode(), "/proc/1/ns/net (host PID namespace)"}
+		}
+	}
+	return hostNetVerdict{false, "cannot tell without eBPF from a container's PID namespace: set --host-network true for a hostNetwork pod"}
 }
 
 // readiness: the proxy LIVE with workers started, not draining, and the

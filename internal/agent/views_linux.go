@@ -22,9 +22,12 @@ type flowView struct {
 	// downstream traffic: --exclude-ports, draind's status port, the admin.
 	nonTraffic map[uint16]bool
 	// appPorts, when not nil, limits the app's listeners that count to
-	// these ports (prestop --wait-listeners --app-ports).
-	appPorts map[uint16]bool
-	idle     time.Duration
+	// these ports (prestop --wait-listeners --app-ports); with portFlows,
+	// its flows too (a hostNetwork pod, where the node's sockets are not
+	// the app's).
+	appPorts  map[uint16]bool
+	portFlows bool
+	idle      time.Duration
 	changed  <-chan struct{}
 	unsub    func()
 }
@@ -66,7 +69,7 @@ func (v *flowView) Observe() drain.FlowView {
 			if f.IdleExpired {
 				out.DownstreamIdle++
 			}
-		case app && f.Holds:
+		case app && f.Holds && (!v.portFlows || v.appPorts[f.Local.Port()]):
 			out.AppHolding++
 		}
 		if v.idle > 0 && f.Holds && (down || app) {
@@ -94,7 +97,7 @@ func (v *flowView) Holding() []drain.OpenFlow {
 	var out []drain.OpenFlow
 	for _, f := range v.tr.Flows(func(f *flows.Flow) bool {
 		return f.State != sockdiag.Listen && f.State.HoldsDrain() &&
-			(f.Owner == flows.OwnerApp && f.Holds || v.downstream(f))
+			(f.Owner == flows.OwnerApp && f.Holds && (!v.portFlows || v.appPorts[f.Local.Port()]) || v.downstream(f))
 	}) {
 		out = append(out, drain.OpenFlow{
 			Owner: f.Owner.String(), Direction: f.Direction.String(), State: f.State.String(),
@@ -109,8 +112,11 @@ type appView struct{ src appprocs.AppProcSource }
 
 func (a appView) Changed() <-chan struct{} { return a.src.Notify() }
 func (a appView) Count() (int, drain.ProcView) {
-	if a.src.Err() != nil {
+	switch {
+	case a.src.Err() != nil:
 		return 0, drain.ProcsUnseen
+	case !a.src.Coverage().Complete:
+		return a.src.Count(), drain.ProcsPartial
 	}
 	return a.src.Count(), drain.ProcsComplete
 }

@@ -89,6 +89,8 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	fs.BoolVar(&d.Gateway, "gateway", false, "drain every listener, and wait for no app")
 	tracker := &oneOf{val: "auto", words: []string{"auto", "ebpf", "sockdiag"}}
 	fs.Var(tracker, "tracker", "how sockets are followed: auto|ebpf|sockdiag")
+	hostNet := &oneOf{val: "auto", words: []string{"auto", "true", "false"}}
+	fs.Var(hostNet, "host-network", "the pod shares the node's network namespace (hostNetwork): auto|true|false")
 	procs := &oneOf{val: "auto", words: []string{"auto", "ebpf", "proc", "off"}}
 	fs.Var(procs, "app-procs", "how the app's processes are followed: auto|ebpf|proc|off (off: by its sockets)")
 	logFormat := &oneOf{val: "json", words: []string{"json", "console"}}
@@ -115,6 +117,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	cfg.ExcludePorts = exclude
 	cfg.Tracker = tracker.val
 	cfg.AppProcs = procs.val
+	cfg.HostNetwork = hostNet.val
 	cfg.Command = fs.Args()
 	cfg.Proxy.ReapAll = os.Getpid() == 1
 	return cfg, logFormat.val, nil
