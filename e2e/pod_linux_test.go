@@ -170,12 +170,12 @@ type pod struct {
 	// hostNetwork puts the containers started from now on in the test's
 	// own network namespace, the host's (a hostNetwork pod).
 	hostNetwork bool
-	envoyArgs    []string
-	draindLog    *syncBuffer
-	drainedAt    time.Time
-	app          *container
-	appOut       *syncBuffer
-	appResult    string
+	envoyArgs   []string
+	draindLog   *syncBuffer
+	drainedAt   time.Time
+	app         *container
+	appOut      *syncBuffer
+	appResult   string
 }
 
 const (

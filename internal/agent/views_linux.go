@@ -28,8 +28,8 @@ type flowView struct {
 	appPorts  map[uint16]bool
 	portFlows bool
 	idle      time.Duration
-	changed  <-chan struct{}
-	unsub    func()
+	changed   <-chan struct{}
+	unsub     func()
 }
 
 func newFlowView(tr *flows.Tracker, nonTraffic, appPorts map[uint16]bool, idle time.Duration) *flowView {
