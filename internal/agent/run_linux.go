@@ -120,6 +120,12 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if a.procs != nil {
 		closers = append(closers, a.procs.Close)
 	}
+	if why := a.exitWithAppRefused(); why != "" {
+		a.proxy.Signal(syscall.SIGKILL)
+		<-a.proxy.Exited()
+		return Result{}, configErr("--exit-with-app %s: %s", cfg.Drain.ExitWithApp, why)
+	}
+	log.Info("pod shape", zap.String("shape", a.shape()), zap.String("exit_with_app", string(cfg.Drain.ExitWithApp)))
 
 	nonTraffic := portSet(cfg.ExcludePorts)
 	nonTraffic[statusPort], nonTraffic[adminPort] = true, true
@@ -227,6 +233,31 @@ func (a *agent) openAppProcs() {
 	cov := src.Coverage()
 	a.log.Info("app liveness", zap.String("source", src.Source()), zap.String("reason", reason), zap.Int("app_processes", src.Count()),
 		zap.Bool("complete", cov.Complete), zap.String("coverage", cov.Reason))
+}
+
+// exitWithAppRefused says why --exit-with-app cannot work here ("": it
+// can): it needs the app's processes, and their exit codes for success.
+func (a *agent) exitWithAppRefused() string {
+	switch mode := a.cfg.Drain.ExitWithApp; {
+	case mode == "" || mode == drain.ExitWithAppOff:
+		return ""
+	case a.procs == nil:
+		return "the app's processes cannot be followed here (no eBPF, no shared PID namespace, or hostNetwork): draind could not tell the app's work is done"
+	case mode == drain.ExitWithAppSuccess && a.procs.Source() != "ebpf":
+		return "success needs the app's exit codes, which only the eBPF process tracker reads (/proc does not): use any, or grant CAP_BPF and CAP_PERFMON"
+	}
+	return ""
+}
+
+// shape is the pod shape draind can tell at start; the drain tells the rest.
+func (a *agent) shape() string {
+	switch {
+	case a.cfg.Drain.Gateway:
+		return "gateway (no app: every listener drains)"
+	case a.cfg.Drain.ExitWithApp == drain.ExitWithAppSuccess || a.cfg.Drain.ExitWithApp == drain.ExitWithAppAny:
+		return "run to completion (a Job: the proxy ends with the app's work)"
+	}
+	return "sidecar (classic, or native when the preStop hook drains it: told at the drain)"
 }
 
 type hostNetVerdict struct {

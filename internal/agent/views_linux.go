@@ -121,6 +121,24 @@ func (a appView) Count() (int, drain.ProcView) {
 	return a.src.Count(), drain.ProcsComplete
 }
 
+// MainExit is the last exit of a container's main process among the app's.
+func (a appView) MainExit() (drain.MainExit, bool) {
+	exits := a.src.AppExits()
+	for i := len(exits) - 1; i >= 0; i-- {
+		e := exits[i]
+		if !e.ParentOutside {
+			continue
+		}
+		out := drain.MainExit{Seq: e.Seq, Known: e.Known, Status: "unknown"}
+		if e.Known {
+			out.Success = e.Status.Exited() && e.Status.ExitCode() == 0
+			out.Status = e.Status.String()
+		}
+		return out, true
+	}
+	return drain.MainExit{}, false
+}
+
 // adminView is drain.Admin over the Envoy admin client (which knows the
 // listeners to leave out of the sum).
 type adminView struct{ c *envoy.Client }

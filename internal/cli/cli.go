@@ -56,6 +56,7 @@ commands:
   run [flags] -- COMMAND [ARGS...]  supervise the proxy; the container entrypoint
   wait [flags]                      block until the proxy is ready (postStart hook)
   prestop [flags]                   block until the app has finished its flows (preStop hook)
+  drain [flags]                     start the drain of the running draind run (native sidecar preStop hook)
   conns [flags]                     one snapshot of listeners and flows, attributed
   watch [flags]                     live TCP state changes, attributed
   version                           print the version
@@ -81,6 +82,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runWait(ctx, rest, stdout, stderr)
 	case "prestop":
 		return runPrestop(ctx, rest, stdout, stderr)
+	case "drain":
+		return runDrain(ctx, rest, stdout, stderr)
 	case "conns":
 		return runConns(ctx, rest, stdout, stderr)
 	case "watch":

@@ -148,14 +148,19 @@ func (p *portList) Set(v string) error {
 	return nil
 }
 
-// oneOf is a string flag limited to fixed words.
+// oneOf is a string flag limited to fixed words (alias: other words that
+// mean one of them).
 type oneOf struct {
 	val   string
 	words []string
+	alias map[string]string
 }
 
 func (o *oneOf) String() string { return o.val }
 func (o *oneOf) Set(v string) error {
+	if a, ok := o.alias[v]; ok {
+		v = a
+	}
 	for _, w := range o.words {
 		if v == w {
 			o.val = v

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -230,4 +233,62 @@ func printProcs(w io.Writer, format string, procs []appprocs.Process, note strin
 		line += fmt.Sprintf(" %d:%s", p.PID, p.Comm)
 	}
 	fmt.Fprintln(w, line)
+}
+
+// runDrain is `draind drain`, a native sidecar's preStop hook: it asks the
+// `draind run` of its container to start draining (POST /drain on the
+// status server, over loopback) and returns at once. It does not wait: the
+// kubelet SIGTERMs the sidecar only after the app has exited, and draind
+// run finishes the drain then.
+func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("drain", "drain [--status-addr HOST:PORT] [--timeout D]", stdout)
+	addr := fs.String("status-addr", agent.DefaultStatusAddr, "draind run's status server (the same setting as run's: DRAIND_STATUS_ADDR)")
+	var timeout time.Duration
+	fs.durationVar(&timeout, "timeout", 2*time.Second, "give up after this long (exit 1)")
+	if err := fs.parse(args); err != nil {
+		if errors.Is(err, errHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErr("drain: unexpected argument %q", fs.Arg(0))
+	}
+	url, err := loopbackURL(*addr, "/drain?cause=prestop")
+	if err != nil {
+		return usageErr("drain: --status-addr %q: %v", *addr, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+	if err != nil {
+		return fmt.Errorf("drain: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("drain: no draind run answers at %s: %w", url, errors.Unwrap(err))
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode != http.StatusAccepted {
+		return fmt.Errorf("drain: %s answered %d %s", url, resp.StatusCode, strings.TrimSpace(string(body)))
+	}
+	fmt.Fprintf(stdout, "draining: %s\n", strings.TrimSpace(string(body)))
+	return nil
+}
+
+// loopbackURL is http://<loopback>:<port><path> for a status address: the
+// endpoints that change the drain answer loopback callers only.
+func loopbackURL(addr, path string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", err
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+		if ip != nil && ip.To4() == nil {
+			host = "::1"
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port) + path, nil
 }

@@ -89,6 +89,9 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	fs.BoolVar(&d.Gateway, "gateway", false, "drain every listener, and wait for no app")
 	tracker := &oneOf{val: "auto", words: []string{"auto", "ebpf", "sockdiag"}}
 	fs.Var(tracker, "tracker", "how sockets are followed: auto|ebpf|sockdiag")
+	exitWithApp := &oneOf{val: "off", words: []string{"off", "success", "any"}, alias: map[string]string{"true": "success", "false": "off"}}
+	fs.Var(exitWithApp, "exit-with-app", "end the proxy when the app's work is done (Jobs): off | success (its main process exited 0) | any (true: success)")
+	fs.durationVar(&d.AppRestartGrace, "app-restart-grace", d.AppRestartGrace, "with --exit-with-app: an app back within this long (a restarted container) keeps the proxy")
 	hostNet := &oneOf{val: "auto", words: []string{"auto", "true", "false"}}
 	fs.Var(hostNet, "host-network", "the pod shares the node's network namespace (hostNetwork): auto|true|false")
 	procs := &oneOf{val: "auto", words: []string{"auto", "ebpf", "proc", "off"}}
@@ -118,6 +121,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	cfg.Tracker = tracker.val
 	cfg.AppProcs = procs.val
 	cfg.HostNetwork = hostNet.val
+	d.ExitWithApp = drain.ExitWithApp(exitWithApp.val)
 	cfg.Command = fs.Args()
 	cfg.Proxy.ReapAll = os.Getpid() == 1
 	return cfg, logFormat.val, nil

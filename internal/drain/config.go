@@ -29,6 +29,35 @@ type Config struct {
 	// WaitListeners, its listeners), or at the deadline.
 	Prestop       bool
 	WaitListeners bool
+	// ExitWithApp ends the proxy when the app's work is done (Jobs): its
+	// last process gone and its main process's exit qualifying. After a
+	// failure (any), a restart within AppRestartGrace (or --settle, when
+	// longer) keeps the proxy; an exit 0 ends it at once.
+	ExitWithApp     ExitWithApp
+	AppRestartGrace time.Duration
+}
+
+// ExitWithApp is the --exit-with-app policy.
+type ExitWithApp string
+
+// --exit-with-app values.
+const (
+	ExitWithAppOff ExitWithApp = "off"
+	// ExitWithAppSuccess ends the proxy only after the app's main process
+	// exited 0: a container restarted for a failure (OnFailure) keeps it.
+	ExitWithAppSuccess ExitWithApp = "success"
+	// ExitWithAppAny ends it after any exit.
+	ExitWithAppAny ExitWithApp = "any"
+)
+
+// DefaultAppRestartGrace is how long the app may be gone after a failure
+// before --exit-with-app any ends the proxy: a crashed container the
+// kubelet restarts at once is back well within it.
+const DefaultAppRestartGrace = time.Second
+
+// restartGrace is the wait before the app's completion ends the proxy.
+func (c Config) restartGrace() time.Duration {
+	return max(c.AppRestartGrace, c.Settle, 0)
 }
 
 // Defaults.
@@ -48,10 +77,12 @@ const (
 // for the kubelet's own delays.
 func DefaultConfig() Config {
 	return Config{
-		MinDrain:    DefaultMinDrain,
-		AppExit:     AppExitWait,
-		Deadline:    DefaultDeadline,
-		StopTimeout: DefaultStopTimeout,
+		MinDrain:        DefaultMinDrain,
+		AppExit:         AppExitWait,
+		Deadline:        DefaultDeadline,
+		StopTimeout:     DefaultStopTimeout,
+		ExitWithApp:     ExitWithAppOff,
+		AppRestartGrace: DefaultAppRestartGrace,
 	}
 }
 
@@ -99,6 +130,11 @@ func (c Config) Validate() error {
 	case AppExitWait, AppExitFlows:
 	default:
 		return bad("--app-exit %q: must be wait or flows", c.AppExit)
+	}
+	switch c.ExitWithApp {
+	case "", ExitWithAppOff, ExitWithAppSuccess, ExitWithAppAny:
+	default:
+		return bad("--exit-with-app %q: must be off, success or any", c.ExitWithApp)
 	}
 	return nil
 }

@@ -56,6 +56,18 @@ type Apps interface {
 	// Count is the number of the app's processes and how complete that
 	// view is.
 	Count() (int, ProcView)
+	// MainExit is how the app's main process (a container's PID 1: its
+	// parent is outside the namespace) last left, if one has.
+	MainExit() (MainExit, bool)
+}
+
+// MainExit is how the app's main process ended.
+type MainExit struct {
+	// Seq tells exits apart: a later exit has a larger one.
+	Seq uint64
+	// Known: the kernel said how it ended; Success: it exited 0.
+	Known, Success bool
+	Status          string // "exit 0", "signal 9", "unknown"
 }
 
 // Admin is Envoy's admin API. Every call returns by its context's end.
@@ -175,10 +187,14 @@ type input struct {
 type timers struct {
 	minDrain, deadline, wake *time.Timer
 	idleWake                 time.Time // the wake is (also) an idle expiry
+	// appDone runs while the app looks done under --exit-with-app, for the
+	// restart grace; appDoneSeq is the main exit it waits on.
+	appDone    *time.Timer
+	appDoneSeq uint64
 }
 
 func (t *timers) stopAll() {
-	for _, tm := range []*time.Timer{t.minDrain, t.deadline, t.wake} {
+	for _, tm := range []*time.Timer{t.minDrain, t.deadline, t.wake, t.appDone} {
 		if tm != nil {
 			tm.Stop()
 		}
@@ -263,13 +279,18 @@ func (m *Machine) Run(ctx context.Context) Result {
 	if m.Apps != nil {
 		appsChanged = m.Apps.Changed()
 	}
+	watchApp := m.cfg.ExitWithApp == ExitWithAppSuccess || m.cfg.ExitWithApp == ExitWithAppAny
 	for {
 		var fc, ac <-chan struct{}
-		if m.Phase() == Gating {
+		switch p := m.Phase(); {
+		case p == Gating:
 			if res, done := m.evaluate(ctx); done {
 				return res
 			}
 			fc, ac = flowsChanged, appsChanged
+		case p == Ready && watchApp:
+			m.watchAppDone()
+			ac = appsChanged
 		}
 		select {
 		case <-ctx.Done():
@@ -286,6 +307,11 @@ func (m *Machine) Run(ctx context.Context) Result {
 		case <-chanOf(m.timers.minDrain):
 			m.timers.minDrain = nil
 			m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.Flows.Observe()))
+		case <-chanOf(m.timers.appDone):
+			m.timers.appDone = nil
+			if seq, ok := m.appDone(); ok && seq == m.timers.appDoneSeq && m.Phase() == Ready {
+				m.begin(CauseAppDone)
+			}
 		case <-chanOf(m.timers.deadline):
 			m.timers.deadline = nil
 			return m.deadline()
@@ -370,6 +396,48 @@ func (m *Machine) checkGauges(ctx context.Context) {
 	}
 }
 
+// appDone reports whether the app's work is done under --exit-with-app:
+// no process left (a complete view), and its main process's last exit
+// qualifies. seq is that exit's.
+func (m *Machine) appDone() (uint64, bool) {
+	n, view := m.Apps.Count()
+	if n > 0 || view != ProcsComplete {
+		return 0, false
+	}
+	exit, ok := m.Apps.MainExit()
+	if !ok || m.cfg.ExitWithApp == ExitWithAppSuccess && !(exit.Known && exit.Success) {
+		return 0, false
+	}
+	return exit.Seq, true
+}
+
+// watchAppDone arms the restart grace when the app looks done, and disarms
+// it when the app is back (a crashed container the kubelet restarted).
+func (m *Machine) watchAppDone() {
+	seq, done := m.appDone()
+	switch {
+	case done && (m.timers.appDone == nil || seq != m.timers.appDoneSeq):
+		if m.timers.appDone != nil {
+			m.timers.appDone.Stop() // it came back and left again: a new grace
+		}
+		exit, _ := m.Apps.MainExit()
+		// A success is the app's work done: a Job's container is not
+		// restarted after it. A failure may be a crash the kubelet
+		// restarts (a Deployment): it gets the restart grace.
+		grace := m.cfg.restartGrace()
+		if exit.Known && exit.Success {
+			grace = 0
+		}
+		m.Log.Info("the app's processes are gone: the proxy stops after the restart grace unless the app comes back",
+			zap.String("main_exit", exit.Status), zap.Duration("grace", grace), zap.String("exit_with_app", string(m.cfg.ExitWithApp)))
+		m.timers.appDone, m.timers.appDoneSeq = time.NewTimer(grace), seq
+	case !done && m.timers.appDone != nil:
+		m.timers.appDone.Stop()
+		m.timers.appDone = nil
+		m.Log.Info("the app is back within the restart grace: the proxy stays")
+	}
+}
+
 // onTrigger handles a drain trigger in any phase.
 func (m *Machine) onTrigger(c Cause) {
 	switch p := m.Phase(); p {
@@ -404,10 +472,31 @@ func (m *Machine) appGone() bool {
 	return view == ProcsComplete && n == 0
 }
 
+// shape says what pod the trigger tells draind it is in.
+func (m *Machine) shape(c Cause) string {
+	switch {
+	case m.cfg.Prestop:
+		return "preStop hook (draind prestop)"
+	case m.cfg.Gateway:
+		return "gateway (no app: every listener drains)"
+	case c == CausePreStop:
+		return "native sidecar (drained from its preStop hook while the app shuts down; its SIGTERM comes once the app is gone)"
+	case c == CauseAppDone:
+		return "run to completion (the app's work is done: a Job)"
+	case c == CausePOST:
+		return "sidecar (drain asked over POST /drain)"
+	}
+	return "classic sidecar (SIGTERM with the app)"
+}
+
 // begin starts the drain: Draining, drain_listeners, the min-drain and the
 // deadline.
 func (m *Machine) begin(c Cause) {
 	m.stopLiveWatch()
+	if m.timers.appDone != nil {
+		m.timers.appDone.Stop()
+		m.timers.appDone = nil
+	}
 	m.started = time.Now()
 	m.cause.Store(int32(c))
 	m.timers.deadline = time.NewTimer(m.cfg.GateDeadline())
@@ -415,7 +504,7 @@ func (m *Machine) begin(c Cause) {
 	if c == CauseAppDone || m.cfg.Prestop {
 		minDrain = 0 // no endpoint to leave
 	}
-	m.enter(Draining, zap.Stringer("trigger", c), zap.Duration("min_drain", minDrain),
+	m.enter(Draining, zap.Stringer("trigger", c), zap.String("pod_shape", m.shape(c)), zap.Duration("min_drain", minDrain),
 		zap.Duration("deadline", m.cfg.Deadline), zap.Duration("gate_deadline", m.cfg.GateDeadline()),
 		zap.Any("flows", m.Flows.Observe()))
 	if m.Admin != nil {

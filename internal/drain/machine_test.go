@@ -66,6 +66,9 @@ type fakeApps struct {
 	n       atomic.Int32
 	view    ProcView
 	changed chan struct{}
+	mu      sync.Mutex
+	last    MainExit
+	exited  bool
 }
 
 func newFakeApps(n int, view ProcView) *fakeApps {
@@ -76,6 +79,23 @@ func newFakeApps(n int, view ProcView) *fakeApps {
 func (a *fakeApps) Changed() <-chan struct{} { return a.changed }
 func (a *fakeApps) Count() (int, ProcView)   { return int(a.n.Load()), a.view }
 func (a *fakeApps) exit()                    { a.set(0) }
+func (a *fakeApps) MainExit() (MainExit, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.last, a.exited
+}
+
+// mainExits: the app's main process ends with code (-1: killed).
+func (a *fakeApps) mainExits(code int) {
+	a.mu.Lock()
+	a.last = MainExit{Seq: a.last.Seq + 1, Known: true, Success: code == 0, Status: fmt.Sprintf("exit %d", code)}
+	if code < 0 {
+		a.last.Status = "signal 9"
+	}
+	a.exited = true
+	a.mu.Unlock()
+	a.set(0)
+}
 func (a *fakeApps) set(n int) {
 	a.n.Store(int32(n))
 	select {
@@ -814,3 +834,58 @@ func TestConfigReserveAndReconcile(t *testing.T) {
 // setup changes the fakes before the machine starts (their plain fields
 // are not safe to change while it runs).
 func setup(fn func(*rig)) rigOption { return func(r *rig, _ *Config) { fn(r) } }
+
+// --- --exit-with-app (Jobs) ------------------------------------------------
+
+func TestExitWithApp(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		mode  ExitWithApp
+		code  int
+		stops bool
+	}{
+		{"success mode, exit 0", ExitWithAppSuccess, 0, true},
+		{"success mode, exit 1 (OnFailure restarts it)", ExitWithAppSuccess, 1, false},
+		{"any mode, exit 1", ExitWithAppAny, 1, true},
+		{"any mode, killed", ExitWithAppAny, -1, true},
+		{"off", ExitWithAppOff, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, withConfig(func(c *Config) { c.ExitWithApp = tc.mode; c.AppRestartGrace = 50 * time.Millisecond }))
+			r.waitPhase(Ready)
+			r.apps.mainExits(tc.code)
+			if !tc.stops {
+				r.notDone(300 * time.Millisecond)
+				if r.m.Phase() != Ready {
+					t.Fatalf("phase %s after the app's exit, want ready", r.m.Phase())
+				}
+				r.m.Trigger(CauseSignal) // the pod's end
+				r.wantResult(r.result(), 0, true, "drained")
+				return
+			}
+			r.wantResult(r.result(), 0, true, "drained")
+			if r.m.Cause() != CauseAppDone {
+				t.Errorf("drain cause %s, want app-done", r.m.Cause())
+			}
+		})
+	}
+}
+
+func TestExitWithAppRestartWithinGrace(t *testing.T) {
+	r := newRig(t, withConfig(func(c *Config) { c.ExitWithApp = ExitWithAppAny; c.AppRestartGrace = 300 * time.Millisecond }))
+	r.waitPhase(Ready)
+	for i := range 3 { // a crash loop: killed, back 100 ms later
+		r.apps.mainExits(-1)
+		time.Sleep(100 * time.Millisecond)
+		r.apps.set(1)
+		for r.count("the app is back within the restart grace: the proxy stays") < i+1 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	r.notDone(500 * time.Millisecond)
+	if r.m.Phase() != Ready || r.count("the app is back within the restart grace: the proxy stays") != 3 {
+		t.Fatalf("phase %s; log:\n%s", r.m.Phase(), r.log())
+	}
+	r.m.Quit()
+	r.result()
+}
