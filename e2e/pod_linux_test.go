@@ -63,7 +63,7 @@ func envoysimRole(args []string) int {
 //
 //	exit      exit at once
 //	ignore    keep running (the kubelet will SIGKILL it)
-//	graceful  close the listener, finish in-flight requests, make
+//	graceful  serve on for --linger, close the listener, finish in-flight requests, make
 //	          outbound calls for --outbound-for (or --outbound-count of
 //	          them), --outbound-pause apart, then exit
 //
@@ -77,6 +77,9 @@ func appRole(args []string) int {
 	outPause := fs.Duration("outbound-pause", 500*time.Millisecond, "")
 	outURL := fs.String("outbound-url", "http://127.0.0.1:15001/ping", "")
 	result := fs.String("result", "", "")
+	linger := fs.Duration("linger", 0, "")
+	runFor := fs.Duration("run-for", 0, "")
+	exitCode := fs.Int("exit-code", 0, "")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -110,15 +113,27 @@ func appRole(args []string) int {
 			f.Close()
 		}
 	}
+	if *runFor > 0 { // a Job: its work takes runFor, then it exits
+		select {
+		case <-sigc:
+		case <-time.After(*runFor):
+		}
+		record(fmt.Sprintf("exit %d", time.Now().UnixNano()))
+		return *exitCode
+	}
 	<-sigc
 	if *onTerm == "exit" {
 		record(fmt.Sprintf("exit %d", time.Now().UnixNano()))
 		return 0
 	}
+	time.Sleep(*linger) // still serving, as endpoints propagate
 	var wg sync.WaitGroup
 	wg.Go(func() { srv.Shutdown(context.Background()) })
 	wg.Go(func() {
-		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		// One connection per call, asking for keep-alive: a response with
+		// Connection: close is then Envoy's drain speaking.
+		tr := &http.Transport{}
+		hc := &http.Client{Timeout: 5 * time.Second, Transport: tr}
 		end := time.Now().Add(*outFor)
 		more := func(i int) bool {
 			if *outCount > 0 {
@@ -131,7 +146,12 @@ func appRole(args []string) int {
 			if err == nil && resp.StatusCode == 200 {
 				io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
-				record(fmt.Sprintf("ok %d", i))
+				tr.CloseIdleConnections()
+				if resp.Close {
+					record(fmt.Sprintf("ok %d close", i)) // told to hang up: a drained listener
+				} else {
+					record(fmt.Sprintf("ok %d", i))
+				}
 			} else {
 				if err == nil {
 					err = fmt.Errorf("status %d", resp.StatusCode)
@@ -361,6 +381,13 @@ func (p *pod) phaseTime(phase string) time.Time {
 
 // appResults reads the app's result file.
 func (p *pod) appResults() (ok, fail int, exitAt time.Time) {
+	ok, _, fail, exitAt = p.appCalls()
+	return ok, fail, exitAt
+}
+
+// appCalls reads the app's result file: its outbound calls that succeeded
+// (closed: those answered with Connection: close), failed, and its exit.
+func (p *pod) appCalls() (ok, closed, fail int, exitAt time.Time) {
 	b, _ := os.ReadFile(p.appResult)
 	for line := range strings.SplitSeq(string(b), "\n") {
 		f := strings.Fields(line)
@@ -370,6 +397,9 @@ func (p *pod) appResults() (ok, fail int, exitAt time.Time) {
 		switch f[0] {
 		case "ok":
 			ok++
+			if len(f) > 2 && f[2] == "close" {
+				closed++
+			}
 		case "fail":
 			fail++
 			p.t.Logf("app outbound call failed: %s", line)
@@ -378,7 +408,7 @@ func (p *pod) appResults() (ok, fail int, exitAt time.Time) {
 			exitAt = time.Unix(0, n)
 		}
 	}
-	return ok, fail, exitAt
+	return ok, closed, fail, exitAt
 }
 
 type syncBuffer struct {

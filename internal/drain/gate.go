@@ -60,6 +60,10 @@ type GateInput struct {
 	Downstream     int
 	DownstreamIdle int
 	IdleTimeout    time.Duration
+	// AwaitSignal: the drain began at a native sidecar's preStop hook, and
+	// the kubelet's SIGTERM (sent once every app container has exited) has
+	// not come yet: the sidecar stays until it does.
+	AwaitSignal bool
 }
 
 // HoldKind says which part of the gate holds.
@@ -73,6 +77,7 @@ const (
 	HoldEnvoyActive
 	HoldEnvoyKernel
 	HoldSettle
+	HoldAwaitSignal
 )
 
 // Hold says what keeps the gate closed.
@@ -88,6 +93,8 @@ func (h Hold) String() string {
 		who = "envoy"
 	case HoldSettle:
 		who = "settle"
+	case HoldAwaitSignal:
+		who = "kubelet"
 	}
 	return who + ": " + h.What
 }
@@ -176,6 +183,9 @@ func (g *Gate) Step(in GateInput) Verdict {
 	}
 	if ok, h := EnvoyDrained(in); !ok {
 		v.Holds = append(v.Holds, h)
+	}
+	if in.AwaitSignal {
+		v.Holds = append(v.Holds, Hold{HoldAwaitSignal, "the sidecar's SIGTERM, sent once every app container has exited"})
 	}
 	if len(v.Holds) > 0 {
 		g.doneSince = time.Time{}

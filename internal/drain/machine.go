@@ -170,6 +170,9 @@ type Machine struct {
 
 	// Owned by Run's goroutine.
 	started  time.Time // the trigger
+	// awaitSignal: drained from the preStop hook, the kubelet's SIGTERM
+	// not yet come (a native sidecar).
+	awaitSignal bool
 	gate     Gate
 	holds    uint32 // kinds logged last
 	backoff  time.Duration
@@ -443,18 +446,25 @@ func (m *Machine) onTrigger(c Cause) {
 	switch p := m.Phase(); p {
 	case Starting, Ready:
 		m.begin(c)
-	case Draining:
-		if c == CauseSignal && m.Cause() == CausePreStop && m.appGone() {
+	case Draining, Gating:
+		if c == CauseSignal && m.awaitSignal {
 			// A native sidecar: the kubelet sends SIGTERM only after every
-			// app container exited. The endpoint propagation wait already
-			// ran alongside the app's shutdown: finish now.
-			m.timers.minDrain.Stop()
-			m.timers.minDrain = nil
-			m.Log.Info("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now")
-			m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.Flows.Observe()))
+			// app container exited; the endpoint propagation wait already
+			// ran alongside the app's shutdown. Finish now: only Envoy's
+			// last flows remain for the gate.
+			m.awaitSignal = false
+			if p == Draining && m.appGone() {
+				m.timers.minDrain.Stop()
+				m.timers.minDrain = nil
+				m.Log.Info("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now")
+				m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.Flows.Observe()))
+			} else {
+				m.Log.Info("SIGTERM after the preStop drain (native sidecar): the gate no longer waits for it")
+			}
 			return
 		}
-		fallthrough
+		m.Log.Info("drain trigger ignored: already draining", zap.Stringer("trigger", c), zap.Stringer("phase", p),
+			zap.Stringer("drain_trigger", m.Cause()))
 	default:
 		m.Log.Info("drain trigger ignored: already draining", zap.Stringer("trigger", c), zap.Stringer("phase", p),
 			zap.Stringer("drain_trigger", m.Cause()))
@@ -499,6 +509,7 @@ func (m *Machine) begin(c Cause) {
 	}
 	m.started = time.Now()
 	m.cause.Store(int32(c))
+	m.awaitSignal = c == CausePreStop && !m.cfg.Prestop
 	m.timers.deadline = time.NewTimer(m.cfg.GateDeadline())
 	minDrain := m.cfg.MinDrain
 	if c == CauseAppDone || m.cfg.Prestop {
@@ -632,7 +643,7 @@ func (m *Machine) gateInput(ctx context.Context) GateInput {
 	fv := m.Flows.Observe()
 	in := GateInput{
 		Now: time.Now(), AppExit: m.cfg.AppExit, Gateway: m.cfg.Gateway, WaitListeners: m.cfg.WaitListeners,
-		NoProxy: m.cfg.Prestop, IdleTimeout: m.cfg.IdleTimeout,
+		NoProxy: m.cfg.Prestop, IdleTimeout: m.cfg.IdleTimeout, AwaitSignal: m.awaitSignal,
 		AppListeners: fv.AppListeners, AppHolding: fv.AppHolding,
 		Downstream: fv.Downstream, DownstreamIdle: fv.DownstreamIdle,
 	}

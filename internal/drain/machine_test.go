@@ -351,6 +351,9 @@ func TestTriggers(t *testing.T) {
 			}
 			r.notDone(20 * time.Millisecond) // the app still runs
 			r.apps.exit()
+			if c == CausePreStop {
+				r.m.Trigger(CauseSignal) // a native sidecar's: once the app is gone
+			}
 			res := r.result()
 			r.wantResult(res, 0, true, "drained")
 			r.wantPhases("ready", "draining", "gating", "stopping", "exited")
@@ -548,20 +551,42 @@ func TestSecondSignalIgnored(t *testing.T) {
 }
 
 func TestNativeSidecarSIGTERMAfterPreStop(t *testing.T) {
-	r := newRig(t, withConfig(func(c *Config) { c.MinDrain = time.Hour; c.Deadline = 2 * time.Hour }))
-	r.waitPhase(Ready)
-	r.m.Trigger(CausePreStop)
-	r.waitPhase(Draining)
-	// The app still runs: a SIGTERM now is not the kubelet's "app gone".
-	r.m.Trigger(CauseSignal)
-	r.waitForLog("drain trigger ignored: already draining", "signal")
-	r.apps.exit()
-	r.m.Trigger(CauseSignal)
-	res := r.result()
-	r.wantResult(res, 0, true, "drained")
-	if r.count("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now") != 1 {
-		t.Errorf("no native-sidecar line; log:\n%s", r.log())
-	}
+	t.Run("app gone during the min-drain", func(t *testing.T) {
+		r := newRig(t, withConfig(func(c *Config) { c.MinDrain = time.Hour; c.Deadline = 2 * time.Hour }))
+		r.waitPhase(Ready)
+		r.m.Trigger(CausePreStop)
+		r.waitPhase(Draining)
+		r.apps.exit()
+		r.m.Trigger(CauseSignal) // the kubelet: every app container has exited
+		r.wantResult(r.result(), 0, true, "drained")
+		if r.count("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now") != 1 {
+			t.Errorf("no native-sidecar line; log:\n%s", r.log())
+		}
+	})
+	t.Run("the gate waits for the SIGTERM", func(t *testing.T) {
+		r := newRig(t)
+		r.waitPhase(Ready)
+		r.m.Trigger(CausePreStop)
+		r.waitPhase(Gating)
+		r.apps.exit()
+		r.waitForLog("gate holds", "kubelet: the sidecar's SIGTERM")
+		r.notDone(50 * time.Millisecond)
+		r.m.Trigger(CauseSignal)
+		r.wantResult(r.result(), 0, true, "drained")
+	})
+	t.Run("a classic sidecar with the hook", func(t *testing.T) {
+		// SIGTERM right after the hook, the app still running: it is the
+		// kubelet's for this container; the min-drain and the gate go on.
+		r := newRig(t, withConfig(func(c *Config) { c.MinDrain = 100 * time.Millisecond }))
+		r.waitPhase(Ready)
+		r.m.Trigger(CausePreStop)
+		r.m.Trigger(CauseSignal)
+		r.waitForLog("SIGTERM after the preStop drain (native sidecar): the gate no longer waits for it", "")
+		r.waitPhase(Gating)
+		r.notDone(30 * time.Millisecond)
+		r.apps.exit()
+		r.wantResult(r.result(), 0, true, "drained")
+	})
 }
 
 // --- quit, cancel -----------------------------------------------------------

@@ -1,0 +1,169 @@
+package e2e
+
+import (
+	"io"
+	"net/http"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Issue 12: every pod shape. The app runs in its own container (own PID
+// namespace), as in a pod.
+
+// nativeHook runs `draind drain` as the kubelet runs a native sidecar's
+// preStop hook: in the sidecar's container (here one of its own, same
+// network), and returns when it exits.
+func (p *pod) nativeHook() (int, string) {
+	p.t.Helper()
+	var out syncBuffer
+	c := p.runContainer("prestop-hook", -1, &out, "__draind", "drain", "--status-addr", "0.0.0.0:15020")
+	if !c.wait(10 * time.Second) {
+		p.t.Fatal("draind drain did not return")
+	}
+	return c.code, out.String()
+}
+
+// A native sidecar, sequenced as the kubelet does: `draind drain` (the
+// preStop hook) and the app's SIGTERM at t=0; the app lingers 1 s, closes
+// its listener, finishes a 3 s request and makes 10 calls out over 2.5 s;
+// draind gets SIGTERM only once the app has exited.
+func TestNativeSidecar(t *testing.T) {
+	p := newPod(t)
+	p.startApp("--on-term", "graceful", "--linger", "1s", "--outbound-count", "10", "--outbound-pause", "250ms")
+	p.startDraind([]string{"--min-drain", "1s", "--tracker", "ebpf", "--app-procs", "ebpf"})
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	slow := make(chan answer, 1)
+	go func() {
+		resp, err := p.client.Get("http://" + podIP + ":15006/slow?ms=3000")
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		slow <- answer{resp, err}
+	}()
+	time.Sleep(100 * time.Millisecond)
+
+	hookAt := time.Now()
+	p.app.Signal(syscall.SIGTERM)
+	code, out := p.nativeHook()
+	hookDone := time.Now()
+	ready := p.readyStatus()
+	if code != 0 || ready != 503 {
+		t.Fatalf("draind drain: exit %d (%s); first readiness probe after it: %d, want exit 0 and 503", code, out, ready)
+	}
+	drainSent := p.waitLog(5*time.Second, "drain_listeners sent", nil)
+
+	a := <-slow
+	if !p.app.wait(20 * time.Second) {
+		t.Fatal("the app did not exit")
+	}
+	// The kubelet: the sidecar's SIGTERM once every app container exited.
+	p.drainedAt = time.Now()
+	p.draind.Signal(syscall.SIGTERM)
+	exit, took := p.waitExit(10 * time.Second)
+	ok, closed, fail, appExit := p.appCalls()
+	quit := p.phaseTime("stopping")
+	draining := p.waitLog(time.Second, "phase", map[string]any{"phase": "draining"})
+	t.Logf("native sidecar: hook returned in %s; drain_listeners at +%v; request %v (Connection: close %v); %d calls ok (%d with Connection: close), %d failed; app exited +%s; quitquitquit %s after SIGTERM; draind exit %d %s after SIGTERM",
+		hookDone.Sub(hookAt), drainSent["ts"], a.err, a.resp != nil && a.resp.Close, ok, closed, fail, appExit.Sub(hookAt), quit.Sub(p.drainedAt), exit, took)
+	if a.err != nil || a.resp.StatusCode != 200 || !a.resp.Close {
+		t.Errorf("the request in flight: %v; want 200 with Connection: close", a.err)
+	}
+	if ok != 10 || closed != 0 || fail != 0 {
+		t.Errorf("outbound calls: %d ok, %d told to close, %d failed; want 10, 0, 0", ok, closed, fail)
+	}
+	if draining["trigger"] != "prestop-hook" || quit.Before(p.drainedAt) || exit != 0 {
+		t.Errorf("trigger %v; quit at %s, SIGTERM at %s; exit %d; log:\n%s", draining["trigger"], quit, p.drainedAt, exit, p.draindLog.String())
+	}
+	if sent, _ := time.Parse("2006-01-02T15:04:05.000Z0700", drainSent["ts"].(string)); !sent.Before(p.drainedAt) {
+		t.Errorf("drain_listeners went out at %s, not before the SIGTERM at %s", sent, p.drainedAt)
+	}
+}
+
+// A Job with a classic sidecar and --exit-with-app: the app works 2 s and
+// exits; no app change, no quitquitquit call from it.
+func TestJobExitWithApp(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		mode  string
+		code  string
+		stops bool
+	}{
+		{"success, exit 0", "success", "0", true},
+		{"success, exit 1", "success", "1", false},
+		{"any, exit 1", "any", "1", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPod(t)
+			p.startApp("--run-for", "2s", "--exit-code", tc.code)
+			p.startDraind([]string{"--exit-with-app", tc.mode, "--app-procs", "ebpf"})
+			if !p.app.wait(10 * time.Second) {
+				t.Fatal("the app did not finish")
+			}
+			_, _, _, appExit := p.appCalls()
+			if !tc.stops {
+				select {
+				case <-p.draind.done:
+					t.Fatalf("draind ended after an exit %s in success mode; log:\n%s", tc.code, p.draindLog.String())
+				case <-time.After(2 * time.Second):
+				}
+				p.drainedAt = time.Now()
+				p.draind.Signal(syscall.SIGTERM)
+			}
+			code, _ := p.waitExit(20 * time.Second)
+			quit := p.phaseTime("stopping")
+			t.Logf("%s: quitquitquit %s after the app's exit; draind exit %d", tc.name, quit.Sub(appExit), code)
+			if code != 0 || quit.Before(appExit) {
+				t.Errorf("exit %d, quit at %s, app exit at %s; log:\n%s", code, quit, appExit, p.draindLog.String())
+			}
+			want := "app-done"
+			if !tc.stops {
+				want = "signal"
+			}
+			if got := p.waitLog(time.Second, "phase", map[string]any{"phase": "draining"})["trigger"]; got != want {
+				t.Errorf("drain trigger %v, want %s", got, want)
+			}
+		})
+	}
+}
+
+// A Deployment's crash loop under --exit-with-app any: the app is killed
+// and restarted 300 ms later, three times. Envoy is never stopped, and
+// readiness follows the app's port.
+func TestDeploymentCrashLoop(t *testing.T) {
+	p := newPod(t)
+	p.startApp()
+	p.startDraind([]string{"--exit-with-app", "any", "--app-procs", "ebpf", "--app-ports", "8080"})
+	for i := range 3 {
+		p.app.Kill()
+		p.app.wait(5 * time.Second)
+		waitReadiness(t, p, 503)
+		time.Sleep(300 * time.Millisecond)
+		p.startApp()
+		waitReadiness(t, p, 200)
+		t.Logf("restart %d: readiness 503 while the app was down, 200 once it listened again", i+1)
+	}
+	select {
+	case <-p.draind.done:
+		t.Fatalf("draind ended during the crash loop; log:\n%s", p.draindLog.String())
+	case <-time.After(2 * time.Second):
+	}
+	if n := len(p.logLines("phase")); n != 1 { // ready, and nothing since
+		t.Errorf("%d phase changes, want only ready; log:\n%s", n, p.draindLog.String())
+	}
+}
+
+func waitReadiness(t *testing.T, p *pod, want int) {
+	t.Helper()
+	end := time.Now().Add(10 * time.Second)
+	for got := p.readyStatus(); got != want; got = p.readyStatus() {
+		if time.Now().After(end) {
+			t.Fatalf("readiness %d, want %d; log:\n%s", got, want, p.draindLog.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
