@@ -67,7 +67,7 @@ type MainExit struct {
 	Seq uint64
 	// Known: the kernel said how it ended; Success: it exited 0.
 	Known, Success bool
-	Status          string // "exit 0", "signal 9", "unknown"
+	Status         string // "exit 0", "signal 9", "unknown"
 }
 
 // Admin is Envoy's admin API. Every call returns by its context's end.
@@ -169,17 +169,17 @@ type Machine struct {
 	drainNS atomic.Int64 // from the trigger to the stop, once stopping
 
 	// Owned by Run's goroutine.
-	started  time.Time // the trigger
+	started time.Time // the trigger
 	// awaitSignal: drained from the preStop hook, the kubelet's SIGTERM
 	// not yet come (a native sidecar).
 	awaitSignal bool
-	gate     Gate
-	holds    uint32 // kinds logged last
-	backoff  time.Duration
-	timers   timers
-	liveC    chan struct{}
-	stopLive func()
-	stopDL   func()
+	gate        Gate
+	holds       uint32 // kinds logged last
+	backoff     time.Duration
+	timers      timers
+	liveC       chan struct{}
+	stopLive    func()
+	stopDL      func()
 }
 
 type input struct {
