@@ -146,7 +146,7 @@ func TestPrestopNginx(t *testing.T) {
 		}()
 	}
 	run("draind prestop", "__draind", "prestop", "--timeout", "20s")
-	// The hook people paste (DESIGN.md), shown for comparison.
+	// The hook people paste (docs/design.md, "Pod shapes"), shown for comparison.
 	sh, err := exec.LookPath("sh")
 	if err != nil {
 		t.Fatal(err)
