@@ -34,6 +34,9 @@ type Config struct {
 	// off (the socket approximation).
 	Tracker  string
 	AppProcs string
+	// RingSize is the eBPF ring buffer of TCP state events, in bytes (0:
+	// the default). A debugging knob: a tiny ring forces losses and resyncs.
+	RingSize int
 	// HostNetwork is auto, true or false: whether the pod shares the node's
 	// network namespace (auto: told by the kernel where it can be).
 	HostNetwork string

@@ -98,7 +98,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		ProxyRemotePorts: []uint16{adminPort, statusPort},
 		IdleTimeout:      cfg.Drain.IdleTimeout,
 	}
-	a.tracker, err = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: policy, Logger: log})
+	a.tracker, err = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: policy, Logger: log, RingSize: cfg.RingSize})
 	if err != nil {
 		return Result{}, fmt.Errorf("tracker: %w", err)
 	}
