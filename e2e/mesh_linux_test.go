@@ -711,6 +711,14 @@ func TestMeshConnsTPROXY(t *testing.T) {
 	if tproxied != 2 {
 		t.Errorf("%d sockets with the app's address as local and the client as remote, want Envoy's 2", tproxied)
 	}
+	// draind run's own tracker in the same pod, for comparison (its
+	// policy knows draind's admin and status ports; its gate also leaves
+	// out Envoy's admin side).
+	var tracked []string
+	for _, class := range []string{"app_listeners", "app_inbound", "app_outbound", "proxy_listeners", "proxy_flows"} {
+		tracked = append(tracked, fmt.Sprintf("%s %v", class, m.metric(`draind_tracked_flows{class="`+class+`"}`)))
+	}
+	t.Logf("draind run's tracker (/metrics): %s", strings.Join(tracked, ", "))
 	s := snap.Summary
 	if s.AppInbound != want.AppInbound || s.AppOutbound != want.AppOutbound || s.ProxyInbound != want.ProxyInbound || s.ProxyOutbound != want.ProxyOutbound {
 		t.Errorf("conns' summary: app_inbound %d, app_outbound %d, proxy_inbound %d, proxy_outbound %d; want %d, %d, %d, %d "+
