@@ -81,7 +81,7 @@ func newMeshPod(t *testing.T, mode mesh.Mode, statsMatcher string) *meshPod {
 func (p *pod) meshEnvoyConfig(mode mesh.Mode, statsMatcher string) string {
 	transparent := mode == mesh.TProxy
 	cfg := map[string]any{
-		"admin_address":  "127.0.0.1:15000",
+		"admin_address":  "127.0.0.1:" + strconv.Itoa(adminPort),
 		"drain_time_s":   45,
 		"drain_strategy": "immediate",
 		"stats_matcher":  statsMatcher,
@@ -110,8 +110,9 @@ func (m *meshPod) startDraind(args ...string) {
 	m.pod.startDraind(args)
 }
 
-// wantGauges fails unless draind says Envoy keeps the listener gauges
-// (present) or not, in /metrics and in its log (the warning once).
+// wantGauges waits until draind's /metrics says Envoy keeps the listener
+// gauges (present) or not (absent), as statsMatcher makes it, or fails;
+// it returns which.
 func (m *meshPod) wantGauges(statsMatcher string) string {
 	m.t.Helper()
 	state := "present"
