@@ -31,6 +31,8 @@ type container struct {
 	done chan struct{} // closed once PID 1 has exited
 	code int           // its exit code, once done (-1: killed by a signal)
 	sig  syscall.Signal
+	// exitedAt is when the test saw PID 1 exit, once done.
+	exitedAt time.Time
 }
 
 // Signal signals the container's PID 1.
@@ -82,6 +84,7 @@ func (p *pod) runContainer(name string, uid int, out io.Writer, role string, arg
 	c := &container{name: name, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		cmd.Wait()
+		c.exitedAt = time.Now()
 		c.code = cmd.ProcessState.ExitCode()
 		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			c.sig = ws.Signal()

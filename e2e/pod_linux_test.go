@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +44,8 @@ func TestMain(m *testing.M) {
 			os.Exit(probeRole())
 		case "__stuckproxy":
 			os.Exit(stuckProxyRole(os.Args[2:]))
+		case "__proxyas":
+			os.Exit(proxyAsRole(os.Args[2:]))
 		}
 	}
 	code := m.Run()
@@ -58,14 +61,19 @@ func envoysimRole(args []string) int {
 	return envoysim.Main(context.Background(), args, os.Stdout, os.Stderr)
 }
 
-// appRole is the pod's application: an HTTP server (/slow?ms=N, /) that,
-// on SIGTERM, does what --on-term says:
+// appRole is the pod's application: an HTTP server (/slow?ms=N,
+// /stream?n=N&ms=M: a gRPC-style server stream of N chunks M ms apart
+// ending with a grpc-status trailer, /) that, on SIGTERM, does what
+// --on-term says:
 //
 //	exit      exit at once
 //	ignore    keep running (the kubelet will SIGKILL it)
 //	graceful  serve on for --linger, close the listener, finish in-flight requests, make
 //	          outbound calls for --outbound-for (or --outbound-count of
 //	          them), --outbound-pause apart, then exit
+//
+// With --hold-outbound HOST:PORT it first makes one HTTP/1.1 call to that
+// address on a keep-alive connection it then holds open until it exits.
 //
 // It appends "ok N", "fail N" and "exit UNIXNANO" lines to --result.
 func appRole(args []string) int {
@@ -80,6 +88,7 @@ func appRole(args []string) int {
 	linger := fs.Duration("linger", 0, "")
 	runFor := fs.Duration("run-for", 0, "")
 	exitCode := fs.Int("exit-code", 0, "")
+	holdOut := fs.String("hold-outbound", "", "")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -99,9 +108,18 @@ func appRole(args []string) int {
 		time.Sleep(time.Duration(ms) * time.Millisecond)
 		fmt.Fprintf(w, "slept %d ms\n", ms)
 	})
+	mux.HandleFunc("/stream", streamHandler)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "app ok\n") })
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(ln)
+	if *holdOut != "" {
+		held, err := holdOutbound(*holdOut)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "app: hold outbound:", err)
+			return 1
+		}
+		defer held.Close()
+	}
 	fmt.Println("app ready")
 	record := func(line string) {
 		if *result == "" {
@@ -147,11 +165,14 @@ func appRole(args []string) int {
 				io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 				tr.CloseIdleConnections()
+				line := fmt.Sprintf("ok %d", i)
 				if resp.Close {
-					record(fmt.Sprintf("ok %d close", i)) // told to hang up: a drained listener
-				} else {
-					record(fmt.Sprintf("ok %d", i))
+					line += " close" // told to hang up: a drained listener
 				}
+				if resp.Header.Get("Server") == "envoy" {
+					line += " via-envoy" // the upstream itself names no server
+				}
+				record(line)
 			} else {
 				if err == nil {
 					err = fmt.Errorf("status %d", resp.StatusCode)
@@ -397,7 +418,7 @@ func (p *pod) appCalls() (ok, closed, fail int, exitAt time.Time) {
 		switch f[0] {
 		case "ok":
 			ok++
-			if len(f) > 2 && f[2] == "close" {
+			if slices.Contains(f[2:], "close") {
 				closed++
 			}
 		case "fail":
