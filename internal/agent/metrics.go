@@ -73,6 +73,7 @@ func newMetrics(a *agent) *metrics {
 		flowsOf("proxy_listeners", func() int { return sum().ProxyListeners }),
 		flowsOf("proxy_flows", func() int { return sum().ProxyFlows }),
 		flowsOf("proxy_idle", func() int { return sum().ProxyIdle }),
+		flowsOf("control", func() int { return sum().Control }),
 		flowsOf("closing", func() int { return sum().Closing }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "draind_tracker_lost_events_total", Help: "TCP state events the kernel could not queue (each followed by a resync).",

@@ -96,6 +96,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		ProxyUID:         cfg.ProxyUID,
 		ProxyPorts:       append(slices.Clone(cfg.ProxyPorts), statusPort),
 		ProxyRemotePorts: []uint16{adminPort, statusPort},
+		ControlPorts:     append(slices.Clone(cfg.ExcludePorts), adminPort, statusPort),
 		IdleTimeout:      cfg.Drain.IdleTimeout,
 	}
 	a.tracker, err = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: policy, Logger: log, RingSize: cfg.RingSize})

@@ -69,7 +69,7 @@ func (v *flowView) Observe() drain.FlowView {
 			if f.IdleExpired {
 				out.DownstreamIdle++
 			}
-		case app && f.Holds && (!v.portFlows || v.appPorts[f.Local.Port()]):
+		case app && f.Holds && !f.Control && (!v.portFlows || v.appPorts[f.Local.Port()]):
 			out.AppHolding++
 		}
 		if v.idle > 0 && f.Holds && (down || app) {
@@ -97,7 +97,7 @@ func (v *flowView) Holding() []drain.OpenFlow {
 	var out []drain.OpenFlow
 	for _, f := range v.tr.Flows(func(f *flows.Flow) bool {
 		return f.State != sockdiag.Listen && f.State.HoldsDrain() &&
-			(f.Owner == flows.OwnerApp && f.Holds && (!v.portFlows || v.appPorts[f.Local.Port()]) || v.downstream(f))
+			(f.Owner == flows.OwnerApp && f.Holds && !f.Control && (!v.portFlows || v.appPorts[f.Local.Port()]) || v.downstream(f))
 	}) {
 		out = append(out, drain.OpenFlow{
 			Owner: f.Owner.String(), Direction: f.Direction.String(), State: f.State.String(),

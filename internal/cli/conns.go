@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"runtime/debug"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -25,12 +27,22 @@ type nsFlags struct {
 	proxyUID    uint
 	proxyPorts  portList
 	idleTimeout time.Duration
+	// The pod's control plane (with a target: conns, watch, prestop).
+	adminAddr, statusAddr string
+	exclude               portList
 }
 
 func (n *nsFlags) register(fs *flagSet, withTarget bool) {
 	if withTarget {
 		fs.StringVar(&n.netns, "netns", "", "network namespace file to look into (e.g. /run/netns/NAME)")
 		fs.IntVar(&n.pid, "pid", 0, "look into the network namespace of this process")
+		// draind run's own: its status server and Envoy's admin API are the
+		// pod's control plane, not traffic (the same settings and variables
+		// as run's).
+		fs.StringVar(&n.adminAddr, "admin-addr", agent.DefaultAdminAddr, "Envoy's admin API in the pod (its flows are control traffic)")
+		fs.StringVar(&n.statusAddr, "status-addr", agent.DefaultStatusAddr, "draind run's status server in the pod (its flows are control traffic)")
+		n.exclude = portList(append([]uint16(nil), agent.DefaultExcludePorts...))
+		fs.Var(&n.exclude, "exclude-ports", "Envoy listener ports that carry no traffic (status, metrics)")
 	}
 	fs.UintVar(&n.proxyUID, "proxy-uid", agent.DefaultProxyUID, "uid whose sockets are the proxy's")
 	fs.Var(&n.proxyPorts, "proxy-ports", "extra ports whose sockets are the proxy's (comma-separated)")
@@ -47,6 +59,11 @@ func (n *nsFlags) validate(cmd string) error {
 	if n.idleTimeout < 0 {
 		return usageErr("%s: --idle-timeout must not be negative", cmd)
 	}
+	for _, a := range []struct{ flag, v string }{{"admin-addr", n.adminAddr}, {"status-addr", n.statusAddr}} {
+		if _, _, err := splitPort(a.v); a.v != "" && err != nil {
+			return usageErr("%s: --%s %q: %v", cmd, a.flag, a.v, err)
+		}
+	}
 	return nil
 }
 
@@ -61,7 +78,26 @@ func (n *nsFlags) open() (*namespace.Net, error) {
 }
 
 func (n *nsFlags) policy() flows.Policy {
-	return flows.Policy{ProxyUID: uint32(n.proxyUID), ProxyPorts: n.proxyPorts, IdleTimeout: n.idleTimeout}
+	p := flows.Policy{ProxyUID: uint32(n.proxyUID), ProxyPorts: n.proxyPorts, IdleTimeout: n.idleTimeout}
+	_, admin, errA := splitPort(n.adminAddr)
+	_, status, errS := splitPort(n.statusAddr)
+	if n.adminAddr == "" || errA != nil || errS != nil {
+		return p
+	}
+	p.ProxyPorts = append(append([]uint16(nil), p.ProxyPorts...), status)
+	p.ProxyRemotePorts = []uint16{admin, status}
+	p.ControlPorts = append(append([]uint16(nil), n.exclude...), admin, status)
+	return p
+}
+
+// splitPort returns an address's port.
+func splitPort(addr string) (string, uint16, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.ParseUint(p, 10, 16)
+	return host, uint16(port), err
 }
 
 func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -46,8 +46,8 @@ func WriteTable(w io.Writer, snap *flows.Snapshot) error {
 		return err
 	}
 	s := snap.Summary
-	_, err := fmt.Fprintf(w, "\n%s: app_listeners=%d app_inbound=%d app_outbound=%d app_idle=%d proxy_listeners=%d proxy_flows=%d (inbound %d, outbound %d) proxy_idle=%d closing=%d\n",
-		snap.Namespace, s.AppListeners, s.AppInbound, s.AppOutbound, s.AppIdle, s.ProxyListeners, s.ProxyFlows, s.ProxyInbound, s.ProxyOutbound, s.ProxyIdle, s.Closing)
+	_, err := fmt.Fprintf(w, "\n%s: app_listeners=%d app_inbound=%d app_outbound=%d app_idle=%d proxy_listeners=%d proxy_flows=%d (inbound %d, outbound %d) proxy_idle=%d control=%d closing=%d\n",
+		snap.Namespace, s.AppListeners, s.AppInbound, s.AppOutbound, s.AppIdle, s.ProxyListeners, s.ProxyFlows, s.ProxyInbound, s.ProxyOutbound, s.ProxyIdle, s.Control, s.Closing)
 	return err
 }
 
@@ -92,6 +92,8 @@ func AppendJSON(b []byte, snap *flows.Snapshot) []byte {
 	b = strconv.AppendInt(b, int64(s.ProxyOutbound), 10)
 	b = append(b, `,"proxy_idle":`...)
 	b = strconv.AppendInt(b, int64(s.ProxyIdle), 10)
+	b = append(b, `,"control":`...)
+	b = strconv.AppendInt(b, int64(s.Control), 10)
 	b = append(b, `,"closing":`...)
 	b = strconv.AppendInt(b, int64(s.Closing), 10)
 	b = append(b, "},\n\"listeners\":"...)
@@ -144,6 +146,9 @@ func appendFlow(b []byte, f *flows.Flow) []byte {
 	b = append(b, f.Direction.String()...)
 	b = append(b, `","holds":`...)
 	b = strconv.AppendBool(b, f.Holds)
+	if f.Control {
+		b = append(b, `,"control":true`...)
+	}
 	if f.IdleExpired {
 		b = append(b, `,"idle_expired":true`...)
 	}

@@ -22,6 +22,12 @@ type Policy struct {
 	// it must not count as the app's outbound flows, whatever uid draind
 	// runs under).
 	ProxyRemotePorts []uint16
+	// ControlPorts are the pod's control-plane ports: Envoy's admin API,
+	// draind's status server, Envoy's status and metrics listeners. A flow
+	// with one of them as its local port, or as its peer's on loopback, is
+	// control traffic (probes, scrapes, draind asking Envoy): counted apart,
+	// never as the app's or the proxy's traffic.
+	ControlPorts []uint16
 	// IdleTimeout: a flow idle for longer stops holding the drain
 	// (keep-alive pools). 0 turns it off.
 	IdleTimeout time.Duration
@@ -41,6 +47,8 @@ type Flow struct {
 	// IdleExpired is true when the state holds but the flow has been idle
 	// past Policy.IdleTimeout.
 	IdleExpired bool `json:"idle_expired,omitempty"`
+	// Control marks control traffic (Policy.ControlPorts).
+	Control bool `json:"control,omitempty"`
 	// IdleMS is Socket.Idle in milliseconds, or -1 when the kernel sent
 	// no tcp_info (TIME_WAIT, request sockets).
 	IdleMS int64 `json:"idle_ms"`
@@ -63,7 +71,10 @@ type Summary struct {
 	ProxyInbound  int `json:"proxy_inbound"`
 	ProxyOutbound int `json:"proxy_outbound"`
 	ProxyIdle     int `json:"proxy_idle"`
-	Closing       int `json:"closing"`
+	// Control counts control traffic (Policy.ControlPorts), whatever its
+	// state: neither the app's nor the proxy's flows.
+	Control int `json:"control"`
+	Closing int `json:"closing"`
 }
 
 // AppHolding is the number of app flows that still hold the drain.
@@ -79,6 +90,7 @@ type Classifier struct {
 	p          Policy
 	proxyPorts map[uint16]struct{}
 	peerPorts  map[uint16]struct{}
+	control    map[uint16]struct{}
 	// listenPorts counts listeners per (owner, port): a port can have
 	// several (IPv4 and IPv6, or SO_REUSEPORT).
 	listenPorts map[listenKey]int
@@ -91,7 +103,10 @@ type listenKey struct {
 
 // NewClassifier returns a Classifier for p.
 func NewClassifier(p Policy) *Classifier {
-	c := &Classifier{p: p, proxyPorts: map[uint16]struct{}{}, peerPorts: map[uint16]struct{}{}, listenPorts: map[listenKey]int{}}
+	c := &Classifier{p: p, proxyPorts: map[uint16]struct{}{}, peerPorts: map[uint16]struct{}{}, control: map[uint16]struct{}{}, listenPorts: map[listenKey]int{}}
+	for _, port := range p.ControlPorts {
+		c.control[port] = struct{}{}
+	}
 	for _, port := range p.ProxyPorts {
 		c.proxyPorts[port] = struct{}{}
 	}
@@ -180,6 +195,11 @@ func (c *Classifier) flow(s *sockdiag.Socket, accepted bool) Flow {
 	if s.HasInfo {
 		f.IdleMS = Idle(s, f.Direction).Milliseconds()
 	}
+	if s.State != sockdiag.Listen {
+		_, local := c.control[s.Local.Port()]
+		_, peer := c.control[s.Remote.Port()]
+		f.Control = local || peer && s.Remote.Addr().IsLoopback()
+	}
 	if s.State.HoldsDrain() && s.State != sockdiag.Listen {
 		f.Holds = true
 		if c.p.IdleTimeout > 0 && s.HasInfo && Idle(s, f.Direction) > c.p.IdleTimeout {
@@ -197,6 +217,8 @@ func (s *Summary) Count(f *Flow) {
 		s.AppListeners++
 	case f.Direction == DirListen:
 		s.ProxyListeners++
+	case f.Control:
+		s.Control++
 	case !f.State.HoldsDrain():
 		s.Closing++
 	case f.Owner == OwnerProxy:
@@ -234,6 +256,7 @@ func (s *Summary) Uncount(f *Flow) {
 	s.ProxyInbound -= n.ProxyInbound
 	s.ProxyOutbound -= n.ProxyOutbound
 	s.ProxyIdle -= n.ProxyIdle
+	s.Control -= n.Control
 	s.Closing -= n.Closing
 }
 

@@ -56,3 +56,32 @@ func TestClassifyTPROXY(t *testing.T) {
 		t.Errorf("original_src upstream to the app: %s, want outbound", f.Direction)
 	}
 }
+
+// The pod's control plane — draind asking Envoy's admin API, a probe on
+// draind's status port, a scrape of Envoy's metrics — is neither the app's
+// traffic nor the proxy's.
+func TestClassifyControlTraffic(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	sock := func(state sockdiag.State, local, remote string, uid uint32) sockdiag.Socket {
+		return sockdiag.Socket{Family: 2, State: state, Local: ap(local), Remote: ap(remote), UID: uid, Inode: 1}
+	}
+	est, lis := sockdiag.Established, sockdiag.Listen
+	p := DefaultPolicy()
+	p.ProxyPorts = []uint16{15020}
+	p.ProxyRemotePorts = []uint16{15000, 15020}
+	p.ControlPorts = []uint16{15020, 15021, 15090, 15000}
+	socks := []sockdiag.Socket{
+		sock(lis, "127.0.0.1:15000", "0.0.0.0:0", 1337),
+		sock(lis, "0.0.0.0:15020", "0.0.0.0:0", 0),
+		sock(lis, "0.0.0.0:8080", "0.0.0.0:0", 1000),
+		sock(est, "127.0.0.1:38580", "127.0.0.1:15000", 0),    // draind → admin
+		sock(est, "127.0.0.1:15000", "127.0.0.1:38580", 1337), // Envoy's side
+		sock(est, "192.0.2.1:15020", "192.0.2.9:41000", 0),    // the kubelet's probe
+		sock(est, "192.0.2.1:8080", "192.0.2.2:40001", 1000),  // traffic
+	}
+	got := NewClassifier(p).Classify(socks).Summary
+	want := Summary{AppListeners: 1, ProxyListeners: 2, AppInbound: 1, Control: 3}
+	if got != want {
+		t.Errorf("summary %+v\nwant    %+v", got, want)
+	}
+}
