@@ -289,8 +289,3 @@ func (r *ringReader) close() error {
 	r.closed.Store(true)
 	return r.rd.Close()
 }
-
-// RaiseMemlock and UnavailableReason are the loader steps package appprocs
-// still runs itself for its own object.
-func RaiseMemlock()                      { raiseMemlock() }
-func UnavailableReason(err error) string { return unavailableReason(err) }
