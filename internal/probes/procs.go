@@ -42,7 +42,7 @@ const MaxProcWalk = 1 << 16
 const DefaultProcWalkOut = 4096
 
 func (o ProcOptions) withDefaults() ProcOptions {
-	if o.RingSize <= 0 {
+	if o.RingSize == 0 {
 		o.RingSize = DefaultProcRingSize
 	}
 	if o.WalkCap <= 0 || o.WalkCap > MaxProcWalk {

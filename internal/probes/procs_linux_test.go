@@ -100,23 +100,6 @@ func TestProcWalk(t *testing.T) {
 	}
 }
 
-func TestOpenProcsBadOptions(t *testing.T) {
-	if _, err := OpenProcs(0, ProcOptions{}); err == nil {
-		t.Error("netns inode 0 accepted")
-	}
-	for _, n := range []int{100, 3 * 4096} {
-		p, err := OpenProcs(1, ProcOptions{RingSize: n})
-		if err == nil {
-			p.Close()
-			t.Errorf("ring size %d accepted", n)
-		}
-		var pue *UnavailableError
-		if errors.As(err, &pue) {
-			t.Errorf("ring size %d: got UnavailableError %v, want a plain option error", n, err)
-		}
-	}
-}
-
 // --- kernel tests ----------------------------------------------------------
 
 // openTestProcs opens the real probe on ns. As root on a kernel with BTF a
