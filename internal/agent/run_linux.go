@@ -32,7 +32,7 @@ type agent struct {
 	log     *zap.Logger
 	ns      *namespace.Net
 	tracker *flows.Tracker
-	procs   appprocs.AppProcSource // nil: not followed
+	procs   appprocs.Source // nil: not followed
 	admin   adminView
 	proxy   *proxy.Process
 	machine *drain.Machine
@@ -147,8 +147,9 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	a.metrics = newMetrics(a)
 	status := newStatusServer(a, ln)
 
-	// Owned goroutines: the tracker, the status server, the signal
-	// forwarder. All end before Run returns.
+	// Owned goroutines: the tracker, the app process source, the status
+	// server, the signal forwarder. All end before Run returns, before the
+	// closers run.
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -156,6 +157,13 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			log.Error("tracker stopped", zap.Error(err))
 		}
 	})
+	if a.procs != nil {
+		wg.Go(func() {
+			if err := a.procs.Run(runCtx); err != nil {
+				log.Error("app process source stopped", zap.Error(err))
+			}
+		})
+	}
 	wg.Go(func() {
 		if err := status.serve(); err != nil {
 			log.Error("status server", zap.Error(err))
@@ -196,15 +204,15 @@ func (a *agent) openAppProcs() {
 		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "process tracking off"))
 		return
 	}
-	rules := appprocs.AppProcRules{SelfPIDs: []int{os.Getpid()}, ProxyUID: a.cfg.ProxyUID, ProxyPIDs: []int{a.proxy.Pid()}}
-	mode := appprocs.ProcModeAuto
+	rules := appprocs.Rules{SelfPIDs: []int{os.Getpid()}, ProxyUID: a.cfg.ProxyUID, ProxyPIDs: []int{a.proxy.Pid()}}
+	mode := appprocs.ModeAuto
 	switch a.cfg.AppProcs {
 	case "ebpf":
-		mode = appprocs.ProcModeEBPF
+		mode = appprocs.ModeEBPF
 	case "proc":
-		mode = appprocs.ProcModeProc
+		mode = appprocs.ModeProc
 	}
-	src, reason, err := appprocs.OpenAppProcSource(a.ns.Inode(), rules, mode)
+	src, reason, err := appprocs.Open(a.ns.Inode(), rules, mode)
 	var host hostNetVerdict
 	if err == nil {
 		host = detectHostNet(a.cfg.HostNetwork, a.ns, src)
@@ -223,7 +231,7 @@ func (a *agent) openAppProcs() {
 		src.Close()
 		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "hostNetwork: the namespace's processes and listeners are the node's; the app is its --app-ports"))
 		return
-	case src.Source() == "proc" && a.cfg.AppProcs == "auto" && src.Count() == 0:
+	case src.Kind() == "proc" && a.cfg.AppProcs == "auto" && src.Count() == 0:
 		// /proc shows only our own PID namespace: with no app process in
 		// view, the app is most likely in another container, not absent.
 		src.Close()
@@ -232,7 +240,7 @@ func (a *agent) openAppProcs() {
 	}
 	a.procs = src
 	cov := src.Coverage()
-	a.log.Info("app liveness", zap.String("source", src.Source()), zap.String("reason", reason), zap.Int("app_processes", src.Count()),
+	a.log.Info("app liveness", zap.String("source", src.Kind()), zap.String("reason", reason), zap.Int("app_processes", src.Count()),
 		zap.Bool("complete", cov.Complete), zap.String("coverage", cov.Reason))
 }
 
@@ -244,7 +252,7 @@ func (a *agent) exitWithAppRefused() string {
 		return ""
 	case a.procs == nil:
 		return "the app's processes cannot be followed here (no eBPF, no shared PID namespace, or hostNetwork): draind could not tell the app's work is done"
-	case mode == drain.ExitWithAppSuccess && a.procs.Source() != "ebpf":
+	case mode == drain.ExitWithAppSuccess && a.procs.Kind() != "ebpf":
 		return "success needs the app's exit codes, which only the eBPF process tracker reads (/proc does not): use any, or grant CAP_BPF and CAP_PERFMON"
 	}
 	return ""
@@ -272,7 +280,7 @@ type hostNetVerdict struct {
 // namespace draind is in); else, from the host's PID namespace only,
 // /proc/1's. In a container without eBPF nothing can tell: the flag is the
 // way, and the answer is "no".
-func detectHostNet(flag string, ns *namespace.Net, src appprocs.AppProcSource) hostNetVerdict {
+func detectHostNet(flag string, ns *namespace.Net, src appprocs.Source) hostNetVerdict {
 	switch flag {
 	case "true":
 		return hostNetVerdict{true, "--host-network"}

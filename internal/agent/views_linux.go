@@ -108,9 +108,9 @@ func (v *flowView) Holding() []drain.OpenFlow {
 }
 
 // appView is drain.Apps over an app process source.
-type appView struct{ src appprocs.AppProcSource }
+type appView struct{ src appprocs.Source }
 
-func (a appView) Changed() <-chan struct{} { return a.src.Notify() }
+func (a appView) Changed() <-chan struct{} { return a.src.Changed() }
 func (a appView) Count() (int, drain.ProcView) {
 	switch {
 	case a.src.Err() != nil:
@@ -123,7 +123,7 @@ func (a appView) Count() (int, drain.ProcView) {
 
 // MainExit is the last exit of a container's main process among the app's.
 func (a appView) MainExit() (drain.MainExit, bool) {
-	exits := a.src.AppExits()
+	exits := a.src.Exits()
 	for i := len(exits) - 1; i >= 0; i-- {
 		e := exits[i]
 		if !e.ParentOutside {

@@ -174,12 +174,12 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // appProcesses lists the app's processes in ns once (draind and the proxy
 // uid excluded, and the pause process by its rule).
 func appProcesses(ns *namespace.Net, proxyUID uint32) ([]appprocs.Process, string, error) {
-	src, reason, err := appprocs.OpenAppProcSource(ns.Inode(), appprocs.AppProcRules{ProxyUID: proxyUID}, appprocs.ProcModeAuto)
+	src, reason, err := appprocs.Open(ns.Inode(), appprocs.Rules{ProxyUID: proxyUID}, appprocs.ModeAuto)
 	if err != nil {
 		return nil, "", err
 	}
 	defer src.Close()
-	return src.AppProcs(), src.Source() + ": " + reason, nil
+	return src.Processes(), src.Kind() + ": " + reason, nil
 }
 
 func writeProcs(w io.Writer, procs []appprocs.Process, source string) error {

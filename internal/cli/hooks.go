@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -138,32 +139,38 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stdout, "watching %s: %s mode (%s%s)\n%s\n", ns.Name(), mode, why, poll, summaryLine(sum))
 	}
 	var procsChanged <-chan struct{}
-	var procs appprocs.AppProcSource
+	var procs appprocs.Source
 	if *withProcs {
-		src, reason, perr := appprocs.OpenAppProcSource(ns.Inode(), appprocs.AppProcRules{ProxyUID: uint32(nf.proxyUID)}, appprocs.ProcModeAuto)
+		src, reason, perr := appprocs.Open(ns.Inode(), appprocs.Rules{ProxyUID: uint32(nf.proxyUID)}, appprocs.ModeAuto)
 		if perr != nil {
 			why := perr.Error()
-			var pu *appprocs.ProcUnavailableError
+			var pu *appprocs.UnavailableError
 			if errors.As(perr, &pu) {
 				why = pu.Reason
 			}
 			printProcs(stdout, out.val, nil, "not visible: "+why)
 		} else {
 			defer src.Close()
-			procs, procsChanged = src, src.Notify()
-			printProcs(stdout, out.val, src.AppProcs(), src.Source()+": "+reason)
+			procs, procsChanged = src, src.Changed()
+			printProcs(stdout, out.val, src.Processes(), src.Kind()+": "+reason)
 		}
 	}
-	// The tracker runs in its own goroutine until this function returns,
-	// and every return waits for it: the deferred Close must never pull
-	// the sockets from under a running tracker (`draind watch | head`
-	// ends with a write error while it runs).
+	// The tracker and the app process source run in their own goroutines
+	// until this function returns, and every return waits for them: the
+	// deferred Closes must never pull the sockets or the probe from under
+	// a running one (`draind watch | head` ends with a write error while
+	// they run). A failed source signals procsChanged.
 	runCtx, stopRun := context.WithCancel(ctx)
 	errc := make(chan error, 1)
 	go func() { errc <- tr.Run(runCtx) }()
+	var procsRun sync.WaitGroup
+	if procs != nil {
+		procsRun.Go(func() { procs.Run(runCtx) })
+	}
 	running := true
 	defer func() {
 		stopRun()
+		procsRun.Wait()
 		if running {
 			<-errc
 		}
@@ -177,7 +184,7 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			running = false
 			return err
 		case <-procsChanged:
-			printProcs(stdout, out.val, procs.AppProcs(), procs.Source())
+			printProcs(stdout, out.val, procs.Processes(), procs.Kind())
 		case c := <-changes:
 			if out.val == "json" {
 				if err := enc.Encode(watchLine(c)); err != nil {

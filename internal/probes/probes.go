@@ -8,9 +8,15 @@
 // (tp_btf/inet_sock_set_state) of one network namespace, delivered through
 // a ring buffer as [TCPEvent]s. The namespace is a load-time constant.
 //
+// [Procs] loads bpf/procs.c: the processes of one network namespace, from
+// tp_btf sched_process_fork/exec/exit ([ProcEvent]s through a ring buffer)
+// and, on demand, a task iterator's [ProcSnapshot], which walks every
+// process of the node (a pod's processes are in PID namespaces draind
+// does not see). Package appprocs decides which of them are the app's.
+//
 // # Loading
 //
-// Every object goes through the same steps (load.go): the kernel's BTF must
+// Every object goes through the same steps (load_linux.go): the kernel's BTF must
 // be there (tp_btf attaches by BTF id, CO-RE relocates against it),
 // RLIMIT_MEMLOCK is lifted on kernels before 5.11, ring sizes are checked,
 // and a failure that says "this host cannot run eBPF" (no capability, no
@@ -20,8 +26,9 @@
 //
 // # Concurrency
 //
-// One goroutine reads a probe's events; SetDeadline, Lost and Close may be
-// called from any goroutine. Close is safe twice and unblocks a reader.
+// One goroutine reads a probe's events; SetDeadline, Lost and Close (and
+// Procs.Snapshot) may be called from any goroutine. Close is safe twice and
+// unblocks a reader.
 // The package logs nothing.
 package probes
 

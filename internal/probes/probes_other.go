@@ -26,3 +26,29 @@ func (p *TCPState) UsesCookie() bool { return false }
 
 // Close does nothing outside Linux.
 func (p *TCPState) Close() error { return nil }
+
+// Procs is the Linux eBPF process probe; elsewhere it cannot be opened.
+type Procs struct{}
+
+// OpenProcs always fails outside Linux with an *UnavailableError.
+func OpenProcs(netnsInode uint64, opts ProcOptions) (*Procs, error) {
+	return nil, &UnavailableError{Reason: "eBPF is not supported on this OS", Err: ErrUnsupportedOS}
+}
+
+// PIDNS is 0 outside Linux.
+func (p *Procs) PIDNS() uint64 { return 0 }
+
+// Snapshot never succeeds outside Linux.
+func (p *Procs) Snapshot() (ProcSnapshot, error) { return ProcSnapshot{}, ErrUnsupportedOS }
+
+// ReadEvent never succeeds outside Linux.
+func (p *Procs) ReadEvent(ev *ProcEvent) error { return ErrUnsupportedOS }
+
+// SetDeadline does nothing outside Linux.
+func (p *Procs) SetDeadline(t time.Time) {}
+
+// Lost is 0 outside Linux.
+func (p *Procs) Lost() uint64 { return 0 }
+
+// Close does nothing outside Linux.
+func (p *Procs) Close() error { return nil }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,7 +17,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
-	"github.com/cilium/ebpf/ringbuf"
 	"github.com/draind/draind/internal/sockdiag"
 	"golang.org/x/sys/unix"
 )
@@ -57,19 +55,11 @@ import (
 // drain.
 type TCPState struct {
 	objs       tcpstateLoaded
-	links      []link.Link // primary, then backup: the order they run in
-	rd         *ringbuf.Reader
+	attached   // links: the primary, then the backup (the order they run in)
 	usesCookie bool
 
-	readMu  sync.Mutex // serialises ReadEvent: rec is reused
-	rec     ringbuf.Record
-	rdDl    int64        // deadline last given to rd (UnixNano, 0: none); under readMu
-	dl      atomic.Int64 // deadline asked by SetDeadline (UnixNano, 0: none)
-	closed  atomic.Bool
-	lostMu  sync.Mutex
 	full    perCPUCounter // ring reservations that failed
 	covered perCPUCounter // changes the backup program emitted for the primary
-	lost    uint64        // last value computed, returned if a lookup fails
 
 	closeOnce sync.Once
 	closeErr  error
@@ -183,9 +173,8 @@ func loadProbe(netnsInode uint64, ringSize uint32, useCookie bool) (_ *TCPState,
 		}
 		p.links = append(p.links, l)
 	}
-	p.rd, err = ringbuf.NewReader(p.objs.Events)
-	if err != nil {
-		return nil, fmt.Errorf("ring buffer reader: %w", err)
+	if p.ring, err = newRingReader(p.objs.Events); err != nil {
+		return nil, err
 	}
 	p.full = perCPUCounter{m: p.objs.LostEvents}
 	p.covered = perCPUCounter{m: p.objs.BackupCovered}
@@ -216,61 +205,13 @@ func cookieRefusedLog(log []string) bool {
 // and the events already in the ring have been read, and an error wrapping
 // os.ErrClosed (== ringbuf.ErrClosed) after Close. It allocates nothing.
 func (p *TCPState) ReadEvent(ev *TCPEvent) error {
-	p.readMu.Lock()
-	defer p.readMu.Unlock()
-	for {
-		dl := p.dl.Load()
-		if dl != p.rdDl {
-			p.rd.SetDeadline(unixNanoTime(dl))
-			p.rdDl = dl
-		}
-		err := p.rd.ReadInto(&p.rec)
-		switch {
-		case err == nil:
-			if err := decodeEvent(p.rec.RawSample, ev); err != nil {
-				return err
-			}
-			return nil
-		case errors.Is(err, ringbuf.ErrFlushed):
-			// SetDeadline woke us to look at a new deadline.
-			if dl := p.dl.Load(); dl != 0 && time.Now().UnixNano() >= dl {
-				return os.ErrDeadlineExceeded
-			}
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			// Retry if the deadline was moved meanwhile.
-			if dl := p.dl.Load(); dl == 0 || time.Now().UnixNano() < dl {
-				continue
-			}
-			return os.ErrDeadlineExceeded
-		default:
-			return fmt.Errorf("read tcpstate event: %w", err)
-		}
-	}
-}
-
-func unixNanoTime(ns int64) time.Time {
-	if ns == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, ns)
+	return p.ring.read("tcpstate event", func(b []byte, _ bool) error { return decodeEvent(b, ev) })
 }
 
 // SetDeadline sets when a blocked or future ReadEvent gives up with
 // os.ErrDeadlineExceeded; the zero time removes the deadline. It may be
 // called while ReadEvent blocks, from another goroutine.
-func (p *TCPState) SetDeadline(t time.Time) {
-	var ns int64
-	if !t.IsZero() {
-		ns = t.UnixNano()
-		if ns == 0 { // the epoch itself: still a deadline, long past
-			ns = 1
-		}
-	}
-	p.dl.Store(ns)
-	if !p.closed.Load() {
-		_ = p.rd.Flush() // wake a blocked ReadEvent; an error means closed
-	}
-}
+func (p *TCPState) SetDeadline(t time.Time) { p.ring.setDeadline(t) }
 
 // Lost is the number of state changes missed since OpenTCPState: those the
 // kernel could not put in the ring buffer (it was full), summed over CPUs,
@@ -279,32 +220,26 @@ func (p *TCPState) SetDeadline(t time.Time) {
 // counting recursion misses). It may count changes of other namespaces.
 // When it grows, the caller's view is incomplete: resync from a sock_diag
 // snapshot. It costs three bpf syscalls.
-func (p *TCPState) Lost() uint64 {
-	p.lostMu.Lock()
-	defer p.lostMu.Unlock()
-	if p.closed.Load() {
-		return p.lost
-	}
+func (p *TCPState) Lost() uint64 { return p.lost.read(p.missed) }
+
+func (p *TCPState) missed() (uint64, error) {
 	full, err := p.full.sum()
 	if err != nil {
-		return p.lost
+		return 0, err
 	}
 	covered, err := p.covered.sum()
 	if err != nil {
-		return p.lost
+		return 0, err
 	}
 	st, err := p.objs.OnSetState.Stats()
 	if err != nil {
-		return p.lost
+		return 0, err
 	}
 	n := full
 	if st.RecursionMisses > covered {
 		n += st.RecursionMisses - covered
 	}
-	// Never report less than before (the counters only grow; this guards
-	// against reading them at slightly different moments).
-	p.lost = max(p.lost, n)
-	return p.lost
+	return n, nil
 }
 
 // UsesCookie is false when the kernel's tracing programs cannot read socket
@@ -316,16 +251,7 @@ func (p *TCPState) UsesCookie() bool { return p.usesCookie }
 // returns an error wrapping os.ErrClosed. It is safe to call twice.
 func (p *TCPState) Close() error {
 	p.closeOnce.Do(func() {
-		p.lostMu.Lock()
-		p.closed.Store(true)
-		p.lostMu.Unlock()
-		var errs []error
-		for _, l := range p.links {
-			errs = append(errs, l.Close())
-		}
-		if p.rd != nil {
-			errs = append(errs, p.rd.Close())
-		}
+		errs := p.detach()
 		o := &p.objs
 		for _, c := range []io.Closer{o.OnSetState, o.OnSetStateBackup, o.Events, o.LostEvents, o.PrimarySeen, o.BackupCovered} {
 			errs = append(errs, c.Close())

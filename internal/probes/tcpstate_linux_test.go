@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -142,19 +143,30 @@ func probeKernelAtLeast(major, minor int) bool {
 	return kernelAtLeast(probeKernelRelease(), major, minor)
 }
 
+// TestOpenProbeBadOptions: every probe refuses a netns inode of 0 and a
+// ring size the kernel would not take, with a plain error (not an
+// UnavailableError: the caller's mistake is no reason to fall back).
 func TestOpenProbeBadOptions(t *testing.T) {
-	if _, err := OpenTCPState(0, TCPStateOptions{}); err == nil {
-		t.Error("netns inode 0 accepted")
-	}
-	for _, n := range []int{100, 3 * 4096, -4096} {
-		p, err := OpenTCPState(1, TCPStateOptions{RingSize: n})
-		if err == nil {
-			p.Close()
-			t.Errorf("ring size %d accepted", n)
+	for _, probe := range []struct {
+		name string
+		open func(inode uint64, ringSize int) (io.Closer, error)
+	}{
+		{"tcpstate", func(inode uint64, n int) (io.Closer, error) { return OpenTCPState(inode, TCPStateOptions{RingSize: n}) }},
+		{"procs", func(inode uint64, n int) (io.Closer, error) { return OpenProcs(inode, ProcOptions{RingSize: n}) }},
+	} {
+		if _, err := probe.open(0, 0); err == nil {
+			t.Errorf("%s: netns inode 0 accepted", probe.name)
 		}
-		var pue *UnavailableError
-		if errors.As(err, &pue) {
-			t.Errorf("ring size %d: got UnavailableError %v, want a plain option error", n, err)
+		for _, n := range []int{100, 3 * 4096, -4096} {
+			p, err := probe.open(1, n)
+			if err == nil {
+				p.Close()
+				t.Errorf("%s: ring size %d accepted", probe.name, n)
+			}
+			var pue *UnavailableError
+			if errors.As(err, &pue) {
+				t.Errorf("%s: ring size %d: got UnavailableError %v, want a plain option error", probe.name, n, err)
+			}
 		}
 	}
 }

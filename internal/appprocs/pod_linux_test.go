@@ -2,6 +2,7 @@ package appprocs
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -41,7 +42,8 @@ const (
 //	            SIGTERM, 0 when stdin closes
 //	exitcode    print "armed", exit 5 on SIGTERM
 //	podtracker  PID 1 of PID and mount namespaces with a fresh /proc, as
-//	            runc leaves a container: open a tracker (DRAIND_PROCS_TRACK)
+//	            runc leaves a container: open and run an eBPF source
+//	            (DRAIND_PROCS_TRACK)
 //	            and print "state JSON" at once and after every
 //	            notification; on stdin "stall" hold its lock (the event
 //	            reader stops, the ring buffer fills), "unstall", "lost",
@@ -103,15 +105,15 @@ func podAppMain() {
 
 // podState is what podtracker prints.
 type podState struct {
-	App       []int      `json:"app"` // the app's pids
-	Exits     []ProcExit `json:"exits"`
-	Complete  bool       `json:"complete"`
-	Reason    string     `json:"reason"`
-	Lost      uint64     `json:"lost"`
-	Snaps     uint64     `json:"snaps"`
-	NetNS     uint64     `json:"netns"` // watched
-	HostNetNS uint64     `json:"hostNetNS"`
-	Err       string     `json:"err,omitempty"`
+	App       []int  `json:"app"` // the app's pids
+	Exits     []Exit `json:"exits"`
+	Complete  bool   `json:"complete"`
+	Reason    string `json:"reason"`
+	Lost      uint64 `json:"lost"`
+	Snaps     uint64 `json:"snaps"`
+	NetNS     uint64 `json:"netns"` // watched
+	HostNetNS uint64 `json:"hostNetNS"`
+	Err       string `json:"err,omitempty"`
 }
 
 func podTrackerMain() {
@@ -131,7 +133,7 @@ func podTrackerMain() {
 		fail(err)
 	}
 	netns := st.Ino
-	var opts []ProcOption
+	var opts []Option
 	for _, f := range strings.Fields(os.Getenv(podTrackEnv)) {
 		k, v, _ := strings.Cut(f, "=")
 		n, err := strconv.ParseUint(v, 10, 64)
@@ -140,19 +142,22 @@ func podTrackerMain() {
 		}
 		switch k {
 		case "ring":
-			opts = append(opts, WithProcRingSize(int(n)))
+			opts = append(opts, WithRingSize(int(n)))
 		case "cap":
-			opts = append(opts, WithProcWalkCap(int(n)))
+			opts = append(opts, WithWalkCap(int(n)))
 		case "out":
-			opts = append(opts, func(o *procOptions) { o.walkOut = int(n) })
+			opts = append(opts, func(o *options) { o.probe.WalkOut = int(n) })
 		case "netns":
 			netns = n
 		}
 	}
-	tr, err := OpenProcTracker(netns, AppProcRules{NoPauseRule: true}, opts...)
+	tr, _, err := Open(netns, Rules{ProxyUID: istioUID, NoPauseRule: true}, ModeEBPF, opts...)
 	if err != nil {
 		fail(err)
 	}
+	// Run until the process ends (killed by the test, or stdin closed).
+	go tr.Run(context.Background())
+	eb, tb := tr.(*ebpfSource), tableOf(tr)
 	var outMu sync.Mutex
 	println := func(s string) {
 		outMu.Lock()
@@ -161,8 +166,8 @@ func podTrackerMain() {
 	}
 	state := func() {
 		cov := tr.Coverage()
-		s := podState{App: appPIDs(tr), Exits: tr.AppExits(), Complete: cov.Complete, Reason: cov.Reason,
-			Lost: tr.Lost(), Snaps: tr.eb.snaps.Load(), NetNS: netns}
+		s := podState{App: appPIDs(tr), Exits: tr.Exits(), Complete: cov.Complete, Reason: cov.Reason,
+			Lost: tr.Lost(), Snaps: eb.snaps.Load(), NetNS: netns}
 		s.HostNetNS, _ = tr.HostNetNS()
 		if err := tr.Err(); err != nil {
 			s.Err = err.Error()
@@ -172,7 +177,7 @@ func podTrackerMain() {
 	}
 	state()
 	go func() {
-		for range tr.Notify() {
+		for range tr.Changed() {
 			state()
 		}
 	}()
@@ -180,13 +185,13 @@ func podTrackerMain() {
 	for sc.Scan() {
 		switch sc.Text() {
 		case "stall":
-			tr.mu.Lock()
+			tb.mu.Lock()
 			println("stalled")
 		case "unstall":
-			tr.mu.Unlock()
+			tb.mu.Unlock()
 			println("unstalled")
 		case "lost":
-			println("lost " + strconv.FormatUint(tr.eb.lostTotal(), 10))
+			println("lost " + strconv.FormatUint(tr.Lost(), 10))
 		case "state":
 			state()
 		}
@@ -411,13 +416,13 @@ func podChildren(t *testing.T, pid int) []int {
 }
 
 // exitOf returns the last exit s reports for p.
-func exitOf(s podState, p *testProc) (ProcExit, bool) {
+func exitOf(s podState, p *testProc) (Exit, bool) {
 	for i := len(s.Exits) - 1; i >= 0; i-- {
 		if s.Exits[i].PID == p.pid {
 			return s.Exits[i], true
 		}
 	}
-	return ProcExit{}, false
+	return Exit{}, false
 }
 
 func signalProc(t *testing.T, p *testProc, sig unix.Signal) {

@@ -2,7 +2,7 @@ package appprocs
 
 import (
 	"bufio"
-	"encoding/binary"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -12,18 +12,17 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/draind/draind/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
-// The test binary doubles as the helper processes of these tests (the
-// package's TestMain belongs to sockdiag_linux_test.go): it is re-run with
-// -test.run=^TestProcsHelper$ and procsHelperEnv set to a mode.
+// The test binary doubles as the helper processes of these tests: it is
+// re-run with -test.run=^TestProcsHelper$ and procsHelperEnv set to a mode.
 const (
 	procsHelperEnv  = "DRAIND_PROCS_HELPER"
 	procsArgsEnv    = "DRAIND_PROCS_ARGS" // detach: the command, \x1f-separated
@@ -134,11 +133,11 @@ func TestProcsHelper(t *testing.T) {
 			fmt.Println("error", err)
 			return
 		}
-		tr, err := OpenProcTracker(st.Ino, AppProcRules{})
-		var ue *ProcUnavailableError
+		tr, _, err := Open(st.Ino, Rules{ProxyUID: istioUID}, ModeEBPF)
+		var ue *UnavailableError
 		switch {
 		case err == nil:
-			fmt.Println("ok", tr.Source())
+			fmt.Println("ok", tr.Kind())
 			tr.Close()
 		case errors.As(err, &ue):
 			fmt.Println("unavailable", ue.Reason)
@@ -169,8 +168,8 @@ func TestProcsHelper(t *testing.T) {
 			fmt.Println("error", err)
 			return
 		}
-		tr, err := OpenProcPoller(st.Ino, AppProcRules{}, WithProcRoot(dir))
-		var ue *ProcUnavailableError
+		tr, _, err := Open(st.Ino, Rules{ProxyUID: istioUID}, ModeProc, WithProcRoot(dir))
+		var ue *UnavailableError
 		switch {
 		case err == nil:
 			fmt.Println("ok", tr.Count())
@@ -228,18 +227,19 @@ func procsPidNSHelper() string {
 	if err := unix.Stat("/proc/self/ns/net", &st); err != nil {
 		return "error " + err.Error()
 	}
-	tr, err := OpenProcTracker(st.Ino, AppProcRules{SelfPIDs: []int{os.Getpid()}, ProxyPIDs: []int{proxy}, PausePIDs: []int{1}})
+	rules := Rules{SelfPIDs: []int{os.Getpid()}, ProxyUID: istioUID, ProxyPIDs: []int{proxy}, PausePIDs: []int{1}}
+	tr, _, err := Open(st.Ino, rules, ModeEBPF)
 	if err != nil {
 		return "error " + err.Error()
 	}
 	defer tr.Close()
-	all, classes := tr.allProcs()
-	n := map[ProcClass]int{}
+	all, classes := tableOf(tr).classified()
+	n := map[Class]int{}
 	for _, c := range classes {
 		n[c]++
 	}
 	return fmt.Sprintf("ok procs=%d app=%d proxy=%d self=%d pause=%d",
-		len(all), n[ProcApp], n[ProcProxy], n[ProcSelf], n[ProcPause])
+		len(all), n[ClassApp], n[ClassProxy], n[ClassSelf], n[ClassPause])
 }
 
 // procsHelperLive blocks until the process is killed (or the helper's
@@ -365,7 +365,7 @@ func parkThread(t *testing.T, ns *testutil.NetNS) {
 	t.Cleanup(func() { close(stop); <-done })
 }
 
-func appPIDs(tr *ProcTracker) []int { return pids(tr.AppProcs()) }
+func appPIDs(tr interface{ Processes() []Process }) []int { return pids(tr.Processes()) }
 
 func sortedPIDs(ps ...*testProc) []int {
 	out := make([]int, 0, len(ps))
@@ -376,8 +376,8 @@ func sortedPIDs(ps ...*testProc) []int {
 	return out
 }
 
-// waitApp waits, woken by Notify, until the app's pids are want.
-func waitApp(t *testing.T, tr *ProcTracker, want []int, what string) {
+// waitApp waits, woken by Changed, until the app's pids are want.
+func waitApp(t *testing.T, tr Source, want []int, what string) {
 	t.Helper()
 	deadline := time.After(procsWait)
 	for {
@@ -385,15 +385,15 @@ func waitApp(t *testing.T, tr *ProcTracker, want []int, what string) {
 			return
 		}
 		select {
-		case <-tr.Notify():
+		case <-tr.Changed():
 		case <-deadline:
 			t.Fatalf("%s: app = %v, want %v (err %v)\n%s", what, appPIDs(tr), want, tr.Err(), dumpProcs(tr))
 		}
 	}
 }
 
-func dumpProcs(tr *ProcTracker) string {
-	all, classes := tr.allProcs()
+func dumpProcs(tr Source) string {
+	all, classes := tableOf(tr).classified()
 	var b strings.Builder
 	for i, p := range all {
 		fmt.Fprintf(&b, "  %d ppid=%d uid=%d %q start=%d %s\n", p.PID, p.PPID, p.UID, p.Comm, p.StartTime, classes[i])
@@ -401,15 +401,15 @@ func dumpProcs(tr *ProcTracker) string {
 	return b.String()
 }
 
-func drainNotify(tr *ProcTracker) {
+func drainChanged(tr Source) {
 	select {
-	case <-tr.Notify():
+	case <-tr.Changed():
 	default:
 	}
 }
 
-func classOf(tr *ProcTracker, pid int) (ProcClass, bool) {
-	all, classes := tr.allProcs()
+func classOf(tr Source, pid int) (Class, bool) {
+	all, classes := tableOf(tr).classified()
 	for i, p := range all {
 		if p.PID == pid {
 			return classes[i], true
@@ -418,37 +418,69 @@ func classOf(tr *ProcTracker, pid int) (ProcClass, bool) {
 	return 0, false
 }
 
-type procsOpener func(t *testing.T, inode uint64, rules AppProcRules) *ProcTracker
+// tableOf is the table behind a source (tests look inside).
+func tableOf(src Source) *table {
+	switch s := src.(type) {
+	case *ebpfSource:
+		return s.table
+	case *procSource:
+		return s.table
+	}
+	panic(fmt.Sprintf("source %T", src))
+}
 
-func openEBPF(t *testing.T, inode uint64, rules AppProcRules) *ProcTracker {
+// runSource runs src until the end of the test, as draind does: Run in a
+// goroutine the test owns, stopped before Close. stop ends Run early and
+// returns its error.
+func runSource(tb testing.TB, src Source) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx) }()
+	stop = sync.OnceValue(func() error { cancel(); return <-done })
+	tb.Cleanup(func() {
+		if err := stop(); err != nil {
+			tb.Errorf("Run: %v", err)
+		}
+		if err := src.Close(); err != nil {
+			tb.Errorf("Close: %v", err)
+		}
+	})
+	return stop
+}
+
+// startSource opens a source with the backend mode asks for and runs it
+// until the end of the test (see runSource).
+func startSource(tb testing.TB, inode uint64, rules Rules, mode Mode, opts ...Option) (Source, func() error) {
+	tb.Helper()
+	src, _, err := Open(inode, rules, mode, opts...)
+	if err != nil {
+		// Root (with BTF for eBPF): the backend must work. A skip would
+		// hide a broken program.
+		tb.Fatalf("Open %s: %v", mode, err)
+	}
+	return src, runSource(tb, src)
+}
+
+type procsOpener func(t *testing.T, inode uint64, rules Rules) (Source, func() error)
+
+func startEBPF(t *testing.T, inode uint64, rules Rules) (Source, func() error) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequireBTF(t)
-	tr, err := OpenProcTracker(inode, rules)
-	if err != nil {
-		// Root with BTF: eBPF must work. A skip would hide a broken program.
-		t.Fatalf("OpenProcTracker: %v", err)
-	}
-	t.Cleanup(func() { tr.Close() })
-	return tr
+	return startSource(t, inode, rules, ModeEBPF)
 }
 
-func openProc(t *testing.T, inode uint64, rules AppProcRules) *ProcTracker {
+func startProc(t *testing.T, inode uint64, rules Rules) (Source, func() error) {
 	t.Helper()
 	testutil.RequireRoot(t)
-	tr, err := OpenProcPoller(inode, rules, WithProcPollPeriod(50*time.Millisecond))
-	if err != nil {
-		t.Fatalf("OpenProcPoller: %v", err)
-	}
-	t.Cleanup(func() { tr.Close() })
-	return tr
+	return startSource(t, inode, rules, ModeProc, WithPollPeriod(50*time.Millisecond))
 }
 
-func TestAppProcsEBPF(t *testing.T) { testAppProcs(t, openEBPF) }
-func TestAppProcsProc(t *testing.T) { testAppProcs(t, openProc) }
+func TestAppProcsEBPF(t *testing.T) { testAppProcs(t, startEBPF) }
+func TestAppProcsProc(t *testing.T) { testAppProcs(t, startProc) }
 
 // testAppProcs is the behaviour both backends must have.
-func testAppProcs(t *testing.T, open procsOpener) {
+func testAppProcs(t *testing.T, start procsOpener) {
 	testutil.RequireRoot(t)
 	ns := testutil.NewNetNS(t)
 	other := testutil.NewNetNS(t)
@@ -460,7 +492,7 @@ func testAppProcs(t *testing.T, open procsOpener) {
 	// one app process with threads.
 	pause, _ := spawnDetached(t, ns, -1, "sleep", "infinity")
 	time.Sleep(50 * time.Millisecond) // /proc start times count 10 ms ticks
-	spawnDetached(t, ns, defaultProxyUID, "sh", "-c", "sleep infinity & wait")
+	spawnDetached(t, ns, istioUID, "sh", "-c", "sleep infinity & wait")
 	proxyB, _ := spawnDetached(t, ns, -1, "sh", "-c", "sleep infinity & wait")
 	selfChild := startChild(t, ns, "sleep", "infinity")
 	spawnDetached(t, other, -1, "sleep", "infinity")
@@ -470,8 +502,8 @@ func testAppProcs(t *testing.T, open procsOpener) {
 	}
 	parkThread(t, ns)
 
-	rules := AppProcRules{ProxyPIDs: []int{proxyB.pid}, PauseComm: "sleep"}
-	tr := open(t, ns.Inode, rules)
+	rules := Rules{ProxyUID: istioUID, ProxyPIDs: []int{proxyB.pid}, PauseComm: "sleep"}
+	tr, stop := start(t, ns.Inode, rules)
 	if tr.Err() != nil {
 		t.Fatal(tr.Err())
 	}
@@ -480,16 +512,16 @@ func testAppProcs(t *testing.T, open procsOpener) {
 	waitApp(t, tr, []int{early.pid}, "snapshot")
 	for _, c := range []struct {
 		p    *testProc
-		want ProcClass
-	}{{pause, ProcPause}, {proxyB, ProcProxy}, {selfChild, ProcSelf}} {
+		want Class
+	}{{pause, ClassPause}, {proxyB, ClassProxy}, {selfChild, ClassSelf}} {
 		if got, ok := classOf(tr, c.p.pid); !ok || got != c.want {
 			t.Errorf("pid %d: class %v (seen %v), want %v\n%s", c.p.pid, got, ok, c.want, dumpProcs(tr))
 		}
 	}
-	if tr.Source() == "ebpf" {
+	if tr.Kind() == string(ModeEBPF) {
 		// The parked thread puts the test process in the namespace: seen,
 		// and draind's own.
-		if got, ok := classOf(tr, os.Getpid()); !ok || got != ProcSelf {
+		if got, ok := classOf(tr, os.Getpid()); !ok || got != ClassSelf {
 			t.Errorf("test process: class %v (seen %v), want self\n%s", got, ok, dumpProcs(tr))
 		}
 	}
@@ -513,11 +545,11 @@ func testAppProcs(t *testing.T, open procsOpener) {
 	// it, the last one brings the count to zero.
 	order := []*testProc{child, threaded, parent, churner, early}
 	for i, p := range order {
-		drainNotify(tr)
+		drainChanged(tr)
 		app = slices.DeleteFunc(app, func(pid int) bool { return pid == p.pid })
 		p.kill(t)
 		select {
-		case <-tr.Notify():
+		case <-tr.Changed():
 		case <-time.After(procsWait):
 			t.Fatalf("exit %d of %d (pid %d): no notification; app = %v", i+1, len(order), p.pid, appPIDs(tr))
 		}
@@ -532,8 +564,11 @@ func testAppProcs(t *testing.T, open procsOpener) {
 		t.Errorf("lost %d, err %v", tr.Lost(), tr.Err())
 	}
 	// Pause, proxies and draind's own are still there, still excluded.
-	if got, ok := classOf(tr, pause.pid); !ok || got != ProcPause {
+	if got, ok := classOf(tr, pause.pid); !ok || got != ClassPause {
 		t.Errorf("pause: class %v (seen %v)", got, ok)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("Run: %v", err)
 	}
 	if err := tr.Close(); err != nil {
 		t.Errorf("Close: %v", err)
@@ -543,98 +578,33 @@ func testAppProcs(t *testing.T, open procsOpener) {
 	}
 }
 
-func TestProcEventLayout(t *testing.T) {
-	var ev procsProcEvent
-	if got := binary.Size(ev); got != procEventSize {
-		t.Fatalf("sizeof(struct proc_event) = %d, procEventSize = %d", got, procEventSize)
-	}
-	for _, f := range []struct {
-		name      string
-		got, want uintptr
-	}{
-		{"ts_ns", unsafe.Offsetof(ev.TsNs), peTs},
-		{"start_ns", unsafe.Offsetof(ev.StartNs), peStart},
-		{"kind", unsafe.Offsetof(ev.Kind), peKind},
-		{"tgid", unsafe.Offsetof(ev.Tgid), peTgid},
-		{"pid", unsafe.Offsetof(ev.Pid), pePid},
-		{"ppid", unsafe.Offsetof(ev.Ppid), pePpid},
-		{"uid", unsafe.Offsetof(ev.Uid), peUID},
-		{"flags", unsafe.Offsetof(ev.Flags), peFlags},
-		{"nspid", unsafe.Offsetof(ev.Nspid), peNSPid},
-		{"nsppid", unsafe.Offsetof(ev.Nsppid), peNSPpid},
-		{"status", unsafe.Offsetof(ev.Status), peStatus},
-		{"netns", unsafe.Offsetof(ev.Netns), peNetNS},
-		{"comm", unsafe.Offsetof(ev.Comm), peComm},
-	} {
-		if f.got != f.want {
-			t.Errorf("offset of %s = %d, decoder uses %d", f.name, f.got, f.want)
-		}
-	}
-	b := make([]byte, procEventSize)
-	binary.LittleEndian.PutUint64(b[peTs:], 7)
-	binary.LittleEndian.PutUint64(b[peStart:], 99)
-	binary.LittleEndian.PutUint32(b[peKind:], procEvFork)
-	binary.LittleEndian.PutUint32(b[peTgid:], 42)
-	binary.LittleEndian.PutUint32(b[pePpid:], 1)
-	binary.LittleEndian.PutUint32(b[peUID:], 1337)
-	binary.LittleEndian.PutUint32(b[peNSPid:], 3)
-	binary.LittleEndian.PutUint32(b[peNSPpid:], 2)
-	binary.LittleEndian.PutUint32(b[peStatus:], 3<<8)
-	binary.LittleEndian.PutUint32(b[peNetNS:], 4026531840)
-	copy(b[peComm:], "envoy\x00junk")
-	var got procEvent
-	if err := decodeProcEvent(b, &got); err != nil {
-		t.Fatal(err)
-	}
-	want := procEvent{ts: 7, kind: procEvFork, status: 3 << 8, netns: 4026531840,
-		proc: Process{PID: 42, PPID: 1, UID: 1337, Comm: "envoy", StartTime: 99}, ns: procNSPids{3, 2}}
-	if got != want {
-		t.Errorf("decoded %+v, want %+v", got, want)
-	}
-	if err := decodeProcEvent(b[:10], &got); err == nil {
-		t.Error("short record decoded")
-	}
-
-	// The walk's cap defaults to its maximum, WALK_MAX.
-	spec, err := loadProcs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var walkMax uint32
-	if err := spec.Variables[procsVarWalkCap].Get(&walkMax); err != nil || walkMax != DefaultProcWalkCap {
-		t.Errorf("walk_cap = %d (%v), DefaultProcWalkCap = %d", walkMax, err, DefaultProcWalkCap)
-	}
-}
-
 // TestProcTrackerResync: events dropped for a full ring buffer are counted
 // and followed by a snapshot that puts the set right.
 func TestProcTrackerResync(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBTF(t)
 	ns := testutil.NewNetNS(t)
-	tr, err := OpenProcTracker(ns.Inode, AppProcRules{}, WithProcRingSize(os.Getpagesize()))
-	if err != nil {
-		t.Fatalf("OpenProcTracker: %v", err)
-	}
-	defer tr.Close()
-	snaps := tr.eb.snaps.Load()
+	tr, _ := startSource(t, ns.Inode, Rules{ProxyUID: istioUID}, ModeEBPF, WithRingSize(os.Getpagesize()))
+	eb, tb := tr.(*ebpfSource), tableOf(tr)
+	snaps := eb.snaps.Load()
 
 	// Stall the reader (it needs the lock to apply an event) while a
 	// burst of short-lived processes overflows a one-page ring, then start
 	// one that stays.
-	tr.mu.Lock()
+	tb.mu.Lock()
 	burst := exec.Command("sh", "-c", "i=0; while [ $i -lt 300 ]; do /bin/true; i=$((i+1)); done")
+	var err error
 	ns.Do(t, func() { err = burst.Start() })
 	if err != nil {
-		tr.mu.Unlock()
+		tb.mu.Unlock()
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(procsWait)
-	for tr.eb.lostTotal() == 0 && time.Now().Before(deadline) {
+	for tr.Lost() == 0 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	stayer, _ := spawnDetached(t, ns, -1, "sleep", "infinity")
-	tr.mu.Unlock()
+	tb.mu.Unlock()
 
 	if tr.Lost() == 0 {
 		t.Fatal("no event lost with a one-page ring and the reader stalled")
@@ -652,35 +622,35 @@ func TestProcTrackerResync(t *testing.T) {
 	waitApp(t, tr, sortedPIDs(stayer, sentinel), "sentinel")
 	sentinel.kill(t)
 	waitApp(t, tr, []int{stayer.pid}, "sentinel gone")
-	if tr.eb.snaps.Load() == snaps {
+	if eb.snaps.Load() == snaps {
 		t.Error("events were lost but no snapshot was taken")
 	}
 	// The stayer's events were all lost (the ring was full): only the
 	// snapshot found it. And no process whose exit was lost is left.
-	all, _ := tr.allProcs()
+	all, _ := tb.classified()
 	for _, p := range all {
 		if err := unix.Kill(p.PID, 0); err == unix.ESRCH {
 			t.Errorf("pid %d (%s) is gone but still tracked", p.PID, p.Comm)
 		}
 	}
-	t.Logf("lost %d events, %d snapshots", tr.Lost(), tr.eb.snaps.Load()-snaps)
+	t.Logf("lost %d events, %d snapshots", tr.Lost(), eb.snaps.Load()-snaps)
 }
 
-func TestOpenAppProcSource(t *testing.T) {
+func TestOpen(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBTF(t)
 	ns := testutil.NewNetNS(t)
 	spawnDetached(t, ns, -1, "sleep", "infinity")
 	for _, c := range []struct {
-		mode   ProcMode
+		mode   Mode
 		source string
-	}{{ProcModeAuto, "ebpf"}, {ProcModeEBPF, "ebpf"}, {ProcModeProc, "proc"}} {
-		tr, reason, err := OpenAppProcSource(ns.Inode, AppProcRules{}, c.mode)
+	}{{ModeAuto, "ebpf"}, {ModeEBPF, "ebpf"}, {ModeProc, "proc"}} {
+		tr, reason, err := Open(ns.Inode, Rules{ProxyUID: istioUID}, c.mode)
 		if err != nil {
 			t.Fatalf("%s: %v", c.mode, err)
 		}
-		if tr.Source() != c.source || !strings.HasPrefix(reason, c.source+":") {
-			t.Errorf("%s: source %q, reason %q; want %s", c.mode, tr.Source(), reason, c.source)
+		if tr.Kind() != c.source || !strings.HasPrefix(reason, c.source+":") {
+			t.Errorf("%s: source %q, reason %q; want %s", c.mode, tr.Kind(), reason, c.source)
 		}
 		if tr.Count() != 1 {
 			t.Errorf("%s: count %d, want 1", c.mode, tr.Count())
@@ -688,10 +658,10 @@ func TestOpenAppProcSource(t *testing.T) {
 		t.Logf("%s: %s", c.mode, reason)
 		tr.Close()
 	}
-	if _, _, err := OpenAppProcSource(ns.Inode, AppProcRules{}, "bogus"); err == nil {
+	if _, _, err := Open(ns.Inode, Rules{}, "bogus"); err == nil {
 		t.Error("bogus mode: no error")
 	}
-	if _, err := OpenProcTracker(0, AppProcRules{}); err == nil {
+	if _, _, err := Open(0, Rules{}, ModeEBPF); err == nil {
 		t.Error("inode 0: no error")
 	}
 }
@@ -718,7 +688,7 @@ func procsHelperBinary(t *testing.T) string {
 }
 
 // TestProcTrackerCapabilities: without CAP_BPF+CAP_PERFMON the eBPF backend
-// says so with a ProcUnavailableError, and auto mode would fall back.
+// says so with a UnavailableError, and auto mode would fall back.
 func TestProcTrackerCapabilities(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBTF(t)
@@ -788,7 +758,7 @@ func TestProcTrackerPidNS(t *testing.T) {
 	t.Fatalf("pidns helper (%v):\n%s", err, out)
 }
 
-// TestAppProcExitLatency measures process exit -> Notify with the app count
+// TestAppProcExitLatency measures process exit -> Changed with the app count
 // down by one, over 50 exits per backend. A measurement (logged), bounded
 // only loosely.
 func TestAppProcExitLatency(t *testing.T) {
@@ -798,7 +768,7 @@ func TestAppProcExitLatency(t *testing.T) {
 	for _, b := range []struct {
 		name string
 		open procsOpener
-	}{{"ebpf", openEBPF}, {"proc", openProc}} {
+	}{{"ebpf", startEBPF}, {"proc", startProc}} {
 		t.Run(b.name, func(t *testing.T) {
 			testutil.RequireRoot(t)
 			ns := testutil.NewNetNS(t)
@@ -808,16 +778,16 @@ func TestAppProcExitLatency(t *testing.T) {
 				p, _ := spawnDetached(t, ns, -1, "sleep", "infinity")
 				procs = append(procs, p)
 			}
-			tr := b.open(t, ns.Inode, AppProcRules{NoPauseRule: true})
+			tr, _ := b.open(t, ns.Inode, Rules{ProxyUID: istioUID, NoPauseRule: true})
 			waitApp(t, tr, sortedPIDs(procs...), "start")
 			lat := make([]time.Duration, 0, n)
 			for i, p := range procs {
-				drainNotify(tr)
+				drainChanged(tr)
 				t0 := time.Now()
 				p.kill(t)
 				for tr.Count() != n-i-1 {
 					select {
-					case <-tr.Notify():
+					case <-tr.Changed():
 					case <-time.After(procsWait):
 						t.Fatalf("exit %d: count %d", i, tr.Count())
 					}

@@ -1,4 +1,4 @@
-package appprocs
+package probes
 
 import (
 	"bufio"
@@ -11,19 +11,20 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
-// loadProcsForStats loads the procs object as OpenProcTracker does, with
-// the verifier's statistics requested.
+// loadProcsForStats loads the procs object as OpenProcs does, with the
+// verifier's statistics requested.
 func loadProcsForStats(tb testing.TB, level ebpf.LogLevel) (*procsLoaded, time.Duration) {
 	tb.Helper()
 	spec, err := loadProcs()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if err := setProcsConstants(spec, procsConstants{netns: 1, pidns: procPIDInitIno}); err != nil {
+	if err := setProcsConstants(spec, 1, namespace.InitialPIDInode, MaxProcWalk); err != nil {
 		tb.Fatal(err)
 	}
 	var objs procsLoaded
@@ -65,7 +66,7 @@ func TestProcsVerifierStats(t *testing.T) {
 }
 
 // BenchmarkProcsLoad is the cost of loading and verifying the procs object
-// (no attach), the part of OpenProcTracker that grows with the programs.
+// (no attach), the part of OpenProcs that grows with the programs.
 func BenchmarkProcsLoad(b *testing.B) {
 	testutil.RequireRoot(b)
 	testutil.RequireBTF(b)
@@ -98,20 +99,20 @@ func BenchmarkProcsSnapshot(b *testing.B) {
 	}
 	// cap=1: the iterator alone (it visits every thread of the test's
 	// PID namespace), as a base for the walk's cost.
-	for _, walkCap := range []int{DefaultProcWalkCap, 1} {
+	for _, walkCap := range []int{MaxProcWalk, 1} {
 		b.Run(fmt.Sprintf("cap=%d", walkCap), func(b *testing.B) {
-			tr, err := OpenProcTracker(ns.Inode, AppProcRules{}, WithProcWalkCap(walkCap))
+			p, err := OpenProcs(ns.Inode, ProcOptions{WalkCap: walkCap})
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer tr.Close()
+			defer p.Close()
 			var visited int
 			for b.Loop() {
-				snap, err := tr.eb.snapshot()
+				snap, err := p.Snapshot()
 				if err != nil {
 					b.Fatal(err)
 				}
-				visited = snap.walk.visited
+				visited = snap.Walk.Visited
 			}
 			b.ReportMetric(float64(visited), "walked")
 		})

@@ -5,6 +5,9 @@ import (
 	"testing"
 )
 
+// istioUID is the proxy's uid in the tests: Istio's.
+const istioUID = 1337
+
 func pids(ps []Process) []int {
 	out := make([]int, 0, len(ps))
 	for _, p := range ps {
@@ -26,17 +29,17 @@ var podProcs = []Process{
 	{PID: 400, PPID: 53, UID: 0, Comm: "otel-agent", StartTime: 4000}, // another sidecar: the app's
 }
 
-func TestClassifyProcs(t *testing.T) {
+func TestClassify(t *testing.T) {
 	tests := []struct {
 		name  string
 		all   []Process
-		rules AppProcRules
+		rules Rules
 		want  []int
 	}{
 		{
 			name:  "pod: draind, envoy and pause excluded, other sidecars are the app",
 			all:   podProcs,
-			rules: AppProcRules{SelfPIDs: []int{200}},
+			rules: Rules{ProxyUID: istioUID, SelfPIDs: []int{200}},
 			want:  []int{300, 301, 302, 400},
 		},
 		{
@@ -46,7 +49,7 @@ func TestClassifyProcs(t *testing.T) {
 		{
 			name:  "without SelfPIDs draind is the app (uid 0), envoy still the proxy's by uid",
 			all:   podProcs,
-			rules: AppProcRules{},
+			rules: Rules{ProxyUID: istioUID},
 			want:  []int{200, 300, 301, 302, 400},
 		},
 		{
@@ -58,7 +61,7 @@ func TestClassifyProcs(t *testing.T) {
 				{PID: 22, PPID: 21, UID: 0, Comm: "helper", StartTime: 4},
 				{PID: 30, PPID: 1, UID: 0, Comm: "app", StartTime: 5},
 			},
-			rules: AppProcRules{ProxyPIDs: []int{20}},
+			rules: Rules{ProxyUID: istioUID, ProxyPIDs: []int{20}},
 			want:  []int{30},
 		},
 		{
@@ -67,7 +70,17 @@ func TestClassifyProcs(t *testing.T) {
 				{PID: 21, PPID: 1, UID: 1337, Comm: "envoy", StartTime: 3},
 				{PID: 22, PPID: 21, UID: 0, Comm: "helper", StartTime: 4},
 			},
-			want: []int{22},
+			rules: Rules{ProxyUID: istioUID},
+			want:  []int{22},
+		},
+		{
+			name: "ProxyUID 0 is root: root's processes are the proxy's",
+			all: []Process{
+				{PID: 21, PPID: 1, UID: 0, Comm: "envoy", StartTime: 3},
+				{PID: 22, PPID: 1, UID: 1337, Comm: "app", StartTime: 4},
+			},
+			rules: Rules{},
+			want:  []int{22},
 		},
 		{
 			name: "custom proxy uid; uid 1337 is then the app's",
@@ -75,7 +88,7 @@ func TestClassifyProcs(t *testing.T) {
 				{PID: 21, PPID: 1, UID: 101, Comm: "envoy", StartTime: 3},
 				{PID: 22, PPID: 1, UID: 1337, Comm: "app", StartTime: 4},
 			},
-			rules: AppProcRules{ProxyUID: 101},
+			rules: Rules{ProxyUID: 101},
 			want:  []int{22},
 		},
 		{
@@ -85,7 +98,7 @@ func TestClassifyProcs(t *testing.T) {
 				{PID: 501, PPID: 500, UID: 0, Comm: "sleep", StartTime: 11},
 				{PID: 600, PPID: 1, UID: 0, Comm: "app", StartTime: 12},
 			},
-			rules: AppProcRules{SelfPIDs: []int{7}},
+			rules: Rules{ProxyUID: istioUID, SelfPIDs: []int{7}},
 			want:  []int{600},
 		},
 		{
@@ -94,7 +107,7 @@ func TestClassifyProcs(t *testing.T) {
 				{PID: 200, PPID: 1, UID: 0, Comm: "draind", StartTime: 900},
 				{PID: 300, PPID: 200, UID: 0, Comm: "orphan", StartTime: 500},
 			},
-			rules: AppProcRules{SelfPIDs: []int{1000}},
+			rules: Rules{ProxyUID: istioUID, SelfPIDs: []int{1000}},
 			want:  []int{200, 300},
 		},
 		{
@@ -103,7 +116,7 @@ func TestClassifyProcs(t *testing.T) {
 				{PID: 200, PPID: 7, UID: 0, Comm: "draind", StartTime: 900},
 				{PID: 300, PPID: 200, UID: 0, Comm: "orphan", StartTime: 500},
 			},
-			rules: AppProcRules{SelfPIDs: []int{7}},
+			rules: Rules{ProxyUID: istioUID, SelfPIDs: []int{7}},
 			want:  []int{300},
 		},
 		{
@@ -112,7 +125,7 @@ func TestClassifyProcs(t *testing.T) {
 				{PID: 200, PPID: 1, UID: 0, Comm: "draind", StartTime: 10},
 				{PID: 300, PPID: 250, UID: 0, Comm: "worker", StartTime: 30}, // 250 exited
 			},
-			rules: AppProcRules{SelfPIDs: []int{200}},
+			rules: Rules{ProxyUID: istioUID, SelfPIDs: []int{200}},
 			want:  []int{300},
 		},
 		{
@@ -121,19 +134,19 @@ func TestClassifyProcs(t *testing.T) {
 				{PID: 2, PPID: 3, UID: 0, Comm: "a", StartTime: 5},
 				{PID: 3, PPID: 2, UID: 0, Comm: "b", StartTime: 5},
 			},
-			rules: AppProcRules{SelfPIDs: []int{99}},
+			rules: Rules{ProxyUID: istioUID, SelfPIDs: []int{99}},
 			want:  []int{2, 3},
 		},
 		{
 			name:  "PausePIDs exclude a process of any name",
 			all:   []Process{{PID: 5, PPID: 1, Comm: "infra", StartTime: 1}, {PID: 6, PPID: 1, Comm: "app", StartTime: 2}},
-			rules: AppProcRules{PausePIDs: []int{5}},
+			rules: Rules{ProxyUID: istioUID, PausePIDs: []int{5}},
 			want:  []int{6},
 		},
 		{
 			name:  "pause rule off: a pause process is the app's",
 			all:   podProcs[:1],
-			rules: AppProcRules{NoPauseRule: true},
+			rules: Rules{ProxyUID: istioUID, NoPauseRule: true},
 			want:  []int{100},
 		},
 		{
@@ -142,12 +155,13 @@ func TestClassifyProcs(t *testing.T) {
 				{PID: 1, PPID: 0, Comm: "pause", StartTime: 1},
 				{PID: 40, PPID: 1, Comm: "worker", StartTime: 50},
 			},
-			want: []int{40},
+			rules: Rules{ProxyUID: istioUID},
+			want:  []int{40},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := pids(ClassifyProcs(tt.all, tt.rules))
+			got := pids(Classify(tt.all, tt.rules))
 			if !slices.Equal(got, tt.want) {
 				t.Errorf("app = %v, want %v", got, tt.want)
 			}
@@ -159,10 +173,10 @@ func TestPauseRule(t *testing.T) {
 	tests := []struct {
 		name  string
 		all   []Process
-		rules AppProcRules
+		rules Rules
 		want  int // 0: none
 	}{
-		{name: "the pod", all: podProcs, rules: AppProcRules{SelfPIDs: []int{200}}, want: 100},
+		{name: "the pod", all: podProcs, rules: Rules{ProxyUID: istioUID, SelfPIDs: []int{200}}, want: 100},
 		{name: "empty", want: 0},
 		{
 			name: "oldest is not named pause (CRI-O without infra): none",
@@ -170,7 +184,8 @@ func TestPauseRule(t *testing.T) {
 				{PID: 10, PPID: 1, Comm: "nginx", StartTime: 1},
 				{PID: 11, PPID: 1, Comm: "pause", StartTime: 2}, // an app binary named pause
 			},
-			want: 0,
+			rules: Rules{ProxyUID: istioUID},
+			want:  0,
 		},
 		{
 			name: "draind and the proxy are not candidates even when older",
@@ -180,7 +195,7 @@ func TestPauseRule(t *testing.T) {
 				{PID: 12, PPID: 1, UID: 0, Comm: "pause", StartTime: 3},
 				{PID: 13, PPID: 1, UID: 0, Comm: "app", StartTime: 4},
 			},
-			rules: AppProcRules{SelfPIDs: []int{10}},
+			rules: Rules{ProxyUID: istioUID, SelfPIDs: []int{10}},
 			want:  12,
 		},
 		{
@@ -189,7 +204,7 @@ func TestPauseRule(t *testing.T) {
 				{PID: 21, PPID: 1, Comm: "sleep", StartTime: 7},
 				{PID: 20, PPID: 1, Comm: "sleep", StartTime: 7},
 			},
-			rules: AppProcRules{PauseComm: "sleep"},
+			rules: Rules{ProxyUID: istioUID, PauseComm: "sleep"},
 			want:  20,
 		},
 		{
@@ -198,12 +213,13 @@ func TestPauseRule(t *testing.T) {
 				{PID: 30, PPID: 31, Comm: "pause", StartTime: 5},
 				{PID: 31, PPID: 1, Comm: "sh", StartTime: 5},
 			},
-			want: 0,
+			rules: Rules{ProxyUID: istioUID},
+			want:  0,
 		},
 		{
 			name:  "disabled",
 			all:   podProcs,
-			rules: AppProcRules{SelfPIDs: []int{200}, NoPauseRule: true},
+			rules: Rules{ProxyUID: istioUID, SelfPIDs: []int{200}, NoPauseRule: true},
 			want:  0,
 		},
 	}
@@ -221,27 +237,27 @@ func TestPauseRule(t *testing.T) {
 	}
 }
 
-func TestProcClasses(t *testing.T) {
-	got := ProcClasses(podProcs, AppProcRules{SelfPIDs: []int{200}})
-	want := []ProcClass{ProcPause, ProcSelf, ProcSelf, ProcApp, ProcApp, ProcApp, ProcApp}
+func TestClasses(t *testing.T) {
+	got := Classes(podProcs, Rules{ProxyUID: istioUID, SelfPIDs: []int{200}})
+	want := []Class{ClassPause, ClassSelf, ClassSelf, ClassApp, ClassApp, ClassApp, ClassApp}
 	if !slices.Equal(got, want) {
 		t.Errorf("classes = %v, want %v", got, want)
 	}
 	// Envoy is draind's child and uid 1337: self wins, it is excluded
 	// either way.
-	if b, _ := ProcProxy.MarshalText(); string(b) != "proxy" {
-		t.Errorf("ProcProxy text = %q", b)
+	if b, _ := ClassProxy.MarshalText(); string(b) != "proxy" {
+		t.Errorf("ClassProxy text = %q", b)
 	}
 }
 
-func TestParseProcMode(t *testing.T) {
-	for in, want := range map[string]ProcMode{"": ProcModeAuto, "auto": ProcModeAuto, "EBPF": ProcModeEBPF, " proc ": ProcModeProc} {
-		if got, err := ParseProcMode(in); err != nil || got != want {
-			t.Errorf("ParseProcMode(%q) = %q, %v; want %q", in, got, err, want)
+func TestParseMode(t *testing.T) {
+	for in, want := range map[string]Mode{"": ModeAuto, "auto": ModeAuto, "EBPF": ModeEBPF, " proc ": ModeProc} {
+		if got, err := ParseMode(in); err != nil || got != want {
+			t.Errorf("ParseMode(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	if _, err := ParseProcMode("sockdiag"); err == nil {
-		t.Error("ParseProcMode(sockdiag): no error")
+	if _, err := ParseMode("sockdiag"); err == nil {
+		t.Error("ParseMode(sockdiag): no error")
 	}
 }
 

@@ -5,12 +5,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/draind/draind/internal/probes"
 )
 
-// TestProcTrackerMerge feeds a tracker snapshots and events as the eBPF
-// backend decodes them (no kernel): what a complete or an incomplete
-// snapshot does to what events taught, and the exits it records.
-func TestProcTrackerMerge(t *testing.T) {
+// TestTableMerge feeds a table snapshots and events as the eBPF backend
+// decodes them (no kernel): what a complete or an incomplete snapshot does
+// to what events taught, and the exits it records.
+func TestTableMerge(t *testing.T) {
 	// The shim (pid 50, outside the namespace) started the app's main
 	// process 100, which forked 101.
 	main := Process{PID: 100, PPID: 50, UID: 1000, Comm: "app", StartTime: 1000}
@@ -25,14 +27,14 @@ func TestProcTrackerMerge(t *testing.T) {
 		}
 		return m
 	}
-	event := func(kind uint32, p Process, ppid int, status ExitStatus) *procEvent {
-		p.PPID = ppid
-		return &procEvent{kind: kind, proc: p, status: uint32(status)}
+	event := func(kind probes.ProcEventKind, p Process, ppid int, status ExitStatus) *probes.ProcEvent {
+		task := probes.ProcTask{PID: p.PID, PPID: ppid, UID: p.UID, Comm: p.Comm, StartTime: p.StartTime}
+		return &probes.ProcEvent{Kind: kind, Task: task, Status: uint32(status)}
 	}
 	// exits renders AppExits as "PID:status:outside" ("?" for inferred).
-	exits := func(tr *ProcTracker) string {
+	exits := func(tr *table) string {
 		var out []string
-		for _, e := range tr.AppExits() {
+		for _, e := range tr.Exits() {
 			st := "?"
 			if e.Known {
 				st = e.Status.String()
@@ -42,7 +44,7 @@ func TestProcTrackerMerge(t *testing.T) {
 		return strings.Join(out, ",")
 	}
 
-	tr := newProcTracker("ebpf", 1, AppProcRules{NoPauseRule: true})
+	tr := newTable(Rules{ProxyUID: istioUID, NoPauseRule: true})
 	steps := []struct {
 		name    string
 		do      func()
@@ -52,19 +54,19 @@ func TestProcTrackerMerge(t *testing.T) {
 	}{
 		{"complete snapshot", func() { tr.installLocked(snap(main, kid), nil, true) },
 			[]int{100, 101}, "", true},
-		{"exit event", func() { tr.applyLocked(event(procEvExit, kid, 100, 5<<8)) },
+		{"exit event", func() { applyEvent(tr, event(probes.ProcExit, kid, 100, 5<<8)) },
 			[]int{100}, "101:exit 5:false", true},
 		{"complete snapshot without main: inferred exit", func() { tr.installLocked(snap(), nil, true) },
 			[]int{}, "101:exit 5:false,100:?:true", true},
-		{"main's exit event, read after: its status", func() { tr.applyLocked(event(procEvExit, main, 50, 7<<8)) },
+		{"main's exit event, read after: its status", func() { applyEvent(tr, event(probes.ProcExit, main, 50, 7<<8)) },
 			[]int{}, "101:exit 5:false,100:exit 7:true", true},
-		{"fork event", func() { tr.applyLocked(event(procEvFork, other, 50, 0)) },
+		{"fork event", func() { applyEvent(tr, event(probes.ProcFork, other, 50, 0)) },
 			[]int{200}, "101:exit 5:false,100:exit 7:true", true},
 		{"incomplete snapshot: nothing forgotten", func() { tr.installLocked(snap(extra), nil, false) },
 			[]int{200, 201}, "101:exit 5:false,100:exit 7:true", true},
 		{"incomplete snapshot: a reused pid ends the old process", func() { tr.installLocked(snap(reused), nil, false) },
 			[]int{200, 201}, "101:exit 5:false,100:exit 7:true,200:?:true", true},
-		{"exit event of an unknown process", func() { tr.applyLocked(event(procEvExit, kid, 100, 0)) },
+		{"exit event of an unknown process", func() { applyEvent(tr, event(probes.ProcExit, kid, 100, 0)) },
 			[]int{200, 201}, "101:exit 5:false,100:exit 7:true,200:?:true", false},
 	}
 	for _, st := range steps {
@@ -87,25 +89,24 @@ func TestProcTrackerMerge(t *testing.T) {
 	}
 }
 
-// TestProcExitRetention: the last DefaultProcExitHistory exits are kept,
-// and the last DefaultProcMainExitHistory main processes' whatever came
-// after them.
-func TestProcExitRetention(t *testing.T) {
-	tr := newProcTracker("ebpf", 1, AppProcRules{})
+// TestExitRetention: the last ExitHistory exits are kept, and the last
+// MainExitHistory main processes' whatever came after them.
+func TestExitRetention(t *testing.T) {
+	tr := newTable(Rules{})
 	const mains, others = 100, 300
 	for i := range mains + others {
 		tr.exitSeq++
-		tr.exits = append(tr.exits, ProcExit{Seq: tr.exitSeq, ParentOutside: i < mains})
+		tr.exits = append(tr.exits, Exit{Seq: tr.exitSeq, ParentOutside: i < mains})
 		tr.trimExitsLocked()
 	}
-	got := tr.AppExits()
-	if len(got) != DefaultProcExitHistory+DefaultProcMainExitHistory {
-		t.Fatalf("%d exits kept, want %d", len(got), DefaultProcExitHistory+DefaultProcMainExitHistory)
+	got := tr.Exits()
+	if len(got) != ExitHistory+MainExitHistory {
+		t.Fatalf("%d exits kept, want %d", len(got), ExitHistory+MainExitHistory)
 	}
-	if first, last := got[0].Seq, got[len(got)-1].Seq; first != mains-DefaultProcMainExitHistory+1 || last != mains+others {
-		t.Errorf("kept seq %d..%d, want %d..%d", first, last, mains-DefaultProcMainExitHistory+1, mains+others)
+	if first, last := got[0].Seq, got[len(got)-1].Seq; first != mains-MainExitHistory+1 || last != mains+others {
+		t.Errorf("kept seq %d..%d, want %d..%d", first, last, mains-MainExitHistory+1, mains+others)
 	}
-	if !slices.IsSortedFunc(got, func(a, b ProcExit) int { return int(a.Seq - b.Seq) }) {
+	if !slices.IsSortedFunc(got, func(a, b Exit) int { return int(a.Seq - b.Seq) }) {
 		t.Error("exits out of order")
 	}
 }

@@ -1,0 +1,164 @@
+package appprocs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/draind/draind/internal/namespace"
+	"github.com/draind/draind/internal/probes"
+)
+
+// ebpfSource is the eBPF backend, over probes.Procs. Its programs are
+// attached first, then a snapshot is taken (the processes of draind's PID
+// namespace, and a walk of every process of the node: the app's PID
+// namespace is not draind's in a pod); Run then applies the events newer
+// than it as they come: a change is seen within one event, with no
+// polling. A failed ring buffer reservation (Lost) makes Run take a new
+// snapshot. A snapshot whose walk was cut short (see Coverage) is merged
+// with what the table knows: it never forgets a process then.
+type ebpfSource struct {
+	*table
+	probe *probes.Procs
+	// Run's: events older than since are in the last snapshot; seenLost is
+	// Lost at the last snapshot.
+	since    time.Duration
+	seenLost uint64
+	snaps    atomic.Uint64 // snapshots taken (tests)
+}
+
+// openEBPF loads the programs and takes the first snapshot. It needs BTF,
+// CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) and Linux 5.8; without them
+// the error is an *UnavailableError. The calling process counts as
+// draind's (rules.SelfPIDs), under its global pid.
+func openEBPF(netnsInode uint64, rules Rules, o options) (Source, error) {
+	probe, err := probes.OpenProcs(netnsInode, o.probe)
+	if err != nil {
+		var pu *probes.UnavailableError
+		if errors.As(err, &pu) {
+			return nil, &UnavailableError{Reason: pu.Reason, Err: pu.Err}
+		}
+		return nil, err
+	}
+	s := &ebpfSource{table: newTable(rules), probe: probe}
+	s.translate = probe.PIDNS() != namespace.InitialPIDInode
+
+	// The programs run from here: events are queued while the snapshot is
+	// taken, and those older than it are skipped when read (all are
+	// applied when the snapshot is incomplete). A loss counted from here on
+	// makes Run take another snapshot.
+	s.seenLost = probe.Lost()
+	snap, err := s.snapshot()
+	if err != nil {
+		probe.Close()
+		return nil, fmt.Errorf("open process tracker: %w", err)
+	}
+	s.self = snap.Self
+	s.since = snap.Since()
+	s.mu.Lock()
+	s.installSnapshotLocked(&snap)
+	s.recomputeLocked()
+	s.mu.Unlock()
+	return s, nil
+}
+
+func (s *ebpfSource) Kind() string { return string(ModeEBPF) }
+
+// Lost is the number of events the kernel dropped for a full ring buffer.
+// Every loss is followed by a snapshot.
+func (s *ebpfSource) Lost() uint64 { return s.probe.Lost() }
+
+// Close detaches the programs. Safe twice; call it after Run returned.
+func (s *ebpfSource) Close() error { return s.probe.Close() }
+
+func (s *ebpfSource) snapshot() (probes.ProcSnapshot, error) {
+	s.snaps.Add(1)
+	return s.probe.Snapshot()
+}
+
+// installSnapshotLocked installs a snapshot and what its walk says.
+func (s *ebpfSource) installSnapshotLocked(snap *probes.ProcSnapshot) {
+	procs := make(map[int]Process, len(snap.Tasks))
+	nspids := make(map[int]nsPIDs, len(snap.Tasks))
+	for pid, task := range snap.Tasks {
+		procs[pid], nspids[pid] = processOf(task), nsPIDs{task.NSPID, task.NSPPID}
+	}
+	s.installLocked(procs, nspids, snap.Walk.Complete())
+	s.coverage = walkCoverage(snap.Walk)
+	if snap.Walk.HostNetNS != 0 {
+		s.hostNetNS = snap.Walk.HostNetNS
+	}
+}
+
+func walkCoverage(w probes.ProcWalk) Coverage {
+	if w.Complete() {
+		return Coverage{Complete: true, Reason: fmt.Sprintf("ebpf: every process of the node walked (%d)", w.Visited)}
+	}
+	return Coverage{Reason: "ebpf: incomplete: " + w.Shortfall()}
+}
+
+func processOf(t probes.ProcTask) Process {
+	return Process{PID: t.PID, PPID: t.PPID, UID: t.UID, Comm: t.Comm, StartTime: t.StartTime}
+}
+
+// Run applies ring buffer events until ctx ends, classifying again after
+// each batch, and takes a snapshot when the kernel dropped events.
+func (s *ebpfSource) Run(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { s.probe.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	var ev probes.ProcEvent
+	pending := 0
+	for {
+		if err := s.probe.ReadEvent(&ev); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return s.fail(err)
+		}
+		if ev.Time >= s.since {
+			s.mu.Lock()
+			applyEvent(s.table, &ev)
+			s.mu.Unlock()
+			pending++
+		}
+		if ev.More && pending < 64 {
+			continue // more queued: apply them before classifying
+		}
+		// The ring is drained: were events dropped while it was full?
+		if lost := s.probe.Lost(); lost != s.seenLost {
+			snap, err := s.snapshot()
+			if err != nil {
+				return s.fail(fmt.Errorf("resync after lost events: %w", err))
+			}
+			s.seenLost = lost
+			if snap.Walk.Complete() {
+				s.since = snap.Since()
+			} // else: apply every event still queued, a walk cut short may not have seen them
+			s.mu.Lock()
+			s.installSnapshotLocked(&snap)
+			s.mu.Unlock()
+			pending++
+		}
+		if pending > 0 {
+			s.update(nil)
+			pending = 0
+		}
+	}
+}
+
+// applyEvent applies one event to t (under its lock). Every event is
+// idempotent: a snapshot and the events around it may say the same thing
+// twice.
+func applyEvent(t *table, ev *probes.ProcEvent) {
+	p := processOf(ev.Task)
+	switch ev.Kind {
+	case probes.ProcFork:
+		t.bornLocked(p, nsPIDs{ev.Task.NSPID, ev.Task.NSPPID})
+	case probes.ProcExec:
+		t.execLocked(p, nsPIDs{ev.Task.NSPID, ev.Task.NSPPID})
+	case probes.ProcExit:
+		t.exitedLocked(p, ExitStatus(ev.Status))
+	}
+}

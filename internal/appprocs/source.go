@@ -1,0 +1,280 @@
+package appprocs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf/btf"
+	"github.com/draind/draind/internal/probes"
+)
+
+// Source follows the app's processes in one network namespace (see
+// Classify for who the app is). Open returns one, with an eBPF or a /proc
+// backend, holding a first snapshot; Run keeps it current. Every method
+// but Run and Close may be called from any goroutine, at any time.
+type Source interface {
+	// Run follows changes until ctx ends (nil) or the source fails (the
+	// error, also in Err, with Changed signalled). The caller owns the
+	// goroutine that runs it, once; without Run the source stays at its
+	// first snapshot.
+	Run(ctx context.Context) error
+	// Processes returns the app's processes, by PID.
+	Processes() []Process
+	// Count is len(Processes()).
+	Count() int
+	// Coverage says whether the source sees every process of the
+	// namespace; when it does not, zero processes do not mean the app is
+	// done.
+	Coverage() Coverage
+	// Changed is signalled (non-blocking, coalescing: one pending signal at
+	// most) whenever the app's processes or their exits change, and when
+	// Run fails. One consumer: read Count or Processes after receiving.
+	Changed() <-chan struct{}
+	// Exits returns how the app's processes that left since Open ended,
+	// oldest first: the last ExitHistory of them, and the last
+	// MainExitHistory of the containers' main processes (ParentOutside)
+	// whatever came after. An exit is there by the Changed that follows it
+	// (eBPF: within one event); a Known status may replace an inferred one
+	// later, with a Changed.
+	Exits() []Exit
+	// HostNetNS is the inode of the host's (the initial) network
+	// namespace, when the source knows it: the watched namespace is a
+	// hostNetwork pod's when they are equal. eBPF reads it from init_task
+	// at every snapshot; /proc knows it only in the host's PID namespace.
+	HostNetNS() (inode uint64, ok bool)
+	// Lost counts the events the kernel could not deliver (eBPF; 0 for
+	// /proc); each loss was followed by a resynchronising snapshot.
+	Lost() uint64
+	// Kind is the backend: "ebpf" or "proc".
+	Kind() string
+	// Err is the error that stopped Run, if any.
+	Err() error
+	// Close releases what the source holds. Call it after Run returned;
+	// safe to call twice.
+	Close() error
+}
+
+// Coverage says whether a source sees every process of its namespace.
+type Coverage struct {
+	// Complete: the last snapshot saw every process of the namespace, and
+	// events keep the view current. When false, processes may be missing
+	// (never seen) and some that left may linger: a count of zero proves
+	// nothing.
+	Complete bool
+	// Reason is one line for the log and metrics: how the processes are
+	// found, or why some may be missed.
+	Reason string
+}
+
+// ExitStatus is a process's wait(2) status, as its parent reads it.
+type ExitStatus uint32
+
+// Exited reports whether the process called exit (or returned from main).
+func (s ExitStatus) Exited() bool { return s&0x7f == 0 }
+
+// ExitCode is the code the process exited with (0-255), -1 when a signal
+// ended it.
+func (s ExitStatus) ExitCode() int {
+	if !s.Exited() {
+		return -1
+	}
+	return int(s>>8) & 0xff
+}
+
+// Signal is the signal that ended the process, 0 when it exited.
+func (s ExitStatus) Signal() int {
+	if s.Exited() {
+		return 0
+	}
+	return int(s & 0x7f)
+}
+
+// CoreDumped reports whether the signal that ended the process dumped core.
+func (s ExitStatus) CoreDumped() bool { return !s.Exited() && s&0x80 != 0 }
+
+func (s ExitStatus) String() string {
+	switch {
+	case s.Exited():
+		return "exit " + strconv.Itoa(s.ExitCode())
+	case s.CoreDumped():
+		return "signal " + strconv.Itoa(s.Signal()) + " (core dumped)"
+	}
+	return "signal " + strconv.Itoa(s.Signal())
+}
+
+// Exit is how one of the app's processes left.
+type Exit struct {
+	// Process is the process as tracked; PPID is its parent when it
+	// exited (eBPF), or the one it was known by (inferred exits).
+	Process
+	// ParentOutside: its parent was not a process of the namespace. The
+	// app's processes whose parent is outside are its containers' main
+	// processes (the runtime's shim is their parent).
+	ParentOutside bool
+	// Known: Status is the kernel's. False when the exit was inferred (a
+	// snapshot no longer found the process: its event was lost, or the
+	// backend polls /proc).
+	Known bool
+	// Status is the wait(2) status its parent reads, when Known.
+	Status ExitStatus
+	// Seq numbers the exits a source saw, from 1, in the order seen.
+	Seq uint64
+}
+
+// Retention of Exits: the last ExitHistory exits, and the last
+// MainExitHistory of those whose parent was outside (the containers' main
+// processes) whatever came after them.
+const (
+	ExitHistory     = 256
+	MainExitHistory = 64
+)
+
+// Mode chooses a Source's backend.
+type Mode string
+
+// Modes of Open; ModeEBPF and ModeProc are also the backends' Kind.
+const (
+	ModeAuto Mode = "auto" // ebpf, else proc
+	ModeEBPF Mode = "ebpf"
+	ModeProc Mode = "proc"
+)
+
+// ParseMode accepts "auto", "ebpf" and "proc" ("" is auto).
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(strings.ToLower(strings.TrimSpace(s))); m {
+	case "":
+		return ModeAuto, nil
+	case ModeAuto, ModeEBPF, ModeProc:
+		return m, nil
+	}
+	return "", fmt.Errorf("unknown process tracker mode %q (want auto, ebpf or proc)", s)
+}
+
+// UnavailableError says why a backend cannot run here. Reason is one line
+// for the log: one of probes.UnavailableError's reasons (eBPF), or
+// "/proc: <why /proc cannot see the app>", or both (auto mode).
+type UnavailableError struct {
+	Reason string
+	Err    error
+}
+
+func (e *UnavailableError) Error() string {
+	if e.Err == nil {
+		return "process tracking unavailable: " + e.Reason
+	}
+	return "process tracking unavailable: " + e.Reason + ": " + e.Err.Error()
+}
+
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// Option tunes Open.
+type Option func(*options)
+
+type options struct {
+	pollPeriod time.Duration
+	procRoot   string
+	probe      probes.ProcOptions
+}
+
+// DefaultPollPeriod is the /proc backend's polling period.
+const DefaultPollPeriod = 200 * time.Millisecond
+
+func buildOptions(opts []Option) options {
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.pollPeriod <= 0 {
+		o.pollPeriod = DefaultPollPeriod
+	}
+	if o.procRoot == "" {
+		o.procRoot = "/proc"
+	}
+	return o
+}
+
+// WithPollPeriod sets the /proc backend's polling period.
+func WithPollPeriod(d time.Duration) Option {
+	return func(o *options) { o.pollPeriod = d }
+}
+
+// WithProcRoot makes the /proc backend read another procfs mount (the
+// host's, mounted into the container).
+func WithProcRoot(dir string) Option {
+	return func(o *options) { o.procRoot = dir }
+}
+
+// WithRingSize sets the eBPF ring buffer's size in bytes (a power of two,
+// a multiple of the page size; probes.DefaultProcRingSize by default).
+func WithRingSize(n int) Option {
+	return func(o *options) { o.probe.RingSize = n }
+}
+
+// WithWalkCap sets the most processes of the node the eBPF snapshot
+// visits (at most, and by default, probes.MaxProcWalk).
+func WithWalkCap(n int) Option {
+	return func(o *options) { o.probe.WalkCap = n }
+}
+
+// WithBTFCache makes the eBPF backend decode the kernel's BTF through c,
+// which other loads share (see probes.ProcOptions.BTFCache).
+func WithBTFCache(c *btf.Cache) Option {
+	return func(o *options) { o.probe.BTFCache = c }
+}
+
+// Descriptions of the backends, the start of Open's reason.
+const ebpfDesc = "ebpf: task iterator + sched_process_fork/exec/exit"
+
+// Open opens a Source of the app's processes in the namespace whose inode
+// is netnsInode (Net.Inode), with the backend mode asks for: auto tries
+// eBPF, then /proc. The source holds a first snapshot; Run keeps it
+// current. reason is one line for the log: which backend runs, and why
+// the other does not.
+//
+// When no backend can run, the error is an *UnavailableError (auto: the
+// reasons of both); the caller then follows the app by its sockets.
+func Open(netnsInode uint64, rules Rules, mode Mode, opts ...Option) (src Source, reason string, err error) {
+	if netnsInode == 0 {
+		return nil, "", errors.New("open app processes: netns inode 0")
+	}
+	o := buildOptions(opts)
+	pollDesc := "proc: polling " + o.procRoot + " every " + o.pollPeriod.String()
+	switch mode {
+	case ModeEBPF:
+		if src, err = openEBPF(netnsInode, rules, o); err != nil {
+			return nil, "", err
+		}
+		return src, ebpfDesc + " (asked for)", nil
+	case ModeProc:
+		if src, err = openProc(netnsInode, rules, o); err != nil {
+			return nil, "", err
+		}
+		return src, pollDesc + " (asked for)", nil
+	case ModeAuto, "":
+	default:
+		return nil, "", fmt.Errorf("open app process source: unknown mode %q", mode)
+	}
+	if src, err = openEBPF(netnsInode, rules, o); err == nil {
+		return src, ebpfDesc, nil
+	}
+	var ue *UnavailableError
+	if !errors.As(err, &ue) {
+		return nil, "", err
+	}
+	src, perr := openProc(netnsInode, rules, o)
+	if perr == nil {
+		return src, pollDesc + " (ebpf unavailable: " + ue.Reason + ")", nil
+	}
+	var pe *UnavailableError
+	if errors.As(perr, &pe) {
+		return nil, "", &UnavailableError{
+			Reason: "ebpf: " + ue.Reason + "; " + pe.Reason,
+			Err:    errors.Join(err, perr),
+		}
+	}
+	return nil, "", perr
+}
