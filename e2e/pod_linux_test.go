@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
@@ -110,6 +111,16 @@ func appRole(args []string) int {
 	})
 	mux.HandleFunc("/stream", streamHandler)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "app ok\n") })
+	// /burst?n=N runs N short-lived processes at once: a fork storm.
+	mux.HandleFunc("/burst", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() { exec.Command("/bin/true").Run() })
+		}
+		wg.Wait()
+		fmt.Fprintf(w, "ran %d\n", n)
+	})
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(ln)
 	if *holdOut != "" {

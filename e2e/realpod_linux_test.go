@@ -237,3 +237,47 @@ func TestHostNetworkPod(t *testing.T) {
 		t.Errorf("exit %d; log:\n%s", code, p.draindLog.String())
 	}
 }
+
+// A forced overrun of the process events' ring (one page, draind stopped
+// while the app forks 400 processes) during the app's life, draind and the
+// app in sibling PID namespaces: the loss is counted,
+// a resync follows, and the count is right after it; the app's shutdown is
+// then protected as ever.
+func TestProcRingOverrun(t *testing.T) {
+	p := newPod(t)
+	p.startApp("--on-term", "graceful", "--outbound-count", "12", "--outbound-pause", "250ms")
+	p.startDraind([]string{"--min-drain", "200ms", "--tracker", "ebpf", "--app-procs", "ebpf", "--debug-proc-ring-size", "4096"})
+	p.wantSources("ebpf", "ebpf")
+	// draind stopped (SIGSTOP reaches a container's PID 1 from the host)
+	// while the app forks: nobody reads the ring, and it overflows.
+	p.draind.Signal(syscall.SIGSTOP)
+	resp, err := p.client.Get("http://" + podIP + ":8080/burst?n=400")
+	p.draind.Signal(syscall.SIGCONT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	var lost float64
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		lost = p.metric("draind_app_process_lost_events_total")
+		if lost > 0 && p.metric("draind_app_processes") == 1 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("lost %v events, %v app processes seen; log:\n%s", lost, p.metric("draind_app_processes"), p.draindLog.String())
+		}
+	}
+	t.Logf("a burst of 400 processes through a one-page ring: %v process events lost; the count after the resync: 1", lost)
+	p.terminate()
+	code, _ := p.waitExit(20 * time.Second)
+	if !p.app.wait(10 * time.Second) {
+		t.Fatal("the app did not exit")
+	}
+	ok, fail, appExit := p.appResults()
+	quit := p.phaseTime("stopping")
+	t.Logf("after the overrun: %d of 12 calls ok, %d failed; quitquitquit %s after the app's exit; exit %d", ok, fail, quit.Sub(appExit), code)
+	if ok != 12 || fail != 0 || code != 0 || quit.Before(appExit) {
+		t.Errorf("%d ok, %d failed, exit %d, quit at %s before the app's exit at %s; log:\n%s", ok, fail, code, quit, appExit, p.draindLog.String())
+	}
+}

@@ -37,6 +37,8 @@ type Config struct {
 	// RingSize is the eBPF ring buffer of TCP state events, in bytes (0:
 	// the default). A debugging knob: a tiny ring forces losses and resyncs.
 	RingSize int
+	// ProcRingSize is the same for the app's process events.
+	ProcRingSize int
 	// HostNetwork is auto, true or false: whether the pod shares the node's
 	// network namespace (auto: told by the kernel where it can be).
 	HostNetwork string

@@ -89,6 +89,14 @@ func newMetrics(a *agent) *metrics {
 			}
 			return float64(a.procs.Count())
 		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "draind_app_process_lost_events_total", Help: "Process events the kernel could not queue (each followed by a resync of the app's processes).",
+		}, func() float64 {
+			if a.procs == nil {
+				return 0
+			}
+			return float64(a.procs.Lost())
+		}),
 		newOneOf("draind_app_liveness", "1 for how draind tells the app is done: complete (every process of the namespace seen), partial (processes seen, zero is no proof: sockets decide too), sockets.", "source",
 			[]string{"complete", "partial", "sockets"}, func() string {
 				switch {

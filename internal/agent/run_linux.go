@@ -212,7 +212,11 @@ func (a *agent) openAppProcs() {
 	case "proc":
 		mode = appprocs.ModeProc
 	}
-	src, reason, err := appprocs.Open(a.ns.Inode(), rules, mode)
+	var opts []appprocs.Option
+	if a.cfg.ProcRingSize > 0 {
+		opts = append(opts, appprocs.WithRingSize(a.cfg.ProcRingSize))
+	}
+	src, reason, err := appprocs.Open(a.ns.Inode(), rules, mode, opts...)
 	var host hostNetVerdict
 	if err == nil {
 		host = detectHostNet(a.cfg.HostNetwork, a.ns, src)

@@ -99,6 +99,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	logFormat := &oneOf{val: "json", words: []string{"json", "console"}}
 	fs.Var(logFormat, "log-format", "json|console")
 	fs.IntVar(&cfg.RingSize, "debug-ring-size", 0, "debugging: the eBPF ring buffer of TCP state events, in bytes (a power of two; 0: 8 MiB)")
+	fs.IntVar(&cfg.ProcRingSize, "debug-proc-ring-size", 0, "debugging: the eBPF ring buffer of the app's process events, in bytes (a power of two; 0: the default)")
 	runAs := fs.Int("run-proxy-as", -1, "start the proxy under this uid (and gid), when draind runs as root (-1: draind's own)")
 	if err := fs.parse(args); err != nil {
 		return cfg, "", err
