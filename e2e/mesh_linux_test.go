@@ -475,7 +475,7 @@ func TestMeshH2Stream(t *testing.T) {
 	for _, mode := range []mesh.Mode{mesh.Redirect, mesh.TProxy} {
 		t.Run(string(mode), func(t *testing.T) {
 			m := newMeshPod(t, mode, gaugesPresent)
-			m.startApp("--on-term", "graceful", "--linger", "2s")
+			m.startApp("--on-term", "graceful", "--linger", "5s") // serving through the requests below, however slow the machine
 			m.startDraind("--min-drain", "200ms", "--tracker", "ebpf", "--app-procs", "ebpf")
 			m.wantSources("ebpf", "ebpf")
 			authority := podIP + ":" + appPort

@@ -68,13 +68,15 @@ func TestSlowRequestIsNotIdle(t *testing.T) {
 	p.startDraind([]string{"--min-drain", "200ms", "--idle-timeout", "2s", "--tracker", "ebpf"})
 	keepAlive := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer()}}
 	defer keepAlive.CloseIdleConnections()
+	// Idle from its response, which comes after this moment: released no
+	// earlier than 2 s from here.
+	idleFrom := time.Now()
 	resp, err := keepAlive.Get("http://" + podIP + ":15006/")
 	if err != nil {
 		t.Fatal(err)
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	idleFrom := time.Now()
 	slow := make(chan error, 1)
 	go func() {
 		resp, err := p.client.Get("http://" + podIP + ":15006/slow?ms=8000")
