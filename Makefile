@@ -3,7 +3,10 @@ GO       ?= go
 BIN      ?= bin
 KERNELS  ?= 5.10 6.1 6.12
 PKGS     ?= ./...
-VMPKGS   ?= ./internal/sockdiag ./internal/probes ./internal/flows ./internal/appprocs ./internal/testutil/mesh ./e2e
+VMPKGS   ?= ./internal/sockdiag ./internal/probes ./internal/flows ./internal/appprocs ./internal/testutil/mesh
+# The end-to-end tests each kernel must pass (the whole e2e/ takes ~10 min a
+# kernel under qemu's emulation; `make vmtest VME2E=.` runs it all).
+VME2E    ?= TestContainerIsolation|TestAppShutdownInItsOwnContainer|TestProcRingOverrun|TestHostNetworkPod|TestNativeSidecar|TestJobExitWithApp|TestSlowRequestIsNotIdle|TestEverythingStuck|TestMeshRScenario
 
 .DEFAULT_GOAL := help
 
@@ -36,8 +39,9 @@ bench: ## run the benchmarks (see docs/benchmarks.md)
 generate: ## regenerate the eBPF objects (needs clang, llvm, libbpf-dev, bpftool)
 	$(GO) generate ./...
 
-vmtest: ## run the privileged packages in VMs: make vmtest KERNELS="6.1"
+vmtest: ## run the kernel-facing packages and the key e2e tests in VMs: make vmtest KERNELS="6.1"
 	bash tools/vmtest/vmtest.sh --kernels "$(KERNELS)" $(VMPKGS)
+	bash tools/vmtest/vmtest.sh --kernels "$(KERNELS)" --run '$(VME2E)' ./e2e
 
 demo: build ## a self-contained drain on this machine, as root
 	$(GO) -C tools run ./demo --bin $(abspath $(BIN))
