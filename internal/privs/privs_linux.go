@@ -18,6 +18,15 @@ import (
 // the Go runtime cannot then change every thread's credentials at once.
 var ErrCgo = errors.New("capabilities can only be changed on every thread of a binary built with CGO_ENABLED=0")
 
+// Supported is nil when this binary can change every thread's capabilities
+// (built with CGO_ENABLED=0; the race detector links cgo), an error
+// wrapping ErrCgo when it cannot.
+func Supported() error { return supported() }
+
+var supported = sync.OnceValue(func() error {
+	return allThreads(syscall.AllThreadsSyscall(unix.SYS_GETPID, 0, 0, 0))
+})
+
 // Current returns the calling thread's sets. After any change made by this
 // package every thread has the same ones.
 func Current() (Sets, error) {

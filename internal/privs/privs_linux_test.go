@@ -259,6 +259,34 @@ func requireRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: it starts helpers under other uids with file capabilities")
 	}
+	if err := Supported(); err != nil {
+		t.Skipf("this test binary links cgo (-race does): %v", err)
+	}
+}
+
+// In a cgo binary every change is refused, and nothing changes.
+func TestCgoRefused(t *testing.T) {
+	if Supported() == nil {
+		t.Skip("built with CGO_ENABLED=0: the changes are supported (the other tests)")
+	}
+	before, err := Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, errRaise := RaiseEffective()
+	if before.Effective == before.Permitted {
+		errRaise = ErrCgo // nothing to raise: not attempted
+	}
+	_, errLimit := LimitInherited(0)
+	_, errDrop := Drop(0)
+	for _, err := range []error{errRaise, errLimit, errDrop} {
+		if !errors.Is(err, ErrCgo) {
+			t.Errorf("in a cgo binary: %v, want ErrCgo", err)
+		}
+	}
+	if after, _ := Current(); after != before {
+		t.Errorf("sets changed:\n%s\nwas\n%s", after.StatusLines(), before.StatusLines())
+	}
 }
 
 // runHelper starts role as spec says and returns its lines by step (the
