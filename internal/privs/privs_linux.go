@@ -165,7 +165,8 @@ type Kept struct {
 }
 
 // Keep is what of have (the permitted set) the needs still use: kept, each
-// with its reason; lacking, what they would use but have does not hold.
+// with its reason; lacking, what they would use but have does not hold
+// (CAP_KILL for a proxy under another uid: the stop's signals will fail).
 func (n Needs) Keep(have Set) (kept, lacking []Kept) {
 	add := func(c Cap, why string) {
 		if have.Has(c) {
@@ -177,15 +178,19 @@ func (n Needs) Keep(have Set) (kept, lacking []Kept) {
 	if n.SignalOtherUID {
 		add(CapKill, "signal the proxy, which runs under another uid")
 	}
-	if n.BPFObjects && bpfCallsNeedCap() {
+	// eBPF objects were opened with CAP_BPF or CAP_SYS_ADMIN: one of them
+	// is held.
+	if n.BPFObjects && have&SetOf(CapBPF, CapSysAdmin) != 0 && bpfCallsNeedCap() {
 		why := "this kernel checks it on every bpf() call while kernel.unprivileged_bpf_disabled is set: reading the eBPF counters and taking snapshots need it"
-		if !have.Has(CapBPF) && have.Has(CapSysAdmin) {
+		if !have.Has(CapBPF) {
 			add(CapSysAdmin, why+" (eBPF was loaded with SYS_ADMIN: grant BPF and PERFMON instead)")
 		} else {
 			add(CapBPF, why)
 		}
 	}
-	if n.OtherUsersProcs {
+	// The poller started with what it had: without the capability it
+	// never read other users' processes, and goes on the same way.
+	if n.OtherUsersProcs && have.Has(CapSysPtrace) {
 		add(CapSysPtrace, "the /proc poller reads other users' /proc/PID/ns/net")
 	}
 	return kept, lacking
