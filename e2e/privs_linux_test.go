@@ -271,37 +271,70 @@ func TestPrivilegesNonRoot(t *testing.T) {
 	}
 }
 
-// Root with a runtime's default set plus BPF and PERFMON, the proxy as
-// 1337 (--run-proxy-as): after start-up draind keeps CAP_KILL alone (to
-// signal a proxy under another uid), with an empty bounding set; the
-// proxy holds nothing. A stuck proxy is still SIGKILLed at the deadline.
+// Root, the proxy as 1337 (--run-proxy-as), a stuck proxy (it ignores
+// SIGTERM and /quitquitquit): after start-up draind keeps CAP_KILL alone
+// (to signal a proxy under another uid), empties its bounding set when it
+// holds CAP_SETPCAP, and the proxy holds nothing; at the deadline the
+// proxy is SIGKILLed. Without CAP_KILL (the set docs/kubernetes.md used to
+// give) draind says so at start, and cannot kill it.
 func TestPrivilegesRoot(t *testing.T) {
-	p := newPod(t)
-	p.startApp("--on-term", "exit")
-	bnd := hostBounding(t)
-	p.startStaticDraind(t, -1, bnd, []string{"--run-proxy-as", "1337", "--min-drain", "100ms", "--drain-deadline", "4s", "--stop-timeout", "300ms"},
-		p.bin, "__stuckproxy")
-	p.wantSources("ebpf", "")
-	keep := privs.SetOf(privs.CapKill) | p.keptBPF()
-	got, lines := procSets(t, p.draind.Pid())
-	t.Logf("draind (root) after start-up:\n%s", lines)
-	if want := (privs.Sets{Effective: keep, Permitted: keep, NoNewPrivs: true}); got != want {
-		t.Errorf("draind after start-up:\n%s\nwant\n%s", got.StatusLines(), want.StatusLines())
-	}
-	proxySets, proxyLines := procSets(t, childPid(t, p.draind.Pid()))
-	t.Logf("the proxy:\n%s", proxyLines)
-	if proxySets != (privs.Sets{}) {
-		t.Errorf("the proxy holds:\n%s", proxySets.StatusLines())
-	}
-	bpfLoad, setns := p.debugPrivileges(t)
-	if !strings.Contains(bpfLoad, "operation not permitted") || !strings.Contains(setns, "operation not permitted") {
-		t.Errorf("inside draind after start-up: bpf load %q, setns %q: want EPERM", bpfLoad, setns)
-	}
-	p.terminate()
-	code, _ := p.waitExit(20 * time.Second)
-	exited := p.waitLog(time.Second, "phase", map[string]any{"phase": "exited"})
-	if code != 137 || !strings.Contains(fmt.Sprint(exited["why"]), "proxy had to be killed") {
-		t.Errorf("exit %d, %v: want the stuck proxy SIGKILLed; log:\n%s", code, exited["why"], p.draindLog.String())
+	ebpf := privs.SetOf(privs.CapBPF, privs.CapPerfmon)
+	setid := privs.SetOf(privs.CapSetUID, privs.CapSetGID)
+	for _, tc := range []struct {
+		name     string
+		bounding func(t *testing.T) privs.Set
+		kill     bool // draind holds CAP_KILL
+		setpcap  bool // and CAP_SETPCAP: its bounding set ends empty
+	}{
+		{"every capability", hostBounding, true, true},
+		{"drop ALL, add BPF PERFMON SETUID SETGID KILL SETPCAP", func(*testing.T) privs.Set {
+			return ebpf | setid | privs.SetOf(privs.CapKill, privs.CapSetPCap)
+		}, true, true},
+		{"drop ALL, add BPF PERFMON SETUID SETGID", func(*testing.T) privs.Set { return ebpf | setid }, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPod(t)
+			p.startApp("--on-term", "exit")
+			bnd := tc.bounding(t)
+			p.startStaticDraind(t, -1, bnd, []string{"--run-proxy-as", "1337", "--min-drain", "100ms", "--drain-deadline", "4s", "--stop-timeout", "300ms"},
+				p.bin, "__stuckproxy")
+			p.wantSources("ebpf", "")
+			keep := p.keptBPF()
+			if tc.kill {
+				keep |= privs.SetOf(privs.CapKill)
+			} else {
+				p.waitLog(time.Second, "capabilities: draind lacks one it would use after start-up", map[string]any{"cap": "KILL"})
+			}
+			wantBnd := bnd
+			if tc.setpcap {
+				wantBnd = 0
+			}
+			got, lines := procSets(t, p.draind.Pid())
+			t.Logf("draind (root) after start-up:\n%s", lines)
+			if want := (privs.Sets{Effective: keep, Permitted: keep, Bounding: wantBnd, NoNewPrivs: true}); got != want {
+				t.Errorf("draind after start-up:\n%s\nwant\n%s", got.StatusLines(), want.StatusLines())
+			}
+			proxySets, proxyLines := procSets(t, childPid(t, p.draind.Pid()))
+			t.Logf("the proxy:\n%s", proxyLines)
+			if proxySets != (privs.Sets{Bounding: wantBnd}) {
+				t.Errorf("the proxy holds:\n%s", proxySets.StatusLines())
+			}
+			bpfLoad, setns := p.debugPrivileges(t)
+			if !strings.Contains(bpfLoad, "operation not permitted") || !strings.Contains(setns, "operation not permitted") {
+				t.Errorf("inside draind after start-up: bpf load %q, setns %q: want EPERM", bpfLoad, setns)
+			}
+			p.terminate()
+			code, _ := p.waitExit(20 * time.Second)
+			why := fmt.Sprint(p.waitLog(time.Second, "phase", map[string]any{"phase": "exited"})["why"])
+			want := "proxy had to be killed"
+			if !tc.kill {
+				want = "proxy did not exit even after SIGKILL"
+			}
+			t.Logf("exit %d: %s", code, why)
+			if code != 137 || !strings.Contains(why, want) {
+				t.Errorf("exit %d, %q: want 137 and %q; log:\n%s", code, why, want, p.draindLog.String())
+			}
+		})
 	}
 }
 
