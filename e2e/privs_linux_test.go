@@ -253,6 +253,11 @@ func TestPrivilegesNonRoot(t *testing.T) {
 			if want := (privs.Sets{Effective: kept, Permitted: kept, Bounding: tc.bounding, NoNewPrivs: true}); got != want {
 				t.Errorf("draind after start-up:\n%s\nwant\n%s", got.StatusLines(), want.StatusLines())
 			}
+			// Not dumpable: the proxy, under the same uid, may not ptrace it.
+			var st unix.Stat_t
+			if err := unix.Stat(fmt.Sprintf("/proc/%d/mem", p.draind.Pid()), &st); err != nil || st.Uid != 0 {
+				t.Errorf("draind's /proc/PID/mem belongs to uid %d (%v): draind is dumpable", st.Uid, err)
+			}
 			proxySets, proxyLines := procSets(t, childPid(t, p.draind.Pid()))
 			t.Logf("the proxy:\n%s", proxyLines)
 			pc := tc.proxyCaps

@@ -205,7 +205,8 @@ func resultString(err error) string {
 
 // relayHeaders mark a request a proxy relayed: a loopback peer sending one
 // is Envoy (or another proxy in the pod) forwarding someone else's request.
-// Envoy adds x-forwarded-proto and x-envoy-* to what it routes.
+// Envoy sends x-forwarded-proto to HTTP/1.1 upstreams, and x-envoy-*
+// headers unless told not to.
 var relayHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip", "Via"}
 
 // notLoopback says whether r must be refused a loopback-only endpoint, and

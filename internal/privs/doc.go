@@ -18,8 +18,9 @@
 //     handles are open, [Drop] keeps only what the rest of the run needs
 //     ([Needs.Keep]: CAP_KILL to signal a proxy under another uid; CAP_BPF
 //     where the kernel checks it on every bpf() call; CAP_SYS_PTRACE for the
-//     /proc poller), empties the bounding set when it may, and sets
-//     no_new_privs, so that no later execve gains anything.
+//     /proc poller), empties the bounding set when it may, sets
+//     no_new_privs, so that no later execve gains anything, and makes the
+//     process non-dumpable (no same-uid ptrace).
 //
 // # Threads
 //

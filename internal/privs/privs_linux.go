@@ -119,7 +119,9 @@ func LimitInherited(give Set) (Sets, error) {
 // permitted sets, clears the inheritable and ambient sets, empties the
 // bounding set when CAP_SETPCAP is effective, and sets no_new_privs: no
 // later execve (setuid, file capabilities) can give anything back. Every
-// thread, irreversibly.
+// thread, irreversibly. It also makes the process non-dumpable: no
+// process of its uid may ptrace it or read its /proc/PID/mem, environ or
+// fd.
 func Drop(keep Set) (Sets, error) {
 	cur, err := Current()
 	if err != nil {
@@ -139,6 +141,12 @@ func Drop(keep Set) (Sets, error) {
 	keep &= cur.Permitted
 	if err := capsetAll(keep, keep, 0); err != nil {
 		return cur, fmt.Errorf("keep only %s: %w", keep, err)
+	}
+	// Holding no capability, draind could be ptraced by a process of its
+	// own uid (the proxy, when draind is not root): not any more. Its
+	// /proc/PID/mem, environ, fd... then belong to root.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return cur, fmt.Errorf("set non-dumpable: %w", err)
 	}
 	return Current()
 }

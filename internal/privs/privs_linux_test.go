@@ -138,6 +138,10 @@ func helperRun() {
 	kept, _ := needs.Keep(s.Permitted)
 	s, err = Drop(KeptSet(kept))
 	report("dropped", s, err)
+	dumpable, _ := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0)
+	var st unix.Stat_t
+	unix.Stat("/proc/self/mem", &st)
+	emit(helperLine{Step: "dumpable", N: dumpable*100000 + int(st.Uid)})
 	emit(helperLine{Step: "load-after", Err: errString(TryLoadBPF())})
 	emit(helperLine{Step: "setns-after", Err: errString(TrySetns())})
 	threads, err := Threads(0)
@@ -423,6 +427,10 @@ func TestRaiseFromFilePermitted(t *testing.T) {
 	wantSets(t, lines, "dropped", Sets{Effective: kept, Permitted: kept, Bounding: allCaps, NoNewPrivs: true})
 	wantErr(t, lines, "load-after", "operation not permitted")
 	wantErr(t, lines, "setns-after", "operation not permitted")
+	// Not dumpable: /proc/self/mem belongs to root, not to uid 1337.
+	if n := lines["dumpable"].N; n != 0 {
+		t.Errorf("after the drop: dumpable %d, /proc/self/mem owned by uid %d", n/100000, n%100000)
+	}
 	if lines["threads"].N < 5 || len(threads) != 1 {
 		t.Errorf("%d threads with %d distinct sets, want ≥ 5 threads all alike: %v", lines["threads"].N, len(threads), threads)
 	}
