@@ -219,32 +219,35 @@ func KeptSet(kept []Kept) Set {
 // kernel.unprivileged_bpf_disabled is set (5.10 here); since 6.5 (and in
 // Debian's 6.1.0-50, which has the change) only creating maps and loading
 // programs do. A version number does not tell backports, so it asks the
-// kernel: on a thread of its own whose effective set lacks both, a map
-// lookup on fd -1 fails with EPERM (the old check) or EBADF (no check).
-// The thread ends with the probe.
+// kernel: on this thread alone, with both out of the effective set for the
+// moment, a map lookup on fd -1 fails with EPERM (the old check) or EBADF
+// (no check).
 var bpfCallsNeedCap = sync.OnceValue(func() bool {
-	res := make(chan bool, 1)
-	go func() {
-		// Never unlocked: this thread's capabilities now differ from the
-		// others', so it must end with the goroutine.
-		runtime.LockOSThread()
-		e, p, i, err := capget()
-		if err != nil || e&SetOf(CapBPF, CapSysAdmin) == 0 {
-			res <- false // nothing to lose: eBPF was not usable anyway
-			return
-		}
-		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-		data := capData(e&^SetOf(CapBPF, CapSysAdmin), p, i)
-		if err := unix.Capset(&hdr, &data[0]); err != nil {
-			res <- true // cannot tell: keep it
-			return
-		}
-		var attr [32]byte // union bpf_attr for BPF_MAP_LOOKUP_ELEM: map_fd first
-		*(*uint32)(unsafe.Pointer(&attr[0])) = ^uint32(0)
-		_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_MAP_LOOKUP_ELEM, uintptr(unsafe.Pointer(&attr[0])), uintptr(len(attr)))
-		res <- errno == unix.EPERM || errno == unix.EACCES
-	}()
-	return <-res
+	runtime.LockOSThread()
+	e, p, i, err := capget()
+	if err != nil || e&SetOf(CapBPF, CapSysAdmin) == 0 {
+		runtime.UnlockOSThread()
+		return false // nothing to lose: eBPF was not usable anyway
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	lowered := capData(e&^SetOf(CapBPF, CapSysAdmin), p, i)
+	if err := unix.Capset(&hdr, &lowered[0]); err != nil {
+		runtime.UnlockOSThread()
+		return true // cannot tell: keep it
+	}
+	var attr [32]byte // union bpf_attr for BPF_MAP_LOOKUP_ELEM: map_fd first
+	*(*uint32)(unsafe.Pointer(&attr[0])) = ^uint32(0)
+	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_MAP_LOOKUP_ELEM, uintptr(unsafe.Pointer(&attr[0])), uintptr(len(attr)))
+	// Back to the sets every other thread has: raising the effective set
+	// within the permitted one is always allowed. Were it refused, the
+	// thread would stay locked to the calling goroutine, never handed to
+	// another one with sets unlike the others'.
+	restore := capData(e, p, i)
+	if unix.Capset(&hdr, &restore[0]) != nil {
+		return true
+	}
+	runtime.UnlockOSThread()
+	return errno == unix.EPERM || errno == unix.EACCES
 })
 
 // TryLoadBPF tries to load a two-instruction kprobe program (it is closed at
