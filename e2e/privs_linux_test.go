@@ -35,54 +35,50 @@ const imageFileCaps = "cap_bpf,cap_perfmon,cap_net_admin+p"
 
 var staticDraind struct {
 	sync.Once
-	path string
-	err  error
+	bin []byte // the static binary
+	err error
 }
 
-// draindBinary is a static draind with imageFileCaps, in a directory whose
-// filesystem honours file capabilities. DRAIND_E2E_BIN names a prebuilt
-// one (where no Go toolchain is, e.g. in a VM); otherwise it is built.
+// draindBinary writes a static draind with imageFileCaps into a directory
+// of the test's whose filesystem honours file capabilities. DRAIND_E2E_BIN
+// names a prebuilt one (where no Go toolchain is, e.g. in a VM); otherwise
+// it is built once per test process.
 func draindBinary(t *testing.T) string {
 	t.Helper()
+	var parent string
+	for _, d := range []string{os.TempDir(), "/var/tmp"} {
+		var st unix.Statfs_t
+		if unix.Statfs(d, &st) == nil && st.Flags&unix.ST_NOSUID == 0 {
+			parent = d
+			break
+		}
+	}
+	if parent == "" {
+		t.Skipf("%s and /var/tmp are mounted nosuid: execve ignores file capabilities there", os.TempDir())
+	}
 	staticDraind.Do(func() {
-		dir := ""
-		for _, d := range []string{os.TempDir(), "/var/tmp"} {
-			var st unix.Statfs_t
-			if unix.Statfs(d, &st) == nil && st.Flags&unix.ST_NOSUID == 0 {
-				dir = d
-				break
-			}
-		}
-		if dir == "" {
-			staticDraind.err = fmt.Errorf("skip: %s and /var/tmp are mounted nosuid: execve ignores file capabilities there", os.TempDir())
-			return
-		}
-		if dir, staticDraind.err = os.MkdirTemp(dir, "draind-privs-"); staticDraind.err != nil {
-			return
-		}
-		os.Chmod(dir, 0o755)
-		staticDraind.path = filepath.Join(dir, "draind")
 		if prebuilt := os.Getenv("DRAIND_E2E_BIN"); prebuilt != "" {
-			var b []byte
-			if b, staticDraind.err = os.ReadFile(prebuilt); staticDraind.err == nil {
-				staticDraind.err = os.WriteFile(staticDraind.path, b, 0o755)
-			}
-		} else {
-			goBin, err := exec.LookPath("go")
-			if err != nil {
-				staticDraind.err = fmt.Errorf("skip: no go toolchain to build a static draind (set DRAIND_E2E_BIN): %v", err)
-				return
-			}
-			cmd := exec.Command(goBin, "build", "-trimpath", "-o", staticDraind.path, "../cmd/draind")
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				staticDraind.err = fmt.Errorf("build a static draind: %v\n%s", err, out)
-				return
-			}
+			staticDraind.bin, staticDraind.err = os.ReadFile(prebuilt)
+			return
 		}
-		if staticDraind.err == nil {
-			staticDraind.err = unix.Setxattr(staticDraind.path, "security.capability", fileCapsXattr(imageFileCaps), 0)
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			staticDraind.err = fmt.Errorf("skip: no go toolchain to build a static draind (set DRAIND_E2E_BIN): %v", err)
+			return
 		}
+		dir, err := os.MkdirTemp("", "draind-build-")
+		if err != nil {
+			staticDraind.err = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		cmd := exec.Command(goBin, "build", "-trimpath", "-o", filepath.Join(dir, "draind"), "../cmd/draind")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			staticDraind.err = fmt.Errorf("build a static draind: %v\n%s", err, out)
+			return
+		}
+		staticDraind.bin, staticDraind.err = os.ReadFile(filepath.Join(dir, "draind"))
 	})
 	if err := staticDraind.err; err != nil {
 		if msg, ok := strings.CutPrefix(err.Error(), "skip: "); ok {
@@ -90,7 +86,20 @@ func draindBinary(t *testing.T) string {
 		}
 		t.Fatal(err)
 	}
-	return staticDraind.path
+	dir, err := os.MkdirTemp(parent, "draind-privs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	path := filepath.Join(dir, "draind")
+	if err := os.WriteFile(path, staticDraind.bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(path, "security.capability", fileCapsXattr(imageFileCaps), 0); err != nil {
+		t.Fatalf("file capabilities: %v", err)
+	}
+	return path
 }
 
 // fileCapsXattr is security.capability (vfs_cap_data revision 2) for
