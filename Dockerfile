@@ -44,19 +44,20 @@ RUN --mount=type=cache,target=/root/go/pkg/mod --mount=type=cache,target=/root/.
 # ---- the image
 FROM ${ENVOY_IMAGE}
 ARG VERSION=dev
-# File capabilities on draind, so that a non-root uid (1337) gets CAP_BPF
-# and CAP_PERFMON for eBPF tracking. They are set in the same step that
+# File capabilities on draind, permitted only (+p, no effective bit): execve
+# makes each one permitted when the container's bounding set has it
+# (securityContext.capabilities.add; a non-root uid gets nothing else from
+# it) and leaves the others out without failing, so the image starts under
+# any securityContext. draind raises what it got at start and drops it all
+# once started (docs/threat-model.md). BPF, PERFMON: eBPF tracking;
+# NET_ADMIN: only to hand to Envoy with --proxy-caps NET_ADMIN (TPROXY).
+# +ep would make execve refuse draind (EPERM, any uid) whenever the pod
+# does not add every one of them. They are set in the same step that
 # writes the binary, in this stage: COPY --from keeps security.capability
 # only with some builders (kaniko drops it, moby/buildkit#3671 fixed one
 # loss, #2250 is open), and a setcap after a COPY would copy the whole
-# binary up into a second layer.
-#   +ep: execve raises them into the effective set. The pod must then have
-#   BPF and PERFMON in its bounding set (securityContext.capabilities.add):
-#   without them the kernel refuses to exec draind (EPERM), for any uid.
-#   Build with DRAIND_FILE_CAPS=cap_bpf,cap_perfmon+p for an image that
-#   starts under any securityContext (draind then runs with sock_diag until
-#   it raises permitted capabilities itself). docs/kubernetes.md has the table.
-ARG DRAIND_FILE_CAPS=cap_bpf,cap_perfmon+ep
+# binary up into a second layer. docs/kubernetes.md has the table.
+ARG DRAIND_FILE_CAPS=cap_bpf,cap_perfmon,cap_net_admin+p
 # (Exec form: the base has no shell, and exec form expands no variables,
 # so setfcap reads the ARG from its environment.)
 RUN --mount=type=bind,from=build,source=/out,target=/mnt/draind \

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
+	"unicode"
 
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/proxy"
@@ -114,11 +116,19 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// splitPort returns an address's host and port.
+// splitPort returns an address's host and port. Its errors do not repeat
+// the address (the caller quotes it): they stay one line.
 func splitPort(addr string) (string, uint16, error) {
 	host, p, err := net.SplitHostPort(addr)
 	if err != nil {
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			return "", 0, errors.New(ae.Err)
+		}
 		return "", 0, err
+	}
+	if strings.ContainsFunc(host, unicode.IsControl) {
+		return "", 0, errors.New("host has control characters")
 	}
 	n, err := strconv.ParseUint(p, 10, 16)
 	if err != nil {

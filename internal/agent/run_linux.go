@@ -80,6 +80,8 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		}
 	}()
 
+	a.raisePrivileges() // privs: permitted capabilities made effective (file caps +p)
+
 	ln, err := net.Listen("tcp", cfg.StatusAddr)
 	if err != nil {
 		return Result{}, configErr("--status-addr %s: %v", cfg.StatusAddr, errors.Unwrap(err))
@@ -111,6 +113,9 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	closers = append(closers, func() error { client.CloseIdleConnections(); return nil })
 	a.admin = adminView{c: client}
 
+	if err := a.limitProxyPrivileges(); err != nil { // privs: the proxy inherits only --proxy-caps
+		return Result{}, err
+	}
 	if a.proxy, err = proxy.Start(cfg.Command, cfg.Proxy); err != nil {
 		return Result{}, err
 	}
@@ -127,6 +132,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		return Result{}, configErr("--exit-with-app %s: %s", cfg.Drain.ExitWithApp, why)
 	}
 	log.Info("pod shape", zap.String("shape", a.shape()), zap.String("exit_with_app", string(cfg.Drain.ExitWithApp)))
+	a.dropPrivileges() // privs: eBPF loaded, namespaces open, proxy started: keep only what the run still uses
 
 	nonTraffic := portSet(cfg.ExcludePorts)
 	nonTraffic[statusPort], nonTraffic[adminPort] = true, true

@@ -3,37 +3,93 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/privs"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // statusServer serves the kubelet's probes, Prometheus, and (to loopback
-// callers only) the drain controls and /debug/flows.
+// callers only) the drain controls and the debug views.
+//
+// Who reaches it (docs/threat-model.md): the kubelet and Prometheus from
+// the node or the pod network, through the pod IP; every container of the
+// pod, which shares the network namespace, through loopback too. Loopback
+// is the pod: POST /drain, POST /quitquitquit and GET /debug/* answer only
+// a peer whose socket address is loopback (127.0.0.0/8, ::1, or
+// ::ffff:127.0.0.0/104), never on what Host or X-Forwarded-For say, and
+// refuse a loopback request that carries a proxy's headers (a listener of
+// Envoy relaying outside traffic to 127.0.0.1:15020).
 type statusServer struct {
-	a   *agent
+	b   statusBackend
 	srv *http.Server
 	ln  net.Listener
 }
 
-func newStatusServer(a *agent, ln net.Listener) *statusServer {
-	s := &statusServer{a: a, ln: ln}
+// statusBackend is what the status server reads and drives: the agent (or
+// a test's stand-in).
+type statusBackend interface {
+	readiness(ctx context.Context) (bool, string)
+	proxyExited() <-chan struct{}
+	triggerDrain(cause drain.Cause)
+	quit()
+	flowsJSON() ([]byte, error)
+	metricsHandler() http.Handler
+}
+
+// statusLimits bound what one client can hold or send.
+type statusLimits struct {
+	// ReadHeader, Read and Write bound a request's header, whole request
+	// and answer; Idle a kept-alive connection between requests.
+	ReadHeader, Read, Write, Idle time.Duration
+	// MaxHeaderBytes bounds the request line and header (net/http allows
+	// 4 KiB more); MaxBodyBytes a body (no endpoint reads one).
+	MaxHeaderBytes int
+	MaxBodyBytes   int64
+}
+
+// defaultStatusLimits: probes, scrapes and hooks send small requests and
+// get their answer within the admin call's 1 s timeout; /metrics and
+// /debug/flows at 100k flows write a few MB over loopback or the pod
+// network.
+var defaultStatusLimits = statusLimits{
+	ReadHeader:     5 * time.Second,
+	Read:           10 * time.Second,
+	Write:          10 * time.Second,
+	Idle:           60 * time.Second,
+	MaxHeaderBytes: 8 << 10,
+	MaxBodyBytes:   4 << 10,
+}
+
+func newStatusServer(b statusBackend, ln net.Listener) *statusServer {
+	return newStatusServerLimits(b, ln, defaultStatusLimits)
+}
+
+func newStatusServerLimits(b statusBackend, ln net.Listener, lim statusLimits) *statusServer {
+	s := &statusServer{b: b, ln: ln}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz/ready", s.ready)
 	mux.HandleFunc("GET /healthz/live", s.live)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("POST /drain", s.loopbackOnly(s.drain))
-	mux.HandleFunc("POST /quitquitquit", s.loopbackOnly(s.quit))
-	mux.HandleFunc("GET /debug/flows", s.loopbackOnly(s.flows))
+	mux.Handle("GET /metrics", b.metricsHandler())
+	mux.HandleFunc("POST /drain", loopbackOnly(s.drain))
+	mux.HandleFunc("POST /quitquitquit", loopbackOnly(s.quit))
+	mux.HandleFunc("GET /debug/flows", loopbackOnly(s.flows))
+	mux.HandleFunc("GET /debug/privileges", loopbackOnly(privileges))
 	s.srv = &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 5 * time.Second,
-		WriteTimeout:      10 * time.Second,
-		ErrorLog:          nil,
+		Handler:           limitBody(mux, lim.MaxBodyBytes),
+		ReadHeaderTimeout: lim.ReadHeader,
+		ReadTimeout:       lim.Read,
+		WriteTimeout:      lim.Write,
+		IdleTimeout:       lim.Idle,
+		MaxHeaderBytes:    lim.MaxHeaderBytes,
 	}
 	return s
 }
@@ -57,10 +113,15 @@ func (s *statusServer) shutdown() error {
 
 // ready answers 200 only when the proxy is LIVE with workers started, not
 // draining, and the app listens on --app-ports. Nothing is cached: each
-// probe asks (the admin call has its own short timeout).
+// probe asks (the admin call has its own short timeout). Outside the pod
+// the reason is cut to its first part: an admin error can quote Envoy's
+// answer, which only the pod's own containers may read.
 func (s *statusServer) ready(w http.ResponseWriter, r *http.Request) {
-	ok, why := s.a.readiness(r.Context())
+	ok, why := s.b.readiness(r.Context())
 	if !ok {
+		if refused, _ := notLoopback(r); refused {
+			why, _, _ = strings.Cut(why, ": ")
+		}
 		http.Error(w, why, http.StatusServiceUnavailable)
 		return
 	}
@@ -69,7 +130,7 @@ func (s *statusServer) ready(w http.ResponseWriter, r *http.Request) {
 
 func (s *statusServer) live(w http.ResponseWriter, r *http.Request) {
 	select {
-	case <-s.a.proxy.Exited():
+	case <-s.b.proxyExited():
 		http.Error(w, "proxy exited", http.StatusServiceUnavailable)
 	default:
 		w.Write([]byte("live\n"))
@@ -83,38 +144,141 @@ func (s *statusServer) drain(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Get("cause") == "prestop" {
 		cause = drain.CausePreStop
 	}
-	s.a.machine.Trigger(cause)
+	s.b.triggerDrain(cause)
 	w.WriteHeader(http.StatusAccepted)
 	w.Write([]byte("draining\n"))
 }
 
 func (s *statusServer) quit(w http.ResponseWriter, r *http.Request) {
-	s.a.machine.Quit()
+	s.b.quit()
 	w.WriteHeader(http.StatusAccepted)
 	w.Write([]byte("stopping\n"))
 }
 
 func (s *statusServer) flows(w http.ResponseWriter, r *http.Request) {
-	snap := s.a.tracker.Snapshot()
-	w.Header().Set("Content-Type", "application/json")
-	b, err := json.Marshal(map[string]any{"summary": snap.Summary, "listeners": snap.Listeners, "flows": snap.Flows,
-		"taken": snap.Taken, "namespace": snap.Namespace, "phase": s.a.machine.Phase().String()})
+	b, err := s.b.flowsJSON()
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
+	w.Header().Set("Content-Type", "application/json")
 	w.Write(b)
+}
+
+// privileges shows what draind holds now, every thread's capability sets
+// (grouped: they are all alike once draind changed them), and whether it
+// can still load a tracing eBPF program or enter a namespace: after
+// start-up both fail with EPERM (docs/threat-model.md).
+func privileges(w http.ResponseWriter, r *http.Request) {
+	type group struct {
+		privs.Sets
+		Threads int `json:"threads"`
+	}
+	var out struct {
+		Sets    []group `json:"sets"`
+		BPFLoad string  `json:"bpf_load"`
+		Setns   string  `json:"setns"`
+		Error   string  `json:"error,omitempty"`
+	}
+	threads, err := privs.Threads(0)
+	if err != nil {
+		out.Error = err.Error()
+	}
+	count := map[privs.Sets]int{}
+	for _, s := range threads {
+		count[s]++
+	}
+	for s, n := range count {
+		out.Sets = append(out.Sets, group{s, n})
+	}
+	out.BPFLoad, out.Setns = resultString(privs.TryLoadBPF()), resultString(privs.TrySetns())
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(out)
+}
+
+func resultString(err error) string {
+	if err == nil {
+		return "allowed"
+	}
+	return err.Error()
+}
+
+// relayHeaders mark a request a proxy relayed: a loopback peer sending one
+// is Envoy (or another proxy in the pod) forwarding someone else's request.
+// Envoy sends x-forwarded-proto to HTTP/1.1 upstreams, and x-envoy-*
+// headers unless told not to.
+var relayHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip", "Via"}
+
+// notLoopback says whether r must be refused a loopback-only endpoint, and
+// why. Only the socket's peer address counts: Host, X-Forwarded-For and
+// the like are the client's to write.
+func notLoopback(r *http.Request) (bool, string) {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil || !ap.Addr().Unmap().IsLoopback() {
+		return true, "loopback only"
+	}
+	for _, h := range relayHeaders {
+		if _, ok := r.Header[h]; ok {
+			return true, "loopback only: a relayed request (" + h + ")"
+		}
+	}
+	for h := range r.Header {
+		if strings.HasPrefix(h, "X-Envoy-") {
+			return true, "loopback only: a relayed request (" + h + ")"
+		}
+	}
+	return false, ""
 }
 
 // loopbackOnly refuses callers from outside the pod: these endpoints stop
 // or expose the proxy.
-func (s *statusServer) loopbackOnly(h http.HandlerFunc) http.HandlerFunc {
+func loopbackOnly(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		ap, err := netip.ParseAddrPort(r.RemoteAddr)
-		if err != nil || !ap.Addr().Unmap().IsLoopback() {
-			http.Error(w, "loopback only", http.StatusForbidden)
+		if refused, why := notLoopback(r); refused {
+			http.Error(w, why, http.StatusForbidden)
 			return
 		}
 		h(w, r)
 	}
+}
+
+// limitBody refuses a body larger than max (413), declared or streamed
+// (chunked). No endpoint reads a body: it is read and dropped here, so
+// that a connection is never held by one.
+func limitBody(h http.Handler, max int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tooLarge := r.ContentLength > max
+		if !tooLarge {
+			_, err := io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, max))
+			var mbe *http.MaxBytesError
+			tooLarge = errors.As(err, &mbe)
+			if err != nil && !tooLarge {
+				http.Error(w, "read request body: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+		}
+		if tooLarge {
+			w.Header().Set("Connection", "close")
+			http.Error(w, "request body over "+strconv.FormatInt(max, 10)+" bytes", http.StatusRequestEntityTooLarge)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// The agent is the status server's backend.
+
+func (a *agent) proxyExited() <-chan struct{}   { return a.proxy.Exited() }
+func (a *agent) triggerDrain(cause drain.Cause) { a.machine.Trigger(cause) }
+func (a *agent) quit()                          { a.machine.Quit() }
+func (a *agent) metricsHandler() http.Handler {
+	return promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{})
+}
+
+// flowsJSON is /debug/flows: what `draind conns -o json` shows, and the
+// drain phase.
+func (a *agent) flowsJSON() ([]byte, error) {
+	snap := a.tracker.Snapshot()
+	return json.Marshal(map[string]any{"summary": snap.Summary, "listeners": snap.Listeners, "flows": snap.Flows,
+		"taken": snap.Taken, "namespace": snap.Namespace, "phase": a.machine.Phase().String()})
 }

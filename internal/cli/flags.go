@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // flagSet is a flag.FlagSet whose flags have environment twins:
@@ -84,7 +85,7 @@ func (fs *flagSet) parse(args []string) error {
 			fs.printUsage()
 			return errHelp
 		}
-		return usageErr("%s: %v (see draind %s -h)", fs.Name(), err, fs.Name())
+		return usageErr("%s: %s (see draind %s -h)", fs.Name(), escapeControl(err.Error()), fs.Name())
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -197,4 +198,15 @@ func (f durationFlag) Set(v string) error {
 func (fs *flagSet) durationVar(p *time.Duration, name string, def time.Duration, usage string) {
 	*p = def
 	fs.Var(durationFlag{p}, name, usage)
+}
+
+// escapeControl writes control characters as Go escapes: the flag
+// package's errors repeat an unknown flag as given, and an error stays one
+// line.
+func escapeControl(s string) string {
+	if !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	q := strconv.Quote(s)
+	return q[1 : len(q)-1]
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/privs"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -100,6 +101,11 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	fs.Var(logFormat, "log-format", "json|console")
 	fs.IntVar(&cfg.RingSize, "debug-ring-size", 0, "debugging: the eBPF ring buffer of TCP state events, in bytes (a power of two; 0: 8 MiB)")
 	fs.IntVar(&cfg.ProcRingSize, "debug-proc-ring-size", 0, "debugging: the eBPF ring buffer of the app's process events, in bytes (a power of two; 0: the default)")
+	fs.Func("proxy-caps", "capabilities the proxy gets, and no other (ambient), e.g. NET_ADMIN for TPROXY; draind must hold them", func(v string) error { // privs
+		var err error
+		cfg.Proxy.Caps, err = privs.ParseSet(v)
+		return err
+	})
 	runAs := fs.Int("run-proxy-as", -1, "start the proxy under this uid (and gid), when draind runs as root (-1: draind's own)")
 	if err := fs.parse(args); err != nil {
 		return cfg, "", err

@@ -282,7 +282,7 @@ func decodeEvent(b []byte, ev *TCPEvent) error {
 	ev.Family = uint8(family)
 	sport, dport := le.Uint16(b[evSport:]), le.Uint16(b[evDport:])
 	var local, remote netip.Addr
-	if family == unix.AF_INET6 {
+	if ev.Family == unix.AF_INET6 { // the family as reported (a u16 the program fills with 2 or 10)
 		local = netip.AddrFrom16([16]byte(b[evSaddr : evSaddr+16]))
 		remote = netip.AddrFrom16([16]byte(b[evDaddr : evDaddr+16]))
 	} else {

@@ -3,6 +3,15 @@
 // (it dies with draind), and a reaper that publishes its exit — and, when
 // draind is PID 1 of its container, reaps every orphan too.
 //
+// # Capabilities
+//
+// The proxy gets Options.Caps as ambient capabilities (--proxy-caps: e.g.
+// NET_ADMIN for Envoy's IP_TRANSPARENT listeners under TPROXY) and nothing
+// else from draind: agent.Run clears draind's inheritable and ambient sets
+// and, as root, shrinks its bounding set to Caps before Start
+// (privs.LimitInherited), so the proxy inherits no other capability
+// whether it runs as root or under Credential.
+//
 // # Goroutines
 //
 // Start runs one goroutine, the reaper, locked to the OS thread that forked
@@ -20,6 +29,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/draind/draind/internal/privs"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,6 +41,12 @@ type Options struct {
 	Env []string
 	// Credential runs the proxy under another uid/gid (nil: draind's).
 	Credential *syscall.Credential
+	// Caps are capabilities the proxy gets (--proxy-caps): raised into its
+	// ambient set, so that they survive its execve and, with Credential,
+	// its change of uid. draind must hold them in its permitted set. It
+	// gets nothing else from draind once privs.LimitInherited(Caps) ran
+	// (agent.Run does that first).
+	Caps privs.Set
 	// ReapAll makes the reaper collect every child, not only the proxy:
 	// what PID 1 must do, or orphans pile up as zombies.
 	ReapAll bool
@@ -72,9 +88,10 @@ func Start(argv []string, opts Options) (*Process, error) {
 		Env:   opts.Env,
 		Files: []*os.File{nil, stdout, stderr},
 		Sys: &syscall.SysProcAttr{
-			Setpgid:    true,
-			Pdeathsig:  syscall.SIGKILL,
-			Credential: opts.Credential,
+			Setpgid:     true,
+			Pdeathsig:   syscall.SIGKILL,
+			Credential:  opts.Credential,
+			AmbientCaps: opts.Caps.Numbers(),
 		},
 	}
 	if attr.Env == nil {
@@ -92,6 +109,9 @@ func Start(argv []string, opts Options) (*Process, error) {
 		}
 		proc, err := os.StartProcess(path, argv, attr)
 		if err != nil {
+			if opts.Caps != 0 && errors.Is(err, syscall.EPERM) {
+				err = fmt.Errorf("%w (giving it %s needs them in draind's permitted set)", err, opts.Caps)
+			}
 			started <- fmt.Errorf("start proxy %q: %w", argv[0], err)
 			return
 		}

@@ -1,0 +1,104 @@
+package agent
+
+import (
+	"os"
+
+	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/privs"
+	"go.uber.org/zap"
+)
+
+// draind's privileges over a run (docs/threat-model.md, "Privileges"): Run
+// raises what execve left permitted, limits what the proxy inherits before
+// starting it, and drops what it no longer needs once everything that
+// needs a capability is open.
+
+// capFields are a thread's sets as log fields.
+func capFields(s privs.Sets) []zap.Field {
+	return []zap.Field{
+		zap.Stringer("effective", s.Effective), zap.Stringer("permitted", s.Permitted),
+		zap.Stringer("inheritable", s.Inheritable), zap.Stringer("ambient", s.Ambient),
+		zap.Stringer("bounding", s.Bounding), zap.Bool("no_new_privs", s.NoNewPrivs),
+	}
+}
+
+// raisePrivileges makes draind's permitted capabilities effective: an
+// image's `cap_bpf,cap_perfmon+p` file capabilities (no effective bit,
+// which would make execve fail when the pod does not add them) give them
+// permitted only. Logged with the sets execve gave.
+func (a *agent) raisePrivileges() {
+	if err := privs.Supported(); err != nil {
+		a.log.Warn("capabilities are left as execve gave them", zap.Error(err))
+		return
+	}
+	before, after, err := privs.RaiseEffective()
+	if err != nil {
+		a.log.Warn("capabilities: raise", zap.Error(err))
+	}
+	a.log.Info("capabilities", append(capFields(after), zap.String("stage", "start"),
+		zap.Stringer("raised", after.Effective&^before.Effective))...)
+}
+
+// limitProxyPrivileges leaves the proxy exactly --proxy-caps: draind must
+// hold them, and clears its inheritable and ambient sets (and, as root,
+// its bounding set but for them) before the proxy is started.
+func (a *agent) limitProxyPrivileges() error {
+	give := a.cfg.Proxy.Caps
+	cur, err := privs.Current()
+	if err != nil {
+		return err
+	}
+	if missing := give &^ cur.Permitted; missing != 0 {
+		return configErr("--proxy-caps %s: draind does not hold %s (permitted: %s): add it to the container's securityContext.capabilities.add and, when draind is not root, to the image's file capabilities (docs/kubernetes.md)",
+			give, missing, cur.Permitted)
+	}
+	if privs.Supported() != nil {
+		return nil // logged at start
+	}
+	after, err := privs.LimitInherited(give)
+	if err != nil {
+		a.log.Warn("capabilities: limit what the proxy inherits", zap.Error(err))
+		return nil
+	}
+	a.log.Info("capabilities", zap.String("stage", "proxy"), zap.Stringer("proxy_caps", give),
+		zap.Stringer("inheritable", after.Inheritable), zap.Stringer("ambient", after.Ambient), zap.Stringer("bounding", after.Bounding))
+	return nil
+}
+
+// dropPrivileges runs once the tracker, the app's process source and the
+// proxy are started: from here on draind loads no eBPF program, enters no
+// namespace and starts no process. It keeps only what the rest of the run
+// uses (privs.Needs) and sets no_new_privs.
+func (a *agent) dropPrivileges() {
+	if privs.Supported() != nil {
+		return // logged at start
+	}
+	cur, err := privs.Current()
+	if err != nil {
+		a.log.Warn("capabilities: not dropped", zap.Error(err))
+		return
+	}
+	mode, _ := a.tracker.Mode()
+	needs := privs.Needs{BPFObjects: mode == flows.ModeEBPF}
+	if a.procs != nil {
+		needs.BPFObjects = needs.BPFObjects || a.procs.Kind() == "ebpf"
+		needs.OtherUsersProcs = a.procs.Kind() == "proc"
+	}
+	if c := a.cfg.Proxy.Credential; c != nil && int(c.Uid) != os.Getuid() && int(c.Uid) != os.Geteuid() {
+		needs.SignalOtherUID = true
+	}
+	kept, lacking := needs.Keep(cur.Permitted)
+	for _, k := range lacking {
+		a.log.Warn("capabilities: draind lacks one it would use after start-up", zap.Stringer("cap", k.Cap), zap.String("for", k.Why))
+	}
+	after, err := privs.Drop(privs.KeptSet(kept))
+	if err != nil {
+		a.log.Warn("capabilities: not dropped", zap.Error(err))
+		return
+	}
+	why := make([]string, len(kept))
+	for i, k := range kept {
+		why[i] = k.Cap.String() + ": " + k.Why
+	}
+	a.log.Info("capabilities", append(capFields(after), zap.String("stage", "after start-up"), zap.Strings("kept", why))...)
+}
