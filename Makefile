@@ -54,3 +54,15 @@ e2e-kubelet: ## draind in pods under a real kubelet + containerd, as root (docs/
 	KUBELET_VERSION=$(KUBELET_VERSION) bash e2e/kubelet/hack/e2e.sh
 .PHONY: e2e-kubelet
 # ---- end e2e-kubelet ----
+
+# ---- fuzz: each fuzz target for FUZZTIME (CI runs a short one) ----
+FUZZTIME ?= 10s
+FUZZ_TARGETS ?= ./internal/sockdiag:FuzzParseMessage ./internal/envoy:FuzzParseStatsText \
+	./internal/envoy:FuzzParseListenerAddr ./internal/probes:FuzzDecodeTCPEvent \
+	./internal/probes:FuzzDecodeProcEvent ./internal/cli:FuzzRunConfig ./internal/privs:FuzzParseSet
+fuzz: ## run each fuzz target for FUZZTIME (default 10s): make fuzz FUZZTIME=5m
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$pkg $$fn"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg; \
+	done
+.PHONY: fuzz

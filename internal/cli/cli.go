@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/draind/draind/internal/privs"
 )
 
 // exitError carries a process exit code (with or without a message).
@@ -97,3 +99,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	return usageErr("unknown command %q (see draind help)", cmd)
 }
+
+// raiseFileCaps makes the capabilities the image grants draind as file
+// capabilities (`+p`: permitted, not effective, so that the binary starts
+// under any securityContext) effective, as `draind run` does. Without
+// them, or in a build that cannot change them (cgo), nothing changes and
+// each command falls back as it does without privileges.
+func raiseFileCaps() { privs.RaiseEffective() }

@@ -114,6 +114,7 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return err
 	}
+	raiseFileCaps()
 	if err := nf.validate("conns"); err != nil {
 		return err
 	}

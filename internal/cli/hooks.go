@@ -61,6 +61,7 @@ func runPrestop(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		return err
 	}
+	raiseFileCaps()
 	if err := nf.validate("prestop"); err != nil {
 		return err
 	}
@@ -110,6 +111,7 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return err
 	}
+	raiseFileCaps()
 	if err := nf.validate("watch"); err != nil {
 		return err
 	}

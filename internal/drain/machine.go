@@ -746,7 +746,9 @@ func (m *Machine) stop(why string, clean bool) Result {
 	for _, sig := range []syscall.Signal{0, syscall.SIGTERM, syscall.SIGKILL} {
 		if sig != 0 {
 			m.Log.Warn("proxy still running: signalling", zap.Stringer("signal", sig))
-			m.Proxy.Signal(sig)
+			if err := m.Proxy.Signal(sig); err != nil {
+				m.Log.Warn("signalling the proxy failed", zap.Stringer("signal", sig), zap.Error(err))
+			}
 			killed = sig == syscall.SIGKILL
 		}
 		wait := m.cfg.StopTimeout
