@@ -72,8 +72,8 @@ func TestReliabilityEnvoyFaults(t *testing.T) {
 			}, wantExit: 137, wantPhase: "stopping"},
 		{name: "crash while Starting", injected: `SIGABRT 1 s after start, LIVE due at 3 s`, startupDelay: 3 * time.Second,
 			envoyArgs: []string{"--crash-after", "1s"}, notReady: true, act: none, wantExit: 134, wantPhase: ""},
-		{name: "crash while Ready", injected: `SIGABRT 1.5 s after start, no drain`,
-			envoyArgs: []string{"--crash-after", "1500ms"}, act: none, wantExit: 134, wantPhase: "ready"},
+		{name: "crash while Ready", injected: `SIGABRT 3 s after start (Ready at ~0.1 s), no drain`,
+			envoyArgs: []string{"--crash-after", "3s"}, act: none, wantExit: 134, wantPhase: "ready"},
 		{name: "crash while Draining", injected: `SIGABRT 500 ms after SIGTERM, min-drain 3 s`, traffic: true, minDrain: 3 * time.Second,
 			act: func(t *testing.T, p *pod, _ *procWatch) bool {
 				p.terminate()
