@@ -179,18 +179,10 @@ func TestReliabilityLoad(t *testing.T) {
 	flowsBefore := p.metric(`draind_tracked_flows{class="proxy_flows"}`)
 	p.terminate()
 	time.AfterFunc(idleAfter, func() { close(idleClose) })
-	select {
-	case <-draindDone:
-	case <-time.After(40 * time.Second):
-		t.Fatalf("draind still running 40 s after SIGTERM; log:\n%s", p.draindLog.String())
-	}
+	code := p.awaitExit(draindDone, proxy, 40*time.Second, "SIGTERM")
 	wg.Wait()
-	if !proxy.waitGone(5 * time.Second) {
-		t.Fatal("draind exited and the proxy runs on")
-	}
 	p.app.wait(10 * time.Second)
 	_, _, appExit := p.appResults()
-	code := p.draind.code
 	quit := p.phaseTime("stopping")
 	last := stats.lastClose
 	if appExit.After(last) {
@@ -285,7 +277,7 @@ func TestReliabilityChurn(t *testing.T) {
 	p.startApp("--on-term", "exit")
 	p.startDraind([]string{"--min-drain", "200ms", "--tracker", "ebpf", "--app-procs", "ebpf", "--drain-deadline", "60s"})
 	proxy := p.watchProxy()
-	draindDone, draindAt := p.watchDraind()
+	draindDone, _ := p.watchDraind()
 	held := keepAlive(t, p)
 	sigtermDraindOnly(t, p)
 
@@ -315,13 +307,7 @@ func TestReliabilityChurn(t *testing.T) {
 	}
 	appTerm := time.Now()
 	p.app.Signal(syscall.SIGTERM)
-	select {
-	case <-draindDone:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("draind still running 20 s after the app's SIGTERM; log:\n%s", p.draindLog.String())
-	}
-	code := p.draind.code
-	proxy.waitGone(5 * time.Second)
+	code := p.awaitExit(draindDone, proxy, 20*time.Second, "the app's SIGTERM")
 	_, _, appExit := p.appResults()
 	quit := p.phaseTime("stopping")
 	uncorrected := !lostResynced(p, lost)
@@ -335,7 +321,6 @@ func TestReliabilityChurn(t *testing.T) {
 	if failed > 0 || code != 0 || uncorrected || quit.Before(appExit) {
 		t.Errorf("%d connections failed, exit %d, lost %v uncorrected %v, quit %s app exit %s; log:\n%s", failed, code, lost, uncorrected, quit, appExit, p.draindLog.String())
 	}
-	_ = draindAt
 }
 
 // TestReliabilityRingOverrun forces the eBPF ring buffer to overflow
@@ -396,13 +381,7 @@ func TestReliabilityRingOverrun(t *testing.T) {
 	held.Close()
 	failed += <-done
 	burstEnd := time.Now()
-	select {
-	case <-draindDone:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("draind still running 20 s after the held flow closed; log:\n%s", p.draindLog.String())
-	}
-	code := p.draind.code
-	proxy.waitGone(5 * time.Second)
+	code := p.awaitExit(draindDone, proxy, 20*time.Second, "the held flow closed")
 	quit := p.phaseTime("stopping")
 	resyncLines := p.logLines("resynced after lost events")
 	lostEnd := lost1

@@ -201,6 +201,21 @@ func (p *pod) watchDraind() (<-chan struct{}, *time.Time) {
 	return done, at
 }
 
+// awaitExit waits for draind's end, at most d after what happened, then
+// for its proxy's, and returns draind's exit code.
+func (p *pod) awaitExit(done <-chan struct{}, proxy *procWatch, d time.Duration, what string) int {
+	p.t.Helper()
+	select {
+	case <-done:
+	case <-time.After(d):
+		p.t.Fatalf("draind still running %s after %s; log:\n%s", d, what, p.draindLog.String())
+	}
+	if !proxy.waitGone(5 * time.Second) {
+		p.t.Fatalf("draind exited %d and the proxy runs on", p.draind.code)
+	}
+	return p.draind.code
+}
+
 // ---- BPF objects ----
 
 // bpfObjects are BPF object ids by kind: prog, map, link.
