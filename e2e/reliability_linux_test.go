@@ -528,13 +528,11 @@ func (p *pod) churn(n, workers int, addr string, rst bool) (failed int) {
 	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	next := make(chan int, workers)
-	go func() {
-		for i := range n {
-			next <- i
-		}
-		close(next)
-	}()
+	next := make(chan int, n) // filled up front: no feeder to outlive a failed worker
+	for i := range n {
+		next <- i
+	}
+	close(next)
 	for range workers {
 		wg.Go(func() {
 			err := nsDo(p, func() {
