@@ -66,3 +66,13 @@ fuzz: ## run each fuzz target for FUZZTIME (default 10s): make fuzz FUZZTIME=5m
 		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg; \
 	done
 .PHONY: fuzz
+
+# ---- reliability: the fault and load suite (e2e TestReliability*, docs/reliability.md) ----
+RELIABILITY_OUT ?= $(BIN)/reliability.md
+reliability: ## the fault and load suite at full size, as root (~6 min); the table in bin/reliability.md
+	@mkdir -p $(dir $(RELIABILITY_OUT)) && rm -f $(RELIABILITY_OUT)
+	DRAIND_RELIABILITY=full DRAIND_RELIABILITY_OUT=$(abspath $(RELIABILITY_OUT)) \
+		$(GO) test -count=1 -p 1 -timeout 30m -run '^TestReliability' ./e2e; status=$$?; \
+		cat $(RELIABILITY_OUT); exit $$status
+.PHONY: reliability
+# ---- end reliability ----

@@ -30,6 +30,9 @@ import (
 // proxy) and the app. os.Args[1] picks the role.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 {
+		if role, ok := faultRoles[os.Args[1]]; ok { // reliability_linux_test.go
+			os.Exit(role(os.Args[2:]))
+		}
 		switch os.Args[1] {
 		case "__draind":
 			os.Exit(cli.Main(context.Background(), os.Args[2:], os.Stdout, os.Stderr))
@@ -228,6 +231,10 @@ type pod struct {
 	app         *container
 	appOut      *syncBuffer
 	appResult   string
+
+	// draindUnderInit runs draind as the child of a small init (role
+	// __init, reliability_linux_test.go) in its container, not as its PID 1.
+	draindUnderInit bool
 }
 
 const (
@@ -319,7 +326,11 @@ func (p *pod) startDraindNoWait(draindArgs []string, envoyArgs ...string) {
 	}
 	args = append(append(append(args, "--"), proxy...), envoyArgs...)
 	p.draindLog = &syncBuffer{}
-	p.draind = p.runContainer("draind", -1, io.MultiWriter(p.draindLog, testWriter{p.t}), "__draind", args...)
+	role := "__draind"
+	if p.draindUnderInit {
+		role, args = "__init", append([]string{"__draind"}, args...)
+	}
+	p.draind = p.runContainer("draind", -1, io.MultiWriter(p.draindLog, testWriter{p.t}), role, args...)
 }
 
 // restartDraind kills the proxy's container (as an OOM kill or a crash
