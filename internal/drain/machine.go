@@ -173,13 +173,15 @@ type Machine struct {
 	// awaitSignal: drained from the preStop hook, the kubelet's SIGTERM
 	// not yet come (a native sidecar).
 	awaitSignal bool
-	gate        Gate
-	holds       uint32 // kinds logged last
-	backoff     time.Duration
-	timers      timers
-	liveC       chan struct{}
-	stopLive    func()
-	stopDL      func()
+	// adminQuietUntil: ActiveDownstream failed; not asked again before.
+	adminQuietUntil time.Time
+	gate            Gate
+	holds           uint32 // kinds logged last
+	backoff         time.Duration
+	timers          timers
+	liveC           chan struct{}
+	stopLive        func()
+	stopDL          func()
 }
 
 type input struct {
@@ -538,10 +540,15 @@ func (m *Machine) startDrainListeners() {
 	inbound := !m.cfg.Gateway
 	wg.Go(func() {
 		backoff := 50 * time.Millisecond
+		// Each attempt gets longer (an admin API answering in 2 s must
+		// still get the drain), never past the time left to drain.
+		timeout := time.Second
+		gateEnd := m.started.Add(m.cfg.GateDeadline())
 		var lastErr string
 		for {
 			m.dlTries.Add(1)
-			cctx, ccancel := context.WithTimeout(ctx, time.Second)
+			cctx, ccancel := context.WithTimeout(ctx, max(min(timeout, time.Until(gateEnd)), 100*time.Millisecond))
+			timeout = min(2*timeout, 8*time.Second)
 			err := m.Admin.DrainListeners(cctx, inbound)
 			ccancel()
 			if err == nil {
@@ -666,6 +673,9 @@ func (m *Machine) gateInput(ctx context.Context) GateInput {
 	if m.Gauges() != GaugesPresent {
 		return in
 	}
+	if time.Now().Before(m.adminQuietUntil) {
+		return in // it failed a moment ago: the kernel decides meanwhile
+	}
 	actx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	n, err := m.Admin.ActiveDownstream(actx)
 	cancel()
@@ -677,6 +687,9 @@ func (m *Machine) gateInput(ctx context.Context) GateInput {
 			m.Log.Warn("Envoy keeps no downstream_cx_active listener gauges: the kernel's view of Envoy's downstream connections decides alone")
 		}
 	default:
+		// A hung or failing admin API must not add its timeout to every
+		// evaluation: leave it be for a while.
+		m.adminQuietUntil = time.Now().Add(2 * time.Second)
 		m.Log.Debug("admin active connections", zap.Error(err))
 	}
 	return in
@@ -739,11 +752,15 @@ func (m *Machine) stop(why string, clean bool) Result {
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.quitTimeout())
 	err := m.Admin.Quit(ctx)
 	cancel()
+	steps := []syscall.Signal{0, syscall.SIGTERM, syscall.SIGKILL}
 	if err != nil {
-		m.Log.Warn("quitquitquit failed", zap.Error(err))
+		// Envoy did not take the quit: SIGTERM (the same to Envoy) now,
+		// not after a wait for an exit that was never asked.
+		m.Log.Warn("quitquitquit failed: signalling at once", zap.Error(err))
+		steps = steps[1:]
 	}
 	killed := false
-	for _, sig := range []syscall.Signal{0, syscall.SIGTERM, syscall.SIGKILL} {
+	for _, sig := range steps {
 		if sig != 0 {
 			m.Log.Warn("proxy still running: signalling", zap.Stringer("signal", sig))
 			if err := m.Proxy.Signal(sig); err != nil {

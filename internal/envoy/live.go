@@ -1,6 +1,7 @@
 package envoy
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strconv"
@@ -112,8 +113,15 @@ func (o DrainOptions) encode() string {
 // does (?inboundonly&graceful). Envoy never exits because of it; repeating
 // it is harmless, so a reset or cut answer is retried.
 func (c *Client) DrainListeners(ctx context.Context, o DrainOptions) error {
-	_, _, err := c.do(ctx, request{method: "POST", path: "/drain_listeners", query: o.encode(), repeatable: true})
-	return err
+	_, body, err := c.do(ctx, request{method: "POST", path: "/drain_listeners", query: o.encode(), repeatable: true})
+	if err != nil {
+		return err
+	}
+	// Envoy answers "OK\n": anything else did not come from a drain.
+	if !bytes.HasPrefix(body, []byte("OK")) {
+		return malformed("POST /drain_listeners: answer %q is not Envoy's OK", truncate(body, 64))
+	}
+	return nil
 }
 
 // QuitQuitQuit POSTs /quitquitquit: Envoy answers 200 and exits at once,
