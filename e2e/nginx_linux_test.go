@@ -198,7 +198,10 @@ func TestRunNginxAppExitWait(t *testing.T) {
 	if d.err != nil || d.n != int64(ng.size) {
 		t.Errorf("download through envoy: %d of %d bytes, %v", d.n, ng.size, d.err)
 	}
-	if code != 0 || stopping.Before(exitAt.Add(-50*time.Millisecond)) {
+	// The master's exit as the test sees it (its container's wait) can come
+	// well after the kernel's, which draind reads, on a loaded machine: the
+	// download's end is the sharp bound.
+	if code != 0 || stopping.Before(exitAt.Add(-time.Second)) || stopping.Before(d.at) {
 		t.Errorf("exit %d; proxy stopped at +%s before nginx exited at +%s; log:\n%s", code, stopping.Sub(p.drainedAt), exitAt.Sub(p.drainedAt), p.draindLog.String())
 	}
 	if !strings.Contains(p.draindLog.String(), `"source":"ebpf"`) {
