@@ -167,74 +167,70 @@ func (c *Classifier) Flow(s *sockdiag.Socket) Flow { return c.flow(s, false) }
 // is one of the app's listeners is the other kind: Envoy's connection to
 // the app from the client's address (original_src), an outbound flow.
 func (c *Classifier) flow(s *sockdiag.Socket, accepted bool) Flow {
-	f := Flow{Socket: *s, Owner: c.owner(s), IdleMS: -1}
-	switch {
-	case s.State == sockdiag.Listen:
-		f.Direction = DirListen
-	case accepted || c.Listens(f.Owner, s.Local.Port()),
-		f.Owner == OwnerProxy && s.Transparent && !c.Listens(OwnerApp, s.Remote.Port()):
-		f.Direction = DirInbound
-	default:
-		f.Direction = DirOutbound
-	}
+	f := Flow{Socket: *s, IdleMS: -1}
+	f.Owner, f.Direction, f.Holds, f.IdleExpired = c.classify(s, accepted)
 	if s.HasInfo {
 		f.IdleMS = Idle(s, f.Direction).Milliseconds()
-	}
-	if s.State.HoldsDrain() && s.State != sockdiag.Listen {
-		f.Holds = true
-		if c.p.IdleTimeout > 0 && s.HasInfo && Idle(s, f.Direction) > c.p.IdleTimeout {
-			f.Holds = false
-			f.IdleExpired = true
-		}
 	}
 	return f
 }
 
-// Count adds one attributed flow to the summary.
-func (s *Summary) Count(f *Flow) {
+// classify is flow without the copy: the attribution alone.
+func (c *Classifier) classify(s *sockdiag.Socket, accepted bool) (owner Owner, dir Direction, holds, idleExpired bool) {
+	owner = c.owner(s)
 	switch {
-	case f.Direction == DirListen && f.Owner == OwnerApp:
-		s.AppListeners++
-	case f.Direction == DirListen:
-		s.ProxyListeners++
-	case !f.State.HoldsDrain():
-		s.Closing++
-	case f.Owner == OwnerProxy:
-		s.ProxyFlows++
-		if f.Direction == DirInbound {
-			s.ProxyInbound++
-		} else {
-			s.ProxyOutbound++
-		}
-		if f.IdleExpired {
-			s.ProxyIdle++
-		}
+	case s.State == sockdiag.Listen:
+		dir = DirListen
+	case accepted || c.Listens(owner, s.Local.Port()),
+		owner == OwnerProxy && s.Transparent && !c.Listens(OwnerApp, s.Remote.Port()):
+		dir = DirInbound
 	default:
-		if f.Direction == DirInbound {
-			s.AppInbound++
-		} else {
-			s.AppOutbound++
-		}
-		if f.IdleExpired {
-			s.AppIdle++
+		dir = DirOutbound
+	}
+	if s.State.HoldsDrain() && s.State != sockdiag.Listen {
+		holds = true
+		if c.p.IdleTimeout > 0 && s.HasInfo && Idle(s, dir) > c.p.IdleTimeout {
+			holds, idleExpired = false, true
 		}
 	}
+	return owner, dir, holds, idleExpired
 }
 
+// Count adds one attributed flow to the summary.
+func (s *Summary) Count(f *Flow) { s.add(1, f.Owner, f.Direction, f.State, f.IdleExpired) }
+
 // Uncount removes a flow counted by Count.
-func (s *Summary) Uncount(f *Flow) {
-	var n Summary
-	n.Count(f)
-	s.AppListeners -= n.AppListeners
-	s.AppInbound -= n.AppInbound
-	s.AppOutbound -= n.AppOutbound
-	s.AppIdle -= n.AppIdle
-	s.ProxyListeners -= n.ProxyListeners
-	s.ProxyFlows -= n.ProxyFlows
-	s.ProxyInbound -= n.ProxyInbound
-	s.ProxyOutbound -= n.ProxyOutbound
-	s.ProxyIdle -= n.ProxyIdle
-	s.Closing -= n.Closing
+func (s *Summary) Uncount(f *Flow) { s.add(-1, f.Owner, f.Direction, f.State, f.IdleExpired) }
+
+// add counts (delta 1) or uncounts (-1) a flow of this class.
+func (s *Summary) add(delta int, owner Owner, dir Direction, state sockdiag.State, idleExpired bool) {
+	switch {
+	case dir == DirListen && owner == OwnerApp:
+		s.AppListeners += delta
+	case dir == DirListen:
+		s.ProxyListeners += delta
+	case !state.HoldsDrain():
+		s.Closing += delta
+	case owner == OwnerProxy:
+		s.ProxyFlows += delta
+		if dir == DirInbound {
+			s.ProxyInbound += delta
+		} else {
+			s.ProxyOutbound += delta
+		}
+		if idleExpired {
+			s.ProxyIdle += delta
+		}
+	default:
+		if dir == DirInbound {
+			s.AppInbound += delta
+		} else {
+			s.AppOutbound += delta
+		}
+		if idleExpired {
+			s.AppIdle += delta
+		}
+	}
 }
 
 // Snapshot is one attributed view of a namespace.

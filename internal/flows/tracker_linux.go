@@ -61,6 +61,9 @@ type Tracker struct {
 	snapAt  time.Time     // when the last snapshot (and its tcp_info) was read
 	subs    map[chan struct{}]struct{}
 	watches map[chan Change]struct{}
+	// Built once, so that a resync allocates no closure.
+	replaceFn func(*sockdiag.Socket)
+	emitFn    func(*Change)
 
 	resyncs  atomic.Uint64
 	lostSeen atomic.Uint64
@@ -123,6 +126,7 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 		return nil, fmt.Errorf("%w, not %q", ErrTrackerMode, cfg.Mode)
 	}
 	t.table = NewFlowTable(cfg.Policy, t.probe == nil || t.probe.UsesCookie())
+	t.replaceFn, t.emitFn = t.table.replaceSocket, t.emitLocked
 	// eBPF: the probe is attached and buffering before this snapshot, so
 	// nothing that happens from here on is missed.
 	if err := t.Resync(); err != nil {
@@ -167,11 +171,23 @@ func (t *Tracker) Snapshot() Snapshot {
 	return s
 }
 
-// Flows returns the tracked sockets for which keep returns true, with ages.
+// Flows returns copies of the tracked sockets for which keep returns true,
+// with ages.
 func (t *Tracker) Flows(keep func(*Flow) bool) []TrackedFlow {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.table.Flows(time.Now(), keep)
+}
+
+// Each calls fn for every tracked socket (listeners included), with its
+// age, until fn returns false: a walk of the table that copies nothing. It
+// runs under the tracker's lock, which holds events back: fn must be quick
+// and must not call the Tracker. The TrackedFlow is reused between calls:
+// copy what you keep.
+func (t *Tracker) Each(fn func(*TrackedFlow) bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.table.Each(time.Now(), fn)
 }
 
 // Subscribe returns a channel that receives a value (coalesced) whenever
@@ -222,35 +238,54 @@ func (t *Tracker) Resync() error {
 	return t.resyncLocked()
 }
 
+// dumpRetries bounds the dumps of one resync the kernel interrupts.
+const dumpRetries = 5
+
+// resyncLocked streams a dump into the table: each socket is decoded in
+// place and updates its record (sockdiag.Conn.Each, FlowTable.beginReplace):
+// no copy of the namespace is made, however large.
 func (t *Tracker) resyncLocked() error {
 	start := ktimeNow()
-	socks, err := t.diag.Sockets(TableMask | sockdiag.Mask(sockdiag.Listen))
+	before := t.table.Summary()
+	var err error
+	for range dumpRetries {
+		t.table.beginReplace()
+		err = t.diag.Each(TableMask|sockdiag.Mask(sockdiag.Listen), t.replaceFn)
+		if !errors.Is(err, sockdiag.ErrDumpInterrupted) {
+			break
+		}
+	}
+	var emit func(*Change)
+	if len(t.watches) > 0 {
+		emit = t.emitFn
+	}
+	now := time.Now()
+	t.table.endReplace(now, err == nil, emit)
+	t.notifyLocked(before)
 	if err != nil {
 		return err
 	}
-	before := t.table.Summary()
-	changes := t.table.Replace(socks, time.Now())
 	// Events stamped before the dump began are already in it. Those that
 	// race with the dump are re-applied: each sets an absolute state, so
 	// applying one twice is harmless.
 	t.since = start
-	t.snapAt = time.Now()
-	if t.table.Len() > 0 || len(changes) > 0 {
-		t.publishLocked(before, changes...)
-	}
+	t.snapAt = now
 	return nil
 }
 
-func (t *Tracker) publishLocked(before Summary, changes ...Change) {
-	for _, c := range changes {
-		for w := range t.watches {
-			select {
-			case w <- c:
-			default:
-				t.dropped.Add(1)
-			}
+// emitLocked hands a change to every watcher that has room.
+func (t *Tracker) emitLocked(c *Change) {
+	for w := range t.watches {
+		select {
+		case w <- *c:
+		default:
+			t.dropped.Add(1)
 		}
 	}
+}
+
+// notifyLocked tells the subscribers when the counts differ from before.
+func (t *Tracker) notifyLocked(before Summary) {
 	if t.table.Summary() == before {
 		return
 	}
@@ -349,7 +384,8 @@ func (t *Tracker) runEBPF(ctx context.Context) error {
 		if ev.Time >= t.since {
 			before := t.table.Summary()
 			if ch, ok := t.table.Apply(&ev, time.Now()); ok {
-				t.publishLocked(before, ch)
+				t.emitLocked(&ch)
+				t.notifyLocked(before)
 			}
 		}
 		t.mu.Unlock()
