@@ -231,4 +231,3 @@ func (t *refTable) Flows(now time.Time, keep func(*Flow) bool) []TrackedFlow {
 	}
 	return out
 }
-

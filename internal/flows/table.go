@@ -34,7 +34,6 @@ type Change struct {
 	Summary  Summary        `json:"summary"`
 }
 
-
 // FlowTable is the live socket table: one record per socket, keyed by the
 // socket cookie (or by the 5-tuple on kernels whose tracing programs cannot
 // read cookies), with the per-class counts kept as records change. Its

@@ -28,13 +28,13 @@ type simSock struct {
 // accepted from a listener) and close along the kernel's state paths, some
 // events are lost (the kernel's gaps), and snapshots resync both.
 type simNS struct {
-	rng       *rand.Rand
-	useCookie bool
-	live      []*simSock
-	nextPort  uint16
-	nextID    uint64
-	freeSk    []uint64
-	now       time.Time
+	rng        *rand.Rand
+	useCookie  bool
+	live       []*simSock
+	nextPort   uint16
+	nextID     uint64
+	freeSk     []uint64
+	now        time.Time
 	nextListen uint16
 	// growing favours opens; closeAll closes everything at the next step.
 	growing, closeAll bool

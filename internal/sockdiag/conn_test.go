@@ -25,13 +25,13 @@ type nlMsg struct {
 // (by family and by how many dumps came before). Answers are packed into
 // datagrams of up to batch bytes, as the kernel fills its dump skbs.
 type fakeKernel struct {
-	t       *testing.T
-	v4, v6  [][]byte // inet_diag_msg payloads per family
-	batch   int
-	answer  func(k *fakeKernel, family uint8, dump int, req []byte) []nlMsg
+	t      *testing.T
+	v4, v6 [][]byte // inet_diag_msg payloads per family
+	batch  int
+	answer func(k *fakeKernel, family uint8, dump int, req []byte) []nlMsg
 	// raw, when set, is sent as is (sequence numbers patched) instead of
 	// an answer: datagrams per family, encoded once.
-	raw map[uint8][][]byte
+	raw     map[uint8][][]byte
 	mu      sync.Mutex
 	dumps   int // requests seen
 	lastReq []byte
