@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cilium/ebpf/btf"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
@@ -33,11 +34,24 @@ type TrackerConfig struct {
 	// correct any drift (0: 5 minutes; negative: never). It is the only
 	// timer eBPF mode arms while nothing happens.
 	ReconcilePeriod time.Duration
-	// RingSize is the eBPF ring buffer size in bytes (0: default).
+	// RingSize is the eBPF ring buffer size in bytes (0: DefaultRingSize).
 	RingSize int
+	// BTFCache shares the kernel's decoded BTF with the other eBPF loads
+	// of the process (probes.TCPStateOptions.BTFCache); nil: the load
+	// decodes its own.
+	BTFCache *btf.Cache
 	// Logger receives the mode choice and resync notices (nil: none).
 	Logger *zap.Logger
 }
+
+// DefaultRingSize is the tracker's eBPF ring buffer: about 26k events
+// (80 bytes each), a burst of that many state changes absorbed while the
+// reader is descheduled; past it the tracker resyncs from a snapshot. It
+// weighs on draind's footprint twice over: the kernel maps a ring's pages
+// twice (VmRSS counts 4 MiB for it; the probe's own 8 MiB default counts
+// 16 MiB), and creating and mapping a larger ring slows the load (8 MiB:
+// ~10 ms more on 6.18).
+const DefaultRingSize = 2 << 20
 
 // DefaultPollPeriod is sockdiag mode's polling period: a LISTEN-and-flows
 // dump of a pod's namespace costs well under a millisecond.
@@ -88,6 +102,9 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 	if cfg.ReconcilePeriod == 0 {
 		cfg.ReconcilePeriod = 5 * time.Minute
 	}
+	if cfg.RingSize == 0 {
+		cfg.RingSize = DefaultRingSize
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -108,7 +125,7 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 	case ModeSockDiag:
 		t.mode, t.reason = ModeSockDiag, "asked for (--tracker sockdiag)"
 	case ModeEBPF, ModeAuto:
-		p, perr := probes.OpenTCPState(ns.Inode(), probes.TCPStateOptions{RingSize: cfg.RingSize})
+		p, perr := probes.OpenTCPState(ns.Inode(), probes.TCPStateOptions{RingSize: cfg.RingSize, BTFCache: cfg.BTFCache})
 		if perr != nil {
 			var pu *probes.UnavailableError
 			if cfg.Mode == ModeEBPF || !errors.As(perr, &pu) {
