@@ -47,17 +47,17 @@ const (
 	flFamily     recFlags = 3 << 4 // familyKind
 	flHasInfo    recFlags = 1 << 6
 	flTransp     recFlags = 1 << 7
-	flAccepted   recFlags = 1 << 8 // an event saw its passive open
-	flProxy      recFlags = 1 << 9 // Owner == OwnerProxy
-	flDir        recFlags = 3 << 10
+	flAccepted   recFlags = 1 << 8  // an event saw its passive open
+	flProxy      recFlags = 1 << 9  // Owner == OwnerProxy
+	flInbound    recFlags = 1 << 10 // DirInbound (DirListen is told by the state)
+	_            recFlags = 1 << 11 // spare
 	flHolds      recFlags = 1 << 12
 	flIdleExp    recFlags = 1 << 13
 	flOld        recFlags = 1 << 14 // Replace: the record was there before it began
 	flSeen       recFlags = 1 << 15 // Replace: the current dump showed the socket
 
-	dirShift = 10
 	// flClass are the flags classification sets.
-	flClass = flProxy | flDir | flHolds | flIdleExp
+	flClass = flProxy | flInbound | flHolds | flIdleExp
 )
 
 // Address kinds (2 bits): an address is invalid, IPv4 or IPv6. Zones are
@@ -158,11 +158,22 @@ func (r *record) owner() Owner {
 	return OwnerApp
 }
 
-func (r *record) direction() Direction { return Direction(r.flags & flDir >> dirShift) }
+// direction is DirListen for a listener (the classifier says so of every
+// LISTEN socket, and of no other), else inbound or outbound.
+func (r *record) direction() Direction {
+	switch {
+	case r.state == sockdiag.Listen:
+		return DirListen
+	case r.flags&flInbound != 0:
+		return DirInbound
+	}
+	return DirOutbound
+}
 
 // setClass stores a classification.
 func (r *record) setClass(owner Owner, dir Direction, holds, idleExpired bool) {
-	r.flags = r.flags&^flClass | recFlags(dir)<<dirShift
+	r.flags &^= flClass
+	r.set(flInbound, dir == DirInbound)
 	r.set(flProxy, owner == OwnerProxy)
 	r.set(flHolds, holds)
 	r.set(flIdleExp, idleExpired)
