@@ -248,7 +248,10 @@ func (t *Tracker) LastSnapshot() time.Time {
 }
 
 // Resync replaces the table with a fresh snapshot now (it also refreshes
-// every flow's idle time, which events do not carry).
+// every flow's idle time, which events do not carry). When the dump fails
+// (or the kernel interrupted it at every retry), Resync returns the error
+// and the table keeps every socket it had, updated with what the dump
+// read: no socket leaves on a partial dump.
 func (t *Tracker) Resync() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
