@@ -79,6 +79,9 @@ type Tracker struct {
 	replaceFn func(*sockdiag.Socket)
 	emitFn    func(*Change)
 
+	// How long OpenTracker's two steps took (Opened).
+	probeLoad, firstSnapshot time.Duration
+
 	resyncs  atomic.Uint64
 	lostSeen atomic.Uint64
 	dropped  atomic.Uint64 // changes a slow watcher did not take
@@ -125,6 +128,7 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 	case ModeSockDiag:
 		t.mode, t.reason = ModeSockDiag, "asked for (--tracker sockdiag)"
 	case ModeEBPF, ModeAuto:
+		loadStart := time.Now()
 		p, perr := probes.OpenTCPState(ns.Inode(), probes.TCPStateOptions{RingSize: cfg.RingSize, BTFCache: cfg.BTFCache})
 		if perr != nil {
 			var pu *probes.UnavailableError
@@ -133,6 +137,7 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 			}
 			t.mode, t.reason = ModeSockDiag, "eBPF unavailable: "+pu.Reason
 		} else {
+			t.probeLoad = time.Since(loadStart)
 			t.probe = p
 			t.mode, t.reason = ModeEBPF, "eBPF probe loaded"
 			if !p.UsesCookie() {
@@ -146,10 +151,20 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 	t.replaceFn, t.emitFn = t.table.replaceSocket, t.emitLocked
 	// eBPF: the probe is attached and buffering before this snapshot, so
 	// nothing that happens from here on is missed.
+	snapStart := time.Now()
 	if err := t.Resync(); err != nil {
 		return nil, err
 	}
+	t.firstSnapshot = time.Since(snapStart)
 	return t, nil
+}
+
+// Opened says how long OpenTracker's steps took: loading, verifying and
+// attaching the eBPF probe (kernel BTF included unless a shared cache had
+// it; 0 in sockdiag mode), and reading the first snapshot. For start-up
+// logs.
+func (t *Tracker) Opened() (probeLoad, firstSnapshot time.Duration) {
+	return t.probeLoad, t.firstSnapshot
 }
 
 // Mode returns the mode that runs and why it was chosen. It changes once
