@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"runtime/debug"
 	"text/tabwriter"
 	"time"
 
@@ -84,12 +83,6 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if fs.NArg() > 0 {
 		return usageErr("conns: unexpected argument %q", fs.Arg(0))
 	}
-	// One snapshot, then exit: collecting garbage on the way costs more
-	// than the memory it frees (a soft limit keeps a huge namespace safe;
-	// the JSON output holds one buffer, the table one packed row per
-	// socket).
-	defer debug.SetGCPercent(debug.SetGCPercent(-1))
-	defer debug.SetMemoryLimit(debug.SetMemoryLimit(512 << 20))
 	ns, err := nf.open()
 	if err != nil {
 		return err
@@ -141,8 +134,11 @@ func eachFlow(d *sockdiag.Conn, p flows.Policy, listener, flow func(*flows.Flow)
 		sum.Count(&f)
 		listener(&f)
 	}
+	// One Flow for the whole dump: handed to flow by pointer, a Flow per
+	// socket would be a heap allocation per socket.
+	var f flows.Flow
 	err = d.Each(sockdiag.AllStates&^sockdiag.ListenMask, func(s *sockdiag.Socket) {
-		f := cls.Flow(s)
+		f = cls.Flow(s)
 		sum.Count(&f)
 		flow(&f)
 	})

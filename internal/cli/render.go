@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"io"
 	"net/netip"
 	"slices"
@@ -218,17 +219,38 @@ func unpackRowAddr(a *[16]byte, kind uint8, port uint16) netip.AddrPort {
 	return netip.AddrPortFrom(netip.Addr{}, port)
 }
 
+// compareRowAddr orders packed addresses as netip.AddrPort.Compare does:
+// invalid, then IPv4, then IPv6 (by bit length), then by bytes, then by
+// port.
+func compareRowAddr(ka uint8, a *[16]byte, pa uint16, kb uint8, b *[16]byte, pb uint16) int {
+	if ka != kb {
+		return int(ka) - int(kb)
+	}
+	n := 16
+	if ka == 1 {
+		n = 4
+	}
+	if c := bytes.Compare(a[:n], b[:n]); c != 0 {
+		return c
+	}
+	return int(pa) - int(pb)
+}
+
 func (r *tableRow) localAddr() netip.AddrPort  { return unpackRowAddr(&r.local, r.bits&3, r.lport) }
 func (r *tableRow) remoteAddr() netip.AddrPort { return unpackRowAddr(&r.remote, r.bits>>2&3, r.rport) }
 
 // TableWriter writes an ss-like table: listeners first, then flows, each
 // sorted by owner and local address (then remote), then a summary line.
-// Rows are kept packed until End, which sorts them and sizes the columns
-// (the output is what text/tabwriter gives, without its copy of every
-// cell).
+// Rows are kept packed in fixed chunks (growing copies nothing) until End,
+// which sorts their indexes and sizes the columns (the output is what
+// text/tabwriter gives, without its copy of every cell).
 type TableWriter struct {
-	rows []tableRow
+	chunks [][]tableRow
+	order  []uint32
 }
+
+// rowChunk rows per chunk: 56 KiB.
+const rowChunk = 1024
 
 // Add takes a listener or a flow.
 func (t *TableWriter) Add(f *flows.Flow) {
@@ -241,11 +263,18 @@ func (t *TableWriter) Add(f *flows.Flow) {
 	if f.IdleExpired {
 		r.bits |= rowIdleExp
 	}
-	t.rows = append(t.rows, r)
+	n := len(t.order)
+	if n%rowChunk == 0 && n/rowChunk == len(t.chunks) {
+		t.chunks = append(t.chunks, make([]tableRow, rowChunk))
+	}
+	t.chunks[n/rowChunk][n%rowChunk] = r
+	t.order = append(t.order, uint32(n))
 }
 
+func (t *TableWriter) row(i uint32) *tableRow { return &t.chunks[i/rowChunk][i%rowChunk] }
+
 // Reset forgets the rows (a dump read again).
-func (t *TableWriter) Reset() { t.rows = t.rows[:0] }
+func (t *TableWriter) Reset() { t.order = t.order[:0] }
 
 var tableHeader = [...]string{"STATE", "OWNER", "DIR", "LOCAL", "REMOTE", "UID", "IDLE", "HOLDS", "INODE"}
 
@@ -293,7 +322,8 @@ func (r *tableRow) cells(b []byte) ([]byte, [len(tableHeader)]int) {
 
 // End sorts and writes the rows, then the summary line of namespace.
 func (t *TableWriter) End(w io.Writer, namespace string, s *flows.Summary) error {
-	slices.SortStableFunc(t.rows, func(a, b tableRow) int {
+	slices.SortStableFunc(t.order, func(i, j uint32) int {
+		a, b := t.row(i), t.row(j)
 		if la, lb := a.state == sockdiag.Listen, b.state == sockdiag.Listen; la != lb {
 			if la {
 				return -1
@@ -303,10 +333,10 @@ func (t *TableWriter) End(w io.Writer, namespace string, s *flows.Summary) error
 		if a.owner != b.owner {
 			return int(a.owner) - int(b.owner)
 		}
-		if c := a.localAddr().Compare(b.localAddr()); c != 0 {
+		if c := compareRowAddr(a.bits&3, &a.local, a.lport, b.bits&3, &b.local, b.lport); c != 0 {
 			return c
 		}
-		return a.remoteAddr().Compare(b.remoteAddr())
+		return compareRowAddr(a.bits>>2&3, &a.remote, a.rport, b.bits>>2&3, &b.remote, b.rport)
 	})
 	// Column widths: the widest cell plus two spaces (the last column is
 	// not padded).
@@ -315,9 +345,9 @@ func (t *TableWriter) End(w io.Writer, namespace string, s *flows.Summary) error
 		width[i] = len(h)
 	}
 	var b []byte
-	for i := range t.rows {
+	for _, i := range t.order {
 		var ends [len(tableHeader)]int
-		b, ends = t.rows[i].cells(b[:0])
+		b, ends = t.row(i).cells(b[:0])
 		start := 0
 		for c, end := range ends {
 			width[c] = max(width[c], end-start)
@@ -337,9 +367,9 @@ func (t *TableWriter) End(w io.Writer, namespace string, s *flows.Summary) error
 		pad([]byte(h), c)
 	}
 	out = append(out, '\n')
-	for i := range t.rows {
+	for _, i := range t.order {
 		var ends [len(tableHeader)]int
-		b, ends = t.rows[i].cells(b[:0])
+		b, ends = t.row(i).cells(b[:0])
 		start := 0
 		for c, end := range ends {
 			pad(b[start:end], c)

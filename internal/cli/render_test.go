@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"sort"
@@ -156,5 +157,41 @@ func TestTableMatchesTabwriter(t *testing.T) {
 	}
 	if !strings.Contains(got.String(), "idle") {
 		t.Fatalf("no idle flow in:\n%s", got.String())
+	}
+}
+
+// Many random rows (IPv4, IPv6, owners, states), in any order: the same
+// table as text/tabwriter and netip's order give.
+func TestTableMatchesTabwriterRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	addr := func() netip.AddrPort {
+		port := uint16(rng.IntN(4) * 1000)
+		switch rng.IntN(3) {
+		case 0:
+			return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(rng.IntN(3)), byte(rng.IntN(3))}), port)
+		case 1:
+			return netip.AddrPortFrom(netip.AddrFrom16([16]byte{0xfd, 15: byte(rng.IntN(3))}), port)
+		}
+		return netip.AddrPortFrom(netip.MustParseAddr("::ffff:10.0.0.1").Unmap(), port)
+	}
+	states := []sockdiag.State{sockdiag.Listen, sockdiag.Established, sockdiag.CloseWait, sockdiag.FinWait2}
+	var socks []sockdiag.Socket
+	for i := range 3000 {
+		socks = append(socks, sockdiag.Socket{Family: unix.AF_INET, State: states[rng.IntN(len(states))], Local: addr(), Remote: addr(),
+			UID: uint32(rng.IntN(2)) * 1337, Inode: uint32(i), HasInfo: rng.IntN(2) == 0, LastDataSent: time.Duration(rng.IntN(90000)) * time.Millisecond})
+	}
+	snap := flows.NewClassifier(flows.DefaultPolicy()).Classify(socks)
+	var got bytes.Buffer
+	if err := WriteTable(&got, &snap); err != nil {
+		t.Fatal(err)
+	}
+	if want := tabwriterTable(&snap); got.String() != want {
+		g, w := strings.Split(got.String(), "\n"), strings.Split(want, "\n")
+		for i := range min(len(g), len(w)) {
+			if g[i] != w[i] {
+				t.Fatalf("line %d:\n got %q\nwant %q", i, g[i], w[i])
+			}
+		}
+		t.Fatalf("%d lines, want %d", len(g), len(w))
 	}
 }

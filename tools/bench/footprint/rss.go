@@ -125,7 +125,7 @@ func rssRound(ctx context.Context, p proxySetup, n int, settle time.Duration, be
 		if f := strings.Fields(l.text); len(f) > 10 && f[0] == "gc" {
 			for i, x := range f {
 				if strings.Count(x, "->") == 2 && i+1 < len(f) {
-					m.lastGC = x[strings.LastIndex(x, ">")+1:] + " " + f[i+1] + " (gc " + f[1] + ")"
+					m.lastGC = x[strings.LastIndex(x, ">")+1:] + " " + strings.TrimSuffix(f[i+1], ",") + " (gc " + f[1] + ")"
 				}
 			}
 		}
