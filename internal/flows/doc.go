@@ -17,8 +17,8 @@
 // [FlowTable] is one entry per socket, keyed by socket cookie (or by
 // 5-tuple on kernels whose tracing programs cannot read cookies), with the
 // per-class counts kept as entries change. Its entries are packed records
-// (80 bytes, no pointers, in fixed chunks) found through open-addressing
-// indexes of uint32 positions (record.go): about 90 bytes of Go heap per
+// (56 bytes, no pointers, in fixed chunks) found through open-addressing
+// indexes of uint32 positions (record.go): 65–110 bytes of Go heap per
 // socket, nothing allocated per socket once grown. [Tracker] keeps a
 // FlowTable of one namespace live: from eBPF events (package probes) with
 // sock_diag snapshots (package sockdiag) at start and after any loss, or

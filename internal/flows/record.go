@@ -9,15 +9,18 @@ import (
 	"github.com/draind/draind/internal/sockdiag"
 )
 
-// A FlowTable keeps each socket as a record: 80 bytes, no pointers (the
+// A FlowTable keeps each socket as a record: 56 bytes, no pointers (the
 // garbage collector never scans the table), stored in fixed chunks that
 // never move (growing the table copies nothing). Two open-addressing
 // indexes of uint32 positions find records by key and by kernel address.
-// tcp_info (idle times) lives in side chunks allocated only when a socket
-// carries it (a tracker with an idle timeout).
+// What most sockets do not need lives in side chunks, allocated only for a
+// chunk of records that has one socket needing it: tcp_info (idle times,
+// for a tracker with an idle timeout) and IPv6 addresses (an IPv4 one fits
+// in the record).
 //
-// Per socket: 80 bytes of record, 16 of tcp_info when present, and 4-byte
-// index slots at a load between 3/8 and 3/4 (5–11 bytes per index).
+// Per socket: 56 bytes of record, 16 of tcp_info and 32 of IPv6
+// addresses when present, and 4-byte index slots at a load between 3/8
+// and 3/4 (5–11 bytes per index).
 
 // record is one socket of a FlowTable.
 type record struct {
@@ -27,12 +30,12 @@ type record struct {
 	// first is when the table first saw the socket (ns since its epoch).
 	first  int64
 	cgroup uint64
-	// local and remote hold an IPv4 address in their first 4 bytes, an
-	// IPv6 one whole; flags say which.
-	local, remote [16]byte
-	lport, rport  uint16
-	uid, inode    uint32
-	state         sockdiag.State
+	// local4 and remote4 hold IPv4 addresses; IPv6 ones are in the
+	// chunk's side array (flags say which kind each is).
+	local4, remote4 [4]byte
+	lport, rport    uint16
+	uid, inode      uint32
+	state           sockdiag.State
 	// prevState is the state before the Replace in progress.
 	prevState sockdiag.State
 	flags     recFlags
@@ -128,21 +131,6 @@ func unpackAddr(a *[16]byte, kind uint8, port uint16) netip.AddrPort {
 	return netip.AddrPortFrom(netip.Addr{}, port)
 }
 
-// setTuple stores both addresses and their kinds.
-func (r *record) setTuple(local, remote netip.AddrPort) {
-	lk, rk := packAddr(&r.local, local), packAddr(&r.remote, remote)
-	r.lport, r.rport = local.Port(), remote.Port()
-	r.flags = r.flags&^(flLocalKind|flRemoteKind) | recFlags(lk) | recFlags(rk)<<2
-}
-
-func (r *record) localAddr() netip.AddrPort {
-	return unpackAddr(&r.local, uint8(r.flags&flLocalKind), r.lport)
-}
-
-func (r *record) remoteAddr() netip.AddrPort {
-	return unpackAddr(&r.remote, uint8(r.flags&flRemoteKind)>>2, r.rport)
-}
-
 func (r *record) set(f recFlags, on bool) {
 	if on {
 		r.flags |= f
@@ -199,11 +187,15 @@ const (
 	chunkMask = chunkLen - 1
 )
 
+// v6Pair holds a record's addresses when one is IPv6: local, remote.
+type v6Pair [2][16]byte
+
 // records is a growable array of records in fixed chunks, with tcp_info
-// side chunks allocated on first use.
+// and IPv6 side chunks allocated on first use.
 type records struct {
 	chunks []*[chunkLen]record
 	infos  []*[chunkLen]tcpInfo
+	v6s    []*[chunkLen]v6Pair
 	n      int
 }
 
@@ -222,12 +214,31 @@ func (rs *records) info(i int, alloc bool) *tcpInfo {
 	return &rs.infos[c][i&chunkMask]
 }
 
+// v6 returns the IPv6 slot of record i, allocating its chunk if alloc;
+// nil when there is none.
+func (rs *records) v6(i int, alloc bool) *v6Pair {
+	c := i >> chunkBits
+	if rs.v6s[c] == nil {
+		if !alloc {
+			return nil
+		}
+		rs.v6s[c] = new([chunkLen]v6Pair)
+	}
+	return &rs.v6s[c][i&chunkMask]
+}
+
+// hasV6 reports whether a record keeps an address in the IPv6 side chunk.
+func (r *record) hasV6() bool {
+	return uint8(r.flags&flLocalKind) == addr6 || uint8(r.flags&flRemoteKind)>>2 == addr6
+}
+
 // push appends a zero record and returns its position.
 func (rs *records) push() int {
 	i := rs.n
 	if i>>chunkBits == len(rs.chunks) {
 		rs.chunks = append(rs.chunks, new([chunkLen]record))
 		rs.infos = append(rs.infos, nil)
+		rs.v6s = append(rs.v6s, nil)
 	}
 	rs.n++
 	*rs.at(i) = record{}
@@ -240,6 +251,9 @@ func (rs *records) move(to, from int) {
 	if rs.at(from).flags&flHasInfo != 0 {
 		*rs.info(to, true) = *rs.info(from, false)
 	}
+	if rs.at(from).hasV6() {
+		*rs.v6(to, true) = *rs.v6(from, false)
+	}
 }
 
 // pop drops the last record, and frees chunks past one spare.
@@ -247,8 +261,8 @@ func (rs *records) pop() {
 	rs.n--
 	for keep := rs.n>>chunkBits + 2; len(rs.chunks) > keep; {
 		last := len(rs.chunks) - 1
-		rs.chunks[last], rs.infos[last] = nil, nil
-		rs.chunks, rs.infos = rs.chunks[:last], rs.infos[:last]
+		rs.chunks[last], rs.infos[last], rs.v6s[last] = nil, nil, nil
+		rs.chunks, rs.infos, rs.v6s = rs.chunks[:last], rs.infos[:last], rs.v6s[:last]
 	}
 }
 

@@ -100,17 +100,66 @@ func (t *FlowTable) hashRecKey(pos int) uint64 {
 	if t.useCookie {
 		return r.cookie
 	}
-	return tupleHash(t.seed, &r.local, &r.remote, r.lport, r.rport, r.flags&(flLocalKind|flRemoteKind))
+	local, remote := t.addrBytes(pos)
+	return tupleHash(t.seed, &local, &remote, r.lport, r.rport, r.flags&(flLocalKind|flRemoteKind))
+}
+
+// addrBytes returns record pos's addresses as a key holds them: an IPv4
+// one in the first 4 bytes.
+func (t *FlowTable) addrBytes(pos int) (local, remote [16]byte) {
+	r := t.recs.at(pos)
+	if r.hasV6() {
+		v6 := t.recs.v6(pos, false)
+		local, remote = v6[0], v6[1]
+	}
+	if uint8(r.flags&flLocalKind) == addr4 {
+		local = [16]byte{}
+		copy(local[:], r.local4[:])
+	}
+	if uint8(r.flags&flRemoteKind)>>2 == addr4 {
+		remote = [16]byte{}
+		copy(remote[:], r.remote4[:])
+	}
+	return local, remote
+}
+
+// setTuple stores record pos's addresses and their kinds.
+func (t *FlowTable) setTuple(pos int, local, remote netip.AddrPort) {
+	var l, rm [16]byte
+	lk, rk := packAddr(&l, local), packAddr(&rm, remote)
+	r := t.recs.at(pos)
+	r.lport, r.rport = local.Port(), remote.Port()
+	r.flags = r.flags&^(flLocalKind|flRemoteKind) | recFlags(lk) | recFlags(rk)<<2
+	r.local4, r.remote4 = [4]byte(l[:4]), [4]byte(rm[:4])
+	if r.hasV6() {
+		*t.recs.v6(pos, true) = v6Pair{l, rm}
+	}
+}
+
+func (t *FlowTable) localAddr(pos int) netip.AddrPort {
+	r := t.recs.at(pos)
+	local, _ := t.addrBytes(pos)
+	return unpackAddr(&local, uint8(r.flags&flLocalKind), r.lport)
+}
+
+func (t *FlowTable) remoteAddr(pos int) netip.AddrPort {
+	r := t.recs.at(pos)
+	_, remote := t.addrBytes(pos)
+	return unpackAddr(&remote, uint8(r.flags&flRemoteKind)>>2, r.rport)
 }
 
 func (t *FlowTable) hashRecSk(pos int) uint64 { return t.recs.at(pos).skaddr }
 
-func (t *FlowTable) matches(r *record, k *key) bool {
+func (t *FlowTable) matches(pos int, k *key) bool {
+	r := t.recs.at(pos)
 	if t.useCookie {
 		return r.cookie == k.cookie
 	}
-	return r.lport == k.lport && r.rport == k.rport && r.flags&(flLocalKind|flRemoteKind) == k.kinds &&
-		r.local == k.local && r.remote == k.remote
+	if r.lport != k.lport || r.rport != k.rport || r.flags&(flLocalKind|flRemoteKind) != k.kinds {
+		return false
+	}
+	local, remote := t.addrBytes(pos)
+	return local == k.local && remote == k.remote
 }
 
 // findKey returns the record holding k (-1: none) and the slot that holds
@@ -122,7 +171,7 @@ func (t *FlowTable) findKey(k *key) (slot, pos int) {
 		if v == 0 {
 			return i, -1
 		}
-		if t.matches(t.recs.at(int(v-1)), k) {
+		if t.matches(int(v-1), k) {
 			return i, int(v - 1)
 		}
 	}
@@ -202,7 +251,7 @@ func (t *FlowTable) Len() int { return t.recs.n }
 func (t *FlowTable) socketOf(pos int) sockdiag.Socket {
 	r := t.recs.at(pos)
 	s := sockdiag.Socket{
-		Family: r.flags.family(), State: r.state, Local: r.localAddr(), Remote: r.remoteAddr(),
+		Family: r.flags.family(), State: r.state, Local: t.localAddr(pos), Remote: t.remoteAddr(pos),
 		UID: r.uid, Inode: r.inode, Cookie: r.cookie, CgroupID: r.cgroup,
 		Transparent: r.flags&flTransp != 0,
 	}
@@ -243,7 +292,7 @@ func (t *FlowTable) count(delta int, r *record) {
 func (t *FlowTable) setSocket(pos int, s *sockdiag.Socket) {
 	r := t.recs.at(pos)
 	r.cookie, r.uid, r.inode, r.cgroup, r.state = s.Cookie, s.UID, s.Inode, s.CgroupID, s.State
-	r.setTuple(s.Local, s.Remote)
+	t.setTuple(pos, s.Local, s.Remote)
 	r.flags = r.flags&^flFamily | familyKind(s.Family)
 	r.set(flTransp, s.Transparent)
 	r.set(flHasInfo, s.HasInfo)
@@ -404,7 +453,7 @@ func (t *FlowTable) Apply(ev *probes.TCPEvent, now time.Time) (Change, bool) {
 	k := t.keyOf(ev.Cookie, local, remote)
 	pos := -1
 	if ev.SkAddr != 0 {
-		if _, j := t.findSk(ev.SkAddr); j >= 0 && !t.matches(t.recs.at(j), &k) {
+		if _, j := t.findSk(ev.SkAddr); j >= 0 && !t.matches(j, &k) {
 			if ev.OldState == sockdiag.Close {
 				t.removeAt(j) // a new socket at this address: the old one is gone
 			} else if !t.useCookie {
@@ -458,7 +507,7 @@ func (t *FlowTable) update(pos int, ev *probes.TCPEvent, local, remote netip.Add
 	rekey := false
 	if local.Port() != 0 && !t.useCookie {
 		nk := t.keyOf(0, local, remote)
-		if !t.matches(t.recs.at(pos), &nk) {
+		if !t.matches(pos, &nk) {
 			rekey = true
 			// Another record under the new tuple is a socket whose end
 			// the kernel did not report: this one replaces it.
@@ -478,7 +527,7 @@ func (t *FlowTable) update(pos int, ev *probes.TCPEvent, local, remote netip.Add
 		if rekey {
 			t.unindexKey(pos)
 		}
-		r.setTuple(local, remote)
+		t.setTuple(pos, local, remote)
 		if rekey {
 			t.indexKey(pos)
 		}
@@ -502,7 +551,7 @@ func (t *FlowTable) add(ev *probes.TCPEvent, local, remote netip.AddrPort, now t
 	r := t.recs.at(pos)
 	r.cookie, r.uid, r.state, r.skaddr = ev.Cookie, ev.UID, ev.NewState, ev.SkAddr
 	r.first = int64(now.Sub(t.epoch))
-	r.setTuple(local, remote)
+	t.setTuple(pos, local, remote)
 	r.flags |= familyKind(ev.Family)
 	r.set(flAccepted, ev.OldState == sockdiag.SynRecv)
 	t.indexKey(pos)

@@ -225,7 +225,7 @@ func TestFlowTableAllocations(t *testing.T) {
 // TestFlowTableBytesPerSocket checks the table's Go heap per socket at
 // 100k sockets (docs/benchmarks.md: target 150 bytes): filled from a
 // snapshot, with tcp_info (an idle timeout), and from events (whose kernel
-// addresses the table indexes too).
+// addresses the table indexes too), IPv4 and IPv6.
 func TestFlowTableBytesPerSocket(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds 100k-socket tables")
@@ -260,6 +260,16 @@ func TestFlowTableBytesPerSocket(t *testing.T) {
 			ev := probes.TCPEvent{SkAddr: uint64(i+1) * 64, Cookie: uint64(i + 1), OldState: sockdiag.SynSent, NewState: sockdiag.Established,
 				Family: unix.AF_INET, Local: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 2}), uint16(1024+i%60000)),
 				Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 443)}
+			tab.Apply(&ev, time.Now())
+		}
+		return tab
+	})
+	measure("events, IPv6", func() *FlowTable {
+		tab := NewFlowTable(DefaultPolicy(), true)
+		for i := range n {
+			ev := probes.TCPEvent{SkAddr: uint64(i+1) * 64, Cookie: uint64(i + 1), OldState: sockdiag.SynSent, NewState: sockdiag.Established,
+				Family: unix.AF_INET6, Local: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0xfd, 15: 2}), uint16(1024+i%60000)),
+				Remote: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0xfd, 1, 14: byte(i >> 8), 15: byte(i)}), 443)}
 			tab.Apply(&ev, time.Now())
 		}
 		return tab
