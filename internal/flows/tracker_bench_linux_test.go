@@ -97,8 +97,7 @@ func BenchmarkTrackerNotify(b *testing.B) {
 // tracker (probe, ring, table, subscribers) at full speed: several threads
 // open a listener and close it (2 changes, no packets) in a loop, for each
 // ring size. Metrics: changes/s the table applied, events the kernel could
-// not queue (lost) and the resyncs they caused. A table already holding
-// 20k sockets makes each listener change re-attribute its port.
+// not queue (lost) and the resyncs they caused.
 // Run: go test -run '^$' -bench TrackerThroughput -benchtime 50000x ./internal/flows
 func BenchmarkTrackerThroughput(b *testing.B) {
 	for _, ring := range []int{1 << 20, 2 << 20, 4 << 20, 8 << 20} {
