@@ -68,7 +68,7 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var nf nsFlags
 	nf.register(fs, true)
 	out := &oneOf{val: "table", words: []string{"table", "json"}}
-	fs.Var(out, "o", "output format: table|json")
+	fs.Var(out, "o", "output format: table (sorted by owner and address) or json (streamed in the kernel's order as it is read, summary last)")
 	withProcs := fs.Bool("procs", false, "also list the app's processes in the namespace (eBPF task iterator, else /proc)")
 	withIdle := fs.Bool("idle", true, "read each flow's idle time (tcp_info; most of the cost of a large dump)")
 	if err := fs.parse(args); err != nil {
