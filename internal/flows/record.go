@@ -203,28 +203,22 @@ func (rs *records) at(i int) *record { return &rs.chunks[i>>chunkBits][i&chunkMa
 
 // info returns the tcp_info slot of record i, allocating its chunk if
 // alloc; nil when there is none.
-func (rs *records) info(i int, alloc bool) *tcpInfo {
-	c := i >> chunkBits
-	if rs.infos[c] == nil {
-		if !alloc {
-			return nil
-		}
-		rs.infos[c] = new([chunkLen]tcpInfo)
-	}
-	return &rs.infos[c][i&chunkMask]
-}
+func (rs *records) info(i int, alloc bool) *tcpInfo { return sideSlot(rs.infos, i, alloc) }
 
 // v6 returns the IPv6 slot of record i, allocating its chunk if alloc;
 // nil when there is none.
-func (rs *records) v6(i int, alloc bool) *v6Pair {
+func (rs *records) v6(i int, alloc bool) *v6Pair { return sideSlot(rs.v6s, i, alloc) }
+
+// sideSlot returns record i's slot in a side chunk list.
+func sideSlot[T any](chunks []*[chunkLen]T, i int, alloc bool) *T {
 	c := i >> chunkBits
-	if rs.v6s[c] == nil {
+	if chunks[c] == nil {
 		if !alloc {
 			return nil
 		}
-		rs.v6s[c] = new([chunkLen]v6Pair)
+		chunks[c] = new([chunkLen]T)
 	}
-	return &rs.v6s[c][i&chunkMask]
+	return &chunks[c][i&chunkMask]
 }
 
 // hasV6 reports whether a record keeps an address in the IPv6 side chunk.
