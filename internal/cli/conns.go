@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"runtime/debug"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -105,7 +104,7 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var nf nsFlags
 	nf.register(fs, true)
 	out := &oneOf{val: "table", words: []string{"table", "json"}}
-	fs.Var(out, "o", "output format: table|json")
+	fs.Var(out, "o", "output format: table (sorted by owner and address) or json (streamed in the kernel's order as it is read, summary last)")
 	withProcs := fs.Bool("procs", false, "also list the app's processes in the namespace (eBPF task iterator, else /proc)")
 	withIdle := fs.Bool("idle", true, "read each flow's idle time (tcp_info; most of the cost of a large dump)")
 	if err := fs.parse(args); err != nil {
@@ -121,10 +120,6 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if fs.NArg() > 0 {
 		return usageErr("conns: unexpected argument %q", fs.Arg(0))
 	}
-	// One snapshot, then exit: collecting garbage on the way costs more
-	// than the memory it frees (a soft limit keeps a huge namespace safe).
-	defer debug.SetGCPercent(debug.SetGCPercent(-1))
-	defer debug.SetMemoryLimit(debug.SetMemoryLimit(512 << 20))
 	ns, err := nf.open()
 	if err != nil {
 		return err
@@ -136,40 +131,111 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer d.Close()
 	d.SetInfo(*withIdle || nf.idleTimeout > 0)
-	socks, err := d.Sockets(sockdiag.AllStates)
-	if err != nil {
-		return err
-	}
-	snap := flows.NewClassifier(nf.policy()).Classify(socks)
-	snap.Taken = time.Now()
-	snap.Namespace = ns.Name()
-	if !*withProcs {
-		if out.val == "json" {
-			_, err := stdout.Write(AppendJSON(make([]byte, 0, 256*(len(socks)+1)), &snap))
-			return err
+	if out.val == "json" {
+		var extra []byte
+		if *withProcs {
+			extra = procsJSON(ns, uint32(nf.proxyUID))
 		}
-		return WriteTable(stdout, &snap)
+		return streamJSON(stdout, d, ns.Name(), nf.policy(), extra)
+	}
+	if err := writeTable(stdout, d, ns.Name(), nf.policy()); err != nil || !*withProcs {
+		return err
 	}
 	procs, source, err := appProcesses(ns, uint32(nf.proxyUID))
-	if out.val == "json" {
-		v := struct {
-			*flows.Snapshot
-			AppProcesses []appprocs.Process `json:"app_processes"`
-			ProcSource   string             `json:"app_process_source"`
-		}{&snap, procs, source}
-		if err != nil {
-			v.ProcSource = "unavailable: " + err.Error()
-		}
-		return json.NewEncoder(stdout).Encode(v)
-	}
-	if err := WriteTable(stdout, &snap); err != nil {
-		return err
-	}
 	if err != nil {
 		_, err = fmt.Fprintf(stdout, "app processes: not visible (%v)\n", err)
 		return err
 	}
 	return writeProcs(stdout, procs, source)
+}
+
+// eachFlow reads the namespace's sockets, attributed and counted: the
+// listeners first (a LISTEN-only dump, which the kernel answers from its
+// listening hash alone; the flows' directions depend on them), then the
+// rest in a second dump, each handed to listener or flow as it is decoded.
+// A listener opened between the two dumps is missed, as it would be by a
+// single dump that had already walked the listening hash (the kernel
+// walks it first).
+func eachFlow(d *sockdiag.Conn, p flows.Policy, listener, flow func(*flows.Flow)) (flows.Summary, error) {
+	var sum flows.Summary
+	socks, err := d.Sockets(sockdiag.ListenMask)
+	if err != nil {
+		return sum, err
+	}
+	cls := flows.NewClassifier(p)
+	for i := range socks {
+		cls.AddListener(&socks[i])
+	}
+	for i := range socks {
+		f := cls.Flow(&socks[i])
+		sum.Count(&f)
+		listener(&f)
+	}
+	// One Flow for the whole dump: handed to flow by pointer, a Flow per
+	// socket would be a heap allocation per socket.
+	var f flows.Flow
+	err = d.Each(sockdiag.AllStates&^sockdiag.ListenMask, func(s *sockdiag.Socket) {
+		f = cls.Flow(s)
+		sum.Count(&f)
+		flow(&f)
+	})
+	return sum, err
+}
+
+// streamJSON writes the namespace's sockets as JSON while the kernel's
+// dump is read: one buffer, whatever the number of sockets. Its output
+// cannot be taken back: if the kernel interrupted the dump (sockets may
+// be missing or repeated), the JSON is complete and an error says so.
+func streamJSON(w io.Writer, d *sockdiag.Conn, namespace string, p flows.Policy, extra []byte) error {
+	j := NewJSONWriter(w, time.Now(), namespace)
+	sum, err := eachFlow(d, p, j.Listener, j.Flow)
+	if err != nil && !errors.Is(err, sockdiag.ErrDumpInterrupted) {
+		return err
+	}
+	if werr := j.End(&sum, extra); werr != nil {
+		return werr
+	}
+	if err != nil {
+		return fmt.Errorf("%w: sockets may be missing or repeated in this output; run again", err)
+	}
+	return nil
+}
+
+// writeTable writes the namespace's sockets as a sorted table. It must
+// hold them all to sort them, packed (TableWriter), and reads the dump
+// again when the kernel interrupted it.
+func writeTable(w io.Writer, d *sockdiag.Conn, namespace string, p flows.Policy) error {
+	var t TableWriter
+	for range 5 {
+		t.Reset()
+		sum, err := eachFlow(d, p, t.Add, t.Add)
+		if errors.Is(err, sockdiag.ErrDumpInterrupted) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		return t.End(w, namespace, &sum)
+	}
+	return fmt.Errorf("%w five times in a row", sockdiag.ErrDumpInterrupted)
+}
+
+// procsJSON is the app's processes as more members of conns' JSON object.
+func procsJSON(ns *namespace.Net, proxyUID uint32) []byte {
+	procs, source, err := appProcesses(ns, proxyUID)
+	v := struct {
+		AppProcesses []appprocs.Process `json:"app_processes"`
+		ProcSource   string             `json:"app_process_source"`
+	}{procs, source}
+	if err != nil {
+		v.ProcSource = "unavailable: " + err.Error()
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil
+	}
+	b[0] = ',' // {"app_processes":...} → ,"app_processes":...
+	return b[:len(b)-1]
 }
 
 // appProcesses lists the app's processes in ns once (draind and the proxy

@@ -16,11 +16,16 @@
 //
 // [FlowTable] is one entry per socket, keyed by socket cookie (or by
 // 5-tuple on kernels whose tracing programs cannot read cookies), with the
-// per-class counts kept as entries change. [Tracker] keeps a FlowTable of
-// one namespace live: from eBPF events (package probes) with sock_diag
-// snapshots (package sockdiag) at start and after any loss, or from
-// sock_diag polls where eBPF cannot run. Subscribers are told whenever the
-// per-class counts change.
+// per-class counts kept as entries change. Its entries are packed records
+// (56 bytes, no pointers, in fixed chunks) found through open-addressing
+// indexes of uint32 positions (record.go): 65–110 bytes of Go heap per
+// socket, nothing allocated per socket once grown. [Tracker] keeps a
+// FlowTable of one namespace live: from eBPF events (package probes) with
+// sock_diag snapshots (package sockdiag) at start and after any loss, or
+// from sock_diag polls where eBPF cannot run; a snapshot streams from the
+// dump into the records in place. Subscribers are told whenever the
+// per-class counts change. [Tracker.Each] walks the table without copying
+// it; [Tracker.Flows] returns copies.
 //
 // # Concurrency and logging
 //

@@ -104,11 +104,11 @@ type listenKey struct {
 // NewClassifier returns a Classifier for p.
 func NewClassifier(p Policy) *Classifier {
 	c := &Classifier{p: p, proxyPorts: map[uint16]struct{}{}, peerPorts: map[uint16]struct{}{}, control: map[uint16]struct{}{}, listenPorts: map[listenKey]int{}}
-	for _, port := range p.ControlPorts {
-		c.control[port] = struct{}{}
-	}
 	for _, port := range p.ProxyPorts {
 		c.proxyPorts[port] = struct{}{}
+	}
+	for _, port := range p.ControlPorts {
+		c.control[port] = struct{}{}
 	}
 	for _, port := range p.ProxyRemotePorts {
 		c.peerPorts[port] = struct{}{}
@@ -182,82 +182,94 @@ func (c *Classifier) Flow(s *sockdiag.Socket) Flow { return c.flow(s, false) }
 // is one of the app's listeners is the other kind: Envoy's connection to
 // the app from the client's address (original_src), an outbound flow.
 func (c *Classifier) flow(s *sockdiag.Socket, accepted bool) Flow {
-	f := Flow{Socket: *s, Owner: c.owner(s), IdleMS: -1}
-	switch {
-	case s.State == sockdiag.Listen:
-		f.Direction = DirListen
-	case accepted || c.Listens(f.Owner, s.Local.Port()),
-		f.Owner == OwnerProxy && s.Transparent && !c.Listens(OwnerApp, s.Remote.Port()):
-		f.Direction = DirInbound
-	default:
-		f.Direction = DirOutbound
-	}
+	f := Flow{Socket: *s, IdleMS: -1}
+	c.classify(s, accepted).to(&f)
 	if s.HasInfo {
 		f.IdleMS = Idle(s, f.Direction).Milliseconds()
-	}
-	if s.State != sockdiag.Listen {
-		_, local := c.control[s.Local.Port()]
-		_, peer := c.control[s.Remote.Port()]
-		f.Control = local || peer && s.Remote.Addr().IsLoopback()
-	}
-	if s.State.HoldsDrain() && s.State != sockdiag.Listen {
-		f.Holds = true
-		if c.p.IdleTimeout > 0 && s.HasInfo && Idle(s, f.Direction) > c.p.IdleTimeout {
-			f.Holds = false
-			f.IdleExpired = true
-		}
 	}
 	return f
 }
 
-// Count adds one attributed flow to the summary.
-func (s *Summary) Count(f *Flow) {
-	switch {
-	case f.Direction == DirListen && f.Owner == OwnerApp:
-		s.AppListeners++
-	case f.Direction == DirListen:
-		s.ProxyListeners++
-	case f.Control:
-		s.Control++
-	case !f.State.HoldsDrain():
-		s.Closing++
-	case f.Owner == OwnerProxy:
-		s.ProxyFlows++
-		if f.Direction == DirInbound {
-			s.ProxyInbound++
-		} else {
-			s.ProxyOutbound++
-		}
-		if f.IdleExpired {
-			s.ProxyIdle++
-		}
-	default:
-		if f.Direction == DirInbound {
-			s.AppInbound++
-		} else {
-			s.AppOutbound++
-		}
-		if f.IdleExpired {
-			s.AppIdle++
-		}
-	}
+// class is an attribution: what classify decides of a socket.
+type class struct {
+	owner                       Owner
+	dir                         Direction
+	holds, idleExpired, control bool
 }
 
+// to stores c into f.
+func (c class) to(f *Flow) {
+	f.Owner, f.Direction, f.Holds, f.IdleExpired, f.Control = c.owner, c.dir, c.holds, c.idleExpired, c.control
+}
+
+func classOf(f *Flow) class {
+	return class{owner: f.Owner, dir: f.Direction, holds: f.Holds, idleExpired: f.IdleExpired, control: f.Control}
+}
+
+// classify is flow without the copy: the attribution alone.
+func (c *Classifier) classify(s *sockdiag.Socket, accepted bool) (k class) {
+	k.owner = c.owner(s)
+	switch {
+	case s.State == sockdiag.Listen:
+		k.dir = DirListen
+	case accepted || c.Listens(k.owner, s.Local.Port()),
+		k.owner == OwnerProxy && s.Transparent && !c.Listens(OwnerApp, s.Remote.Port()):
+		k.dir = DirInbound
+	default:
+		k.dir = DirOutbound
+	}
+	if s.State != sockdiag.Listen {
+		_, local := c.control[s.Local.Port()]
+		_, peer := c.control[s.Remote.Port()]
+		k.control = local || peer && s.Remote.Addr().IsLoopback()
+	}
+	if s.State.HoldsDrain() && s.State != sockdiag.Listen {
+		k.holds = true
+		if c.p.IdleTimeout > 0 && s.HasInfo && Idle(s, k.dir) > c.p.IdleTimeout {
+			k.holds, k.idleExpired = false, true
+		}
+	}
+	return k
+}
+
+// Count adds one attributed flow to the summary.
+func (s *Summary) Count(f *Flow) { s.add(1, classOf(f), f.State) }
+
 // Uncount removes a flow counted by Count.
-func (s *Summary) Uncount(f *Flow) {
-	var n Summary
-	n.Count(f)
-	s.AppListeners -= n.AppListeners
-	s.AppInbound -= n.AppInbound
-	s.AppOutbound -= n.AppOutbound
-	s.AppIdle -= n.AppIdle
-	s.ProxyListeners -= n.ProxyListeners
-	s.ProxyFlows -= n.ProxyFlows
-	s.ProxyInbound -= n.ProxyInbound
-	s.ProxyOutbound -= n.ProxyOutbound
-	s.ProxyIdle -= n.ProxyIdle
-	s.Control -= n.Control
-	s.Closing -= n.Closing
+func (s *Summary) Uncount(f *Flow) { s.add(-1, classOf(f), f.State) }
+
+// add counts (delta 1) or uncounts (-1) a flow of this class.
+func (s *Summary) add(delta int, k class, state sockdiag.State) {
+	owner, dir, idleExpired := k.owner, k.dir, k.idleExpired
+	switch {
+	case dir == DirListen && owner == OwnerApp:
+		s.AppListeners += delta
+	case dir == DirListen:
+		s.ProxyListeners += delta
+	case k.control:
+		s.Control += delta
+	case !state.HoldsDrain():
+		s.Closing += delta
+	case owner == OwnerProxy:
+		s.ProxyFlows += delta
+		if dir == DirInbound {
+			s.ProxyInbound += delta
+		} else {
+			s.ProxyOutbound += delta
+		}
+		if idleExpired {
+			s.ProxyIdle += delta
+		}
+	default:
+		if dir == DirInbound {
+			s.AppInbound += delta
+		} else {
+			s.AppOutbound += delta
+		}
+		if idleExpired {
+			s.AppIdle += delta
+		}
+	}
 }
 
 // Snapshot is one attributed view of a namespace.

@@ -1,6 +1,7 @@
 package flows
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/draind/draind/internal/probes"
@@ -33,105 +34,409 @@ type Change struct {
 	Summary  Summary        `json:"summary"`
 }
 
-type flowKey struct {
-	cookie uint64
-	tuple  FiveTuple
-}
-
-type tableEntry struct {
-	flow      Flow
-	firstSeen time.Time
-	skaddr    uint64 // kernel address of the sock, when an event told it
-	accepted  bool   // an event saw its passive open (SYN_RECV→ESTABLISHED)
-}
-
-// FlowTable is the live socket table: one entry per socket, keyed by the
+// FlowTable is the live socket table: one record per socket, keyed by the
 // socket cookie (or by the 5-tuple on kernels whose tracing programs cannot
-// read cookies), with the per-class counts kept as entries change. It is not
-// safe for concurrent use; Tracker guards it.
+// read cookies), with the per-class counts kept as records change. Its
+// per-socket cost is a fixed-size record and index slots (record.go): no
+// map, string or pointer per socket, and nothing allocated per socket once
+// it has grown. It is not safe for concurrent use; Tracker guards it.
 type FlowTable struct {
 	cls       *Classifier
 	useCookie bool
-	m         map[flowKey]*tableEntry
-	// bySk finds entries by the sock's kernel address. It serves two
+	recs      records
+	byKey     index // cookie or 5-tuple → record
+	// bySk finds records by the sock's kernel address. It serves two
 	// ends: a new socket born at the address of one the table still holds
 	// proves that one gone (the kernel does not always report the last
 	// changes of a closing socket); and without cookies it follows a
 	// socket whose 5-tuple changed (CLOSE→SYN_SENT fires before the local
-	// port is chosen).
-	bySk map[uint64]flowKey
-	sum  Summary
+	// port is chosen). Several records may carry one address; the index
+	// points at the one an event last named.
+	bySk  index
+	seed  uint64
+	epoch time.Time
+	sum   Summary
+	// replacing is set between beginReplace and endReplace.
+	replacing bool
+	// Built once: the indexes' hash functions, and the TrackedFlow that
+	// Each hands out.
+	hashKeyFn, hashSkFn func(pos int) uint64
+	scratch             TrackedFlow
 }
 
 // NewFlowTable returns an empty table attributing under p.
 func NewFlowTable(p Policy, useCookie bool) *FlowTable {
-	return &FlowTable{cls: NewClassifier(p), useCookie: useCookie, m: map[flowKey]*tableEntry{}, bySk: map[uint64]flowKey{}}
+	t := &FlowTable{cls: NewClassifier(p), useCookie: useCookie, byKey: newIndex(), bySk: newIndex(), seed: newSeed(), epoch: time.Now()}
+	t.hashKeyFn, t.hashSkFn = t.hashRecKey, t.hashRecSk
+	return t
 }
 
-func (t *FlowTable) key(cookie uint64, tuple FiveTuple) flowKey {
+// key is what finds a record: its cookie, or without cookies its 5-tuple.
+type key struct {
+	cookie        uint64
+	local, remote [16]byte
+	lport, rport  uint16
+	kinds         recFlags // the address kinds, as in record.flags
+}
+
+func (t *FlowTable) keyOf(cookie uint64, local, remote netip.AddrPort) key {
 	if t.useCookie {
-		return flowKey{cookie: cookie}
+		return key{cookie: cookie}
 	}
-	return flowKey{tuple: tuple}
+	k := key{lport: local.Port(), rport: remote.Port()}
+	k.kinds = recFlags(packAddr(&k.local, local)) | recFlags(packAddr(&k.remote, remote))<<2
+	return k
 }
 
-func (t *FlowTable) keyOf(s *sockdiag.Socket) flowKey {
-	return t.key(s.Cookie, FiveTuple{Local: s.Local, Remote: s.Remote})
+func (t *FlowTable) hashKey(k *key) uint64 {
+	if t.useCookie {
+		return k.cookie
+	}
+	return tupleHash(t.seed, &k.local, &k.remote, k.lport, k.rport, k.kinds)
+}
+
+func (t *FlowTable) hashRecKey(pos int) uint64 {
+	r := t.recs.at(pos)
+	if t.useCookie {
+		return r.cookie
+	}
+	local, remote := t.addrBytes(pos)
+	return tupleHash(t.seed, &local, &remote, r.lport, r.rport, r.flags&(flLocalKind|flRemoteKind))
+}
+
+// addrBytes returns record pos's addresses as a key holds them: an IPv4
+// one in the first 4 bytes.
+func (t *FlowTable) addrBytes(pos int) (local, remote [16]byte) {
+	r := t.recs.at(pos)
+	if r.hasV6() {
+		v6 := t.recs.v6(pos, false)
+		local, remote = v6[0], v6[1]
+	}
+	if uint8(r.flags&flLocalKind) == addr4 {
+		local = [16]byte{}
+		copy(local[:], r.local4[:])
+	}
+	if uint8(r.flags&flRemoteKind)>>2 == addr4 {
+		remote = [16]byte{}
+		copy(remote[:], r.remote4[:])
+	}
+	return local, remote
+}
+
+// setTuple stores record pos's addresses and their kinds.
+func (t *FlowTable) setTuple(pos int, local, remote netip.AddrPort) {
+	var l, rm [16]byte
+	lk, rk := packAddr(&l, local), packAddr(&rm, remote)
+	r := t.recs.at(pos)
+	r.lport, r.rport = local.Port(), remote.Port()
+	r.flags = r.flags&^(flLocalKind|flRemoteKind) | recFlags(lk) | recFlags(rk)<<2
+	r.local4, r.remote4 = [4]byte(l[:4]), [4]byte(rm[:4])
+	if r.hasV6() {
+		*t.recs.v6(pos, true) = v6Pair{l, rm}
+	}
+}
+
+func (t *FlowTable) localAddr(pos int) netip.AddrPort {
+	r := t.recs.at(pos)
+	local, _ := t.addrBytes(pos)
+	return unpackAddr(&local, uint8(r.flags&flLocalKind), r.lport)
+}
+
+func (t *FlowTable) remoteAddr(pos int) netip.AddrPort {
+	r := t.recs.at(pos)
+	_, remote := t.addrBytes(pos)
+	return unpackAddr(&remote, uint8(r.flags&flRemoteKind)>>2, r.rport)
+}
+
+func (t *FlowTable) hashRecSk(pos int) uint64 { return t.recs.at(pos).skaddr }
+
+func (t *FlowTable) matches(pos int, k *key) bool {
+	r := t.recs.at(pos)
+	if t.useCookie {
+		return r.cookie == k.cookie
+	}
+	if r.lport != k.lport || r.rport != k.rport || r.flags&(flLocalKind|flRemoteKind) != k.kinds {
+		return false
+	}
+	local, remote := t.addrBytes(pos)
+	return local == k.local && remote == k.remote
+}
+
+// findKey returns the record holding k (-1: none) and the slot that holds
+// it, or where to insert it.
+func (t *FlowTable) findKey(k *key) (slot, pos int) {
+	x := &t.byKey
+	for i := x.home(t.hashKey(k)); ; i = x.next(i) {
+		v := x.slots[i]
+		if v == 0 {
+			return i, -1
+		}
+		if t.matches(int(v-1), k) {
+			return i, int(v - 1)
+		}
+	}
+}
+
+// findSk returns the record bySk names for a kernel address (-1: none) and
+// its slot, or where to insert one.
+func (t *FlowTable) findSk(sk uint64) (slot, pos int) {
+	x := &t.bySk
+	for i := x.home(sk); ; i = x.next(i) {
+		v := x.slots[i]
+		if v == 0 {
+			return i, -1
+		}
+		if t.recs.at(int(v-1)).skaddr == sk {
+			return i, int(v - 1)
+		}
+	}
+}
+
+// slotOf returns the slot of x holding pos, whose hash is h.
+func slotOf(x *index, h uint64, pos int) int {
+	for i := x.home(h); ; i = x.next(i) {
+		switch x.slots[i] {
+		case uint32(pos) + 1:
+			return i
+		case 0:
+			panic("flows: record missing from its index")
+		}
+	}
+}
+
+// indexKey adds record pos (its key fields set) to byKey.
+func (t *FlowTable) indexKey(pos int) {
+	t.byKey.insertAt(t.byKey.free(t.hashRecKey(pos)), pos)
+	t.byKey.grow(t.hashKeyFn)
+}
+
+func (t *FlowTable) unindexKey(pos int) {
+	t.byKey.deleteAt(slotOf(&t.byKey, t.hashRecKey(pos), pos), t.hashKeyFn)
+}
+
+// setSk makes bySk name record pos (whose skaddr is sk) for sk.
+func (t *FlowTable) setSk(pos int, sk uint64) {
+	slot, j := t.findSk(sk)
+	if j >= 0 {
+		t.bySk.slots[slot] = uint32(pos) + 1
+		return
+	}
+	t.bySk.insertAt(slot, pos)
+	t.bySk.grow(t.hashSkFn)
+}
+
+// deleteSk forgets whichever record bySk names for sk.
+func (t *FlowTable) deleteSk(sk uint64) {
+	if slot, j := t.findSk(sk); j >= 0 {
+		t.bySk.deleteAt(slot, t.hashSkFn)
+	}
+}
+
+// dropSk forgets record pos's kernel address, if bySk names it for it.
+func (t *FlowTable) dropSk(pos int) {
+	if sk := t.recs.at(pos).skaddr; sk != 0 {
+		if slot, j := t.findSk(sk); j == pos {
+			t.bySk.deleteAt(slot, t.hashSkFn)
+		}
+	}
 }
 
 // Summary returns the current counts.
 func (t *FlowTable) Summary() Summary { return t.sum }
 
 // Len is the number of sockets in the table.
-func (t *FlowTable) Len() int { return len(t.m) }
+func (t *FlowTable) Len() int { return t.recs.n }
+
+// socketOf rebuilds record pos as the socket it was made from.
+func (t *FlowTable) socketOf(pos int) sockdiag.Socket {
+	r := t.recs.at(pos)
+	s := sockdiag.Socket{
+		Family: r.flags.family(), State: r.state, Local: t.localAddr(pos), Remote: t.remoteAddr(pos),
+		UID: r.uid, Inode: r.inode, Cookie: r.cookie, CgroupID: r.cgroup,
+		Transparent: r.flags&flTransp != 0,
+	}
+	if r.flags&flHasInfo != 0 {
+		in := t.recs.info(pos, false)
+		s.HasInfo = true
+		s.LastDataSent = time.Duration(in.lastSentMS) * time.Millisecond
+		s.LastDataRecv = time.Duration(in.lastRecvMS) * time.Millisecond
+		s.DataSegsIn, s.DataSegsOut = in.segsIn, in.segsOut
+	}
+	return s
+}
+
+// flowAt fills f with record pos as a Flow.
+func (t *FlowTable) flowAt(pos int, f *Flow) {
+	r := t.recs.at(pos)
+	f.Socket = t.socketOf(pos)
+	r.class().to(f)
+	f.IdleMS = -1
+	if f.HasInfo {
+		f.IdleMS = Idle(&f.Socket, f.Direction).Milliseconds()
+	}
+}
+
+// classify attributes record pos under the current listener set.
+func (t *FlowTable) classify(pos int) {
+	s := t.socketOf(pos)
+	r := t.recs.at(pos)
+	r.setClass(t.cls.classify(&s, r.flags&flAccepted != 0))
+}
+
+func (t *FlowTable) count(delta int, r *record) {
+	t.sum.add(delta, r.class(), r.state)
+}
+
+// setSocket stores what a snapshot says of a socket into record pos.
+func (t *FlowTable) setSocket(pos int, s *sockdiag.Socket) {
+	r := t.recs.at(pos)
+	r.cookie, r.uid, r.inode, r.cgroup, r.state = s.Cookie, s.UID, s.Inode, s.CgroupID, s.State
+	t.setTuple(pos, s.Local, s.Remote)
+	r.flags = r.flags&^flFamily | familyKind(s.Family)
+	r.set(flTransp, s.Transparent)
+	r.set(flHasInfo, s.HasInfo)
+	if s.HasInfo {
+		*t.recs.info(pos, true) = packInfo(s)
+	}
+}
 
 // Replace makes the table equal to a snapshot (sockets outside TableMask
 // are ignored), keeping first-seen times of sockets it already had, and
 // returns what changed.
 func (t *FlowTable) Replace(socks []sockdiag.Socket, now time.Time) []Change {
-	old := t.m
-	t.m = make(map[flowKey]*tableEntry, len(socks))
-	clear(t.bySk)
-	t.cls.Reset()
+	t.beginReplace()
 	for i := range socks {
-		if socks[i].State == sockdiag.Listen {
-			t.cls.AddListener(&socks[i])
+		t.replaceSocket(&socks[i])
+	}
+	var changes []Change
+	t.endReplace(now, true, func(c *Change) { changes = append(changes, *c) })
+	return changes
+}
+
+// beginReplace starts a Replace fed one socket at a time (replaceSocket,
+// a dump's callback), or starts its dump again after an interrupted one.
+func (t *FlowTable) beginReplace() {
+	for i := range t.recs.n {
+		r := t.recs.at(i)
+		if !t.replacing {
+			r.prevState = r.state
+			r.flags |= flOld
+		}
+		r.flags &^= flSeen
+	}
+	t.replacing = true
+}
+
+// replaceSocket takes one socket of the snapshot: it updates the record in
+// place or adds one. Classification waits for endReplace, when the
+// listeners are all known.
+func (t *FlowTable) replaceSocket(s *sockdiag.Socket) {
+	if !TableMask.Has(s.State) || (!s.HasInfo && !s.State.HoldsDrain() && s.State != sockdiag.Listen) {
+		return
+	}
+	k := t.keyOf(s.Cookie, s.Local, s.Remote)
+	slot, pos := t.findKey(&k)
+	if pos < 0 {
+		pos = t.recs.push()
+		t.setSocket(pos, s)
+		t.byKey.insertAt(slot, pos)
+		t.byKey.grow(t.hashKeyFn)
+	} else {
+		t.setSocket(pos, s)
+	}
+	t.recs.at(pos).flags |= flSeen
+}
+
+// endReplace finishes a Replace at now. complete says the snapshot was
+// read whole: sockets it did not show are gone. After a failed dump
+// (!complete) nothing is removed: the table keeps every socket, updated
+// with what the dump read. emit (nil: none) is handed each change, with
+// the final counts.
+func (t *FlowTable) endReplace(now time.Time, complete bool, emit func(*Change)) {
+	t.replacing = false
+	n := t.recs.n
+	keep := func(r *record) bool { return !complete || r.flags&flSeen != 0 }
+	t.cls.Reset()
+	for i := range n {
+		if r := t.recs.at(i); keep(r) && r.state == sockdiag.Listen {
+			s := t.socketOf(i)
+			t.cls.AddListener(&s)
 		}
 	}
 	t.sum = Summary{}
-	var changes []Change
-	for i := range socks {
-		s := &socks[i]
-		if !TableMask.Has(s.State) || (!s.HasInfo && !s.State.HoldsDrain() && s.State != sockdiag.Listen) {
+	at := int64(now.Sub(t.epoch))
+	for i := range n {
+		r := t.recs.at(i)
+		if !keep(r) {
 			continue
 		}
-		k := t.keyOf(s)
-		prev, had := old[k]
-		e := &tableEntry{firstSeen: now}
-		if had {
-			e.firstSeen, e.accepted = prev.firstSeen, prev.accepted
-			delete(old, k)
+		if r.flags&flOld == 0 {
+			r.first = at
 		}
-		e.flow = t.cls.flow(s, e.accepted)
-		t.m[k] = e
-		t.sum.Count(&e.flow)
-		if !had || prev.flow.State != s.State {
-			oldState := sockdiag.Close
-			if had {
-				oldState = prev.flow.State
-			}
-			changes = append(changes, Change{Time: now, Flow: e.flow, OldState: oldState, NewState: s.State})
+		t.classify(i)
+		t.count(1, r)
+	}
+	if emit != nil {
+		t.emitReplaced(now, keep, emit)
+	}
+	if !complete {
+		for i := range n {
+			t.recs.at(i).flags &^= flOld | flSeen
 		}
+		return
 	}
-	for _, e := range old {
-		gone := e.flow
-		gone.State = sockdiag.Close
-		changes = append(changes, Change{Time: now, Flow: gone, OldState: e.flow.State, NewState: sockdiag.Close})
+	// Compact what stays (in order), forget kernel addresses (the
+	// snapshot tells none), and rebuild the key index.
+	w := 0
+	for i := range n {
+		if !keep(t.recs.at(i)) {
+			continue
+		}
+		if w != i {
+			t.recs.move(w, i)
+		}
+		r := t.recs.at(w)
+		r.skaddr = 0
+		r.flags &^= flOld | flSeen
+		w++
 	}
-	for i := range changes {
-		changes[i].Summary = t.sum
+	for t.recs.n > w {
+		t.recs.pop()
 	}
-	return changes
+	t.byKey.reset(w)
+	for i := range w {
+		t.byKey.insertAt(t.byKey.free(t.hashRecKey(i)), i)
+	}
+	t.bySk.reset(0)
+}
+
+// emitReplaced hands emit the changes of a Replace: new and changed
+// sockets that stay, then those that went (as they were, in CLOSE).
+func (t *FlowTable) emitReplaced(now time.Time, keep func(*record) bool, emit func(*Change)) {
+	var ch Change
+	for i := range t.recs.n {
+		r := t.recs.at(i)
+		old := r.flags&flOld != 0
+		if !keep(r) || old && r.prevState == r.state {
+			continue
+		}
+		ch = Change{Time: now, OldState: sockdiag.Close, NewState: r.state, Summary: t.sum}
+		if old {
+			ch.OldState = r.prevState
+		}
+		t.flowAt(i, &ch.Flow)
+		emit(&ch)
+	}
+	for i := range t.recs.n {
+		r := t.recs.at(i)
+		if keep(r) || r.flags&flOld == 0 {
+			continue
+		}
+		ch = Change{Time: now, OldState: r.state, NewState: sockdiag.Close, Summary: t.sum}
+		t.flowAt(i, &ch.Flow)
+		ch.Flow.State = sockdiag.Close
+		emit(&ch)
+	}
 }
 
 // Apply applies one probe event. It reports the change, or false when the
@@ -144,15 +449,21 @@ func (t *FlowTable) Apply(ev *probes.TCPEvent, now time.Time) (Change, bool) {
 		return Change{}, false
 	}
 	local, remote := unmapPort(ev.Local), unmapPort(ev.Remote)
-	k := t.key(ev.Cookie, FiveTuple{Local: local, Remote: remote})
-	if prev, ok := t.bySk[ev.SkAddr]; ok && ev.SkAddr != 0 && prev != k {
-		if ev.OldState == sockdiag.Close {
-			t.remove(prev) // a new socket at this address: the old one is gone
-		} else if _, exists := t.m[prev]; exists && !t.useCookie {
-			k = prev // the same socket, its tuple changed
+	k := t.keyOf(ev.Cookie, local, remote)
+	pos := -1
+	if ev.SkAddr != 0 {
+		if _, j := t.findSk(ev.SkAddr); j >= 0 && !t.matches(j, &k) {
+			if ev.OldState == sockdiag.Close {
+				t.removeAt(j) // a new socket at this address: the old one is gone
+			} else if !t.useCookie {
+				pos = j // the same socket, its tuple changed
+			}
 		}
 	}
-	e, had := t.m[k]
+	if pos < 0 {
+		_, pos = t.findKey(&k)
+	}
+	had := pos >= 0
 	if !had && !t.useCookie && local.Port() == 0 {
 		// Without cookies a socket is known by its tuple, and CLOSE→SYN_SENT
 		// fires before the local port is chosen: two connects to one peer
@@ -160,86 +471,144 @@ func (t *FlowTable) Apply(ev *probes.TCPEvent, now time.Time) (Change, bool) {
 		return Change{}, false
 	}
 	ch := Change{Time: now, OldState: ev.OldState, NewState: ev.NewState}
-	if had {
-		ch.OldState = e.flow.State
-	}
 	switch {
 	case !TableMask.Has(ev.NewState):
 		if !had {
 			return Change{}, false
 		}
-		t.remove(k)
-		ch.Flow = e.flow
+		ch.OldState = t.recs.at(pos).state
+		t.flowAt(pos, &ch.Flow)
 		ch.Flow.State = ev.NewState
+		t.removeAt(pos)
+		pos = -1
 	case had:
-		t.sum.Uncount(&e.flow)
-		s := e.flow.Socket
-		s.State = ev.NewState
-		if local.Port() != 0 {
-			s.Local, s.Remote = local, remote
-		}
-		e.accepted = e.accepted || ev.OldState == sockdiag.SynRecv
-		e.flow = t.cls.flow(&s, e.accepted)
-		t.sum.Count(&e.flow)
-		e.skaddr = ev.SkAddr
-		if nk := t.keyOf(&s); nk != k { // cookie-less: re-key on the new tuple
-			delete(t.m, k)
-			t.m[nk] = e
-			k = nk
-		}
-		ch.Flow = e.flow
+		ch.OldState = t.recs.at(pos).state
+		pos = t.update(pos, ev, local, remote)
+		t.flowAt(pos, &ch.Flow)
 	default:
-		s := sockdiag.Socket{Family: ev.Family, State: ev.NewState, Local: local, Remote: remote, UID: ev.UID, Cookie: ev.Cookie}
-		e = &tableEntry{firstSeen: now, skaddr: ev.SkAddr, accepted: ev.OldState == sockdiag.SynRecv}
-		if s.State == sockdiag.Listen {
-			t.cls.AddListener(&s)
-		}
-		e.flow = t.cls.flow(&s, e.accepted)
-		t.m[k] = e
-		t.sum.Count(&e.flow)
-		if s.State == sockdiag.Listen {
-			t.reclassifyPort(s.Local.Port())
-		}
-		ch.Flow = e.flow
+		pos = t.add(ev, local, remote, now)
+		t.flowAt(pos, &ch.Flow)
 	}
 	if ev.SkAddr != 0 {
-		if _, still := t.m[k]; still {
-			t.bySk[ev.SkAddr] = k
+		if pos >= 0 {
+			t.setSk(pos, ev.SkAddr)
 		} else {
-			delete(t.bySk, ev.SkAddr)
+			t.deleteSk(ev.SkAddr)
 		}
 	}
 	ch.Summary = t.sum
 	return ch, true
 }
 
-// remove drops an entry and forgets its listener.
-func (t *FlowTable) remove(k flowKey) {
-	e, ok := t.m[k]
-	if !ok {
-		return
+// update applies an event to the record at pos, and returns where the
+// record is afterwards.
+func (t *FlowTable) update(pos int, ev *probes.TCPEvent, local, remote netip.AddrPort) int {
+	rekey := false
+	if local.Port() != 0 && !t.useCookie {
+		nk := t.keyOf(0, local, remote)
+		if !t.matches(pos, &nk) {
+			rekey = true
+			// Another record under the new tuple is a socket whose end
+			// the kernel did not report: this one replaces it.
+			if _, o := t.findKey(&nk); o >= 0 {
+				last := t.recs.n - 1
+				t.removeAt(o)
+				if pos == last {
+					pos = o
+				}
+			}
+		}
 	}
-	t.sum.Uncount(&e.flow)
-	delete(t.m, k)
-	if e.skaddr != 0 && t.bySk[e.skaddr] == k {
-		delete(t.bySk, e.skaddr)
+	r := t.recs.at(pos)
+	t.count(-1, r)
+	r.state = ev.NewState
+	if local.Port() != 0 {
+		if rekey {
+			t.unindexKey(pos)
+		}
+		t.setTuple(pos, local, remote)
+		if rekey {
+			t.indexKey(pos)
+		}
 	}
-	if e.flow.State == sockdiag.Listen {
-		t.cls.RemoveListener(&e.flow.Socket)
-		t.reclassifyPort(e.flow.Local.Port())
+	if ev.OldState == sockdiag.SynRecv {
+		r.flags |= flAccepted
+	}
+	t.classify(pos)
+	t.count(1, r)
+	if r.skaddr != ev.SkAddr {
+		t.dropSk(pos)
+		r.skaddr = ev.SkAddr
+	}
+	return pos
+}
+
+// add makes a record for a socket an event revealed, and returns its
+// position.
+func (t *FlowTable) add(ev *probes.TCPEvent, local, remote netip.AddrPort, now time.Time) int {
+	pos := t.recs.push()
+	r := t.recs.at(pos)
+	r.cookie, r.uid, r.state, r.skaddr = ev.Cookie, ev.UID, ev.NewState, ev.SkAddr
+	r.first = int64(now.Sub(t.epoch))
+	t.setTuple(pos, local, remote)
+	r.flags |= familyKind(ev.Family)
+	r.set(flAccepted, ev.OldState == sockdiag.SynRecv)
+	t.indexKey(pos)
+	listen := ev.NewState == sockdiag.Listen
+	if listen {
+		s := t.socketOf(pos)
+		t.cls.AddListener(&s)
+	}
+	t.classify(pos)
+	t.count(1, r)
+	if listen {
+		t.reclassifyPort(local.Port())
+	}
+	return pos
+}
+
+// removeAt drops record pos and forgets its listener. The last record
+// moves into pos.
+func (t *FlowTable) removeAt(pos int) {
+	r := t.recs.at(pos)
+	t.count(-1, r)
+	t.unindexKey(pos)
+	t.dropSk(pos)
+	listen := r.state == sockdiag.Listen
+	var s sockdiag.Socket
+	if listen {
+		s = t.socketOf(pos)
+	}
+	if last := t.recs.n - 1; pos != last {
+		// Point the indexes at the last record's new place.
+		t.byKey.slots[slotOf(&t.byKey, t.hashRecKey(last), last)] = uint32(pos) + 1
+		if sk := t.recs.at(last).skaddr; sk != 0 {
+			if slot, j := t.findSk(sk); j == last {
+				t.bySk.slots[slot] = uint32(pos) + 1
+			}
+		}
+		t.recs.move(pos, last)
+	}
+	t.recs.pop()
+	t.byKey.shrink(t.hashKeyFn)
+	t.bySk.shrink(t.hashSkFn)
+	if listen {
+		t.cls.RemoveListener(&s)
+		t.reclassifyPort(s.Local.Port())
 	}
 }
 
 // reclassifyPort re-attributes the flows on a local port whose listener set
 // changed (a flow's direction depends on it).
 func (t *FlowTable) reclassifyPort(port uint16) {
-	for _, e := range t.m {
-		if e.flow.State == sockdiag.Listen || e.flow.Local.Port() != port {
+	for i := range t.recs.n {
+		r := t.recs.at(i)
+		if r.state == sockdiag.Listen || r.lport != port {
 			continue
 		}
-		t.sum.Uncount(&e.flow)
-		e.flow = t.cls.flow(&e.flow.Socket, e.accepted)
-		t.sum.Count(&e.flow)
+		t.count(-1, r)
+		t.classify(i)
+		t.count(1, r)
 	}
 }
 
@@ -249,27 +618,43 @@ type TrackedFlow struct {
 	Age time.Duration `json:"age_ns"`
 }
 
-// Flows returns the entries (listeners included) for which keep returns
-// true (nil: all), with their ages at now.
-func (t *FlowTable) Flows(now time.Time, keep func(*Flow) bool) []TrackedFlow {
-	var out []TrackedFlow
-	for _, e := range t.m {
-		if keep == nil || keep(&e.flow) {
-			out = append(out, TrackedFlow{Flow: e.flow, Age: now.Sub(e.firstSeen)})
+// Each calls fn for every entry (listeners included), with its age at now,
+// until fn returns false. The TrackedFlow is reused: copy what you keep;
+// fn must not call the table. Each allocates nothing.
+func (t *FlowTable) Each(now time.Time, fn func(*TrackedFlow) bool) {
+	since := now.Sub(t.epoch)
+	for i := range t.recs.n {
+		t.flowAt(i, &t.scratch.Flow)
+		t.scratch.Age = since - time.Duration(t.recs.at(i).first)
+		if !fn(&t.scratch) {
+			return
 		}
 	}
+}
+
+// Flows returns copies of the entries (listeners included) for which keep
+// returns true (nil: all), with their ages at now.
+func (t *FlowTable) Flows(now time.Time, keep func(*Flow) bool) []TrackedFlow {
+	var out []TrackedFlow
+	t.Each(now, func(f *TrackedFlow) bool {
+		if keep == nil || keep(&f.Flow) {
+			out = append(out, *f)
+		}
+		return true
+	})
 	return out
 }
 
 // Snapshot renders the table as a Snapshot.
 func (t *FlowTable) Snapshot(now time.Time) Snapshot {
 	snap := Snapshot{Taken: now, Summary: t.sum}
-	for _, e := range t.m {
-		if e.flow.State == sockdiag.Listen {
-			snap.Listeners = append(snap.Listeners, e.flow)
+	t.Each(now, func(f *TrackedFlow) bool {
+		if f.State == sockdiag.Listen {
+			snap.Listeners = append(snap.Listeners, f.Flow)
 		} else {
-			snap.Flows = append(snap.Flows, e.flow)
+			snap.Flows = append(snap.Flows, f.Flow)
 		}
-	}
+		return true
+	})
 	return snap
 }

@@ -1,9 +1,13 @@
 package flows
 
 import (
+	"fmt"
 	"net/netip"
+	"runtime"
+	"slices"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
@@ -77,4 +81,197 @@ func TestFlowTableEvents(t *testing.T) {
 			t.Fatalf("cookie=%v: listener still counted", useCookie)
 		}
 	}
+}
+
+// Without cookies, a new listener on the address of one whose close the
+// kernel did not report takes over its record (same key); the old kernel
+// address then names nothing. A later socket born at that old address is a
+// new flow: the live listener stays. (The map-based table kept the old
+// address pointing at the listener's key, and turned the listener into the
+// new flow.)
+func TestFlowTableTupleReuse(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	any4 := ap("0.0.0.0:0")
+	tab := NewFlowTable(DefaultPolicy(), false)
+	evs := []probes.TCPEvent{
+		{SkAddr: 1, OldState: sockdiag.Close, NewState: sockdiag.Listen, Family: unix.AF_INET, Local: ap("0.0.0.0:8080"), Remote: any4},
+		// The first listener's LISTEN→CLOSE is lost; a second one binds
+		// the same address.
+		{SkAddr: 2, OldState: sockdiag.Close, NewState: sockdiag.Listen, Family: unix.AF_INET, Local: ap("0.0.0.0:8080"), Remote: any4},
+		// A connect at the first listener's old address; its
+		// CLOSE→SYN_SENT is lost.
+		{SkAddr: 1, OldState: sockdiag.SynSent, NewState: sockdiag.Established, Family: unix.AF_INET, Local: ap("10.0.0.2:40000"), Remote: ap("10.0.0.3:443")},
+	}
+	for i := range evs {
+		tab.Apply(&evs[i], time.Now())
+	}
+	if got, want := tab.Summary(), (Summary{AppListeners: 1, AppOutbound: 1}); got != want || tab.Len() != 2 {
+		t.Fatalf("summary %+v (%d entries), want %+v (2)", got, tab.Len(), want)
+	}
+}
+
+// A resync whose dump the kernel interrupted starts its dump again: what
+// the abandoned attempt added and the retry did not show leaves without a
+// change; a resync that fails removes nothing.
+func TestFlowTableReplaceRetried(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	sock := func(cookie uint64, state sockdiag.State, local, remote string) sockdiag.Socket {
+		return sockdiag.Socket{Family: unix.AF_INET, State: state, Local: ap(local), Remote: ap(remote), Cookie: cookie, Inode: uint32(cookie)}
+	}
+	l := sock(1, sockdiag.Listen, "0.0.0.0:8080", "0.0.0.0:0")
+	a := sock(2, sockdiag.Established, "10.0.0.2:8080", "10.0.0.3:5000")
+	b := sock(3, sockdiag.Established, "10.0.0.2:8080", "10.0.0.3:5001")
+	c := sock(4, sockdiag.Established, "10.0.0.2:40000", "10.0.0.3:443")
+	now := time.Now()
+	tab := NewFlowTable(DefaultPolicy(), true)
+	tab.Replace([]sockdiag.Socket{l, a}, now)
+
+	tab.beginReplace()
+	for _, s := range []sockdiag.Socket{l, b} { // interrupted
+		tab.replaceSocket(&s)
+	}
+	tab.beginReplace()
+	for _, s := range []sockdiag.Socket{l, c} {
+		tab.replaceSocket(&s)
+	}
+	var changes []string
+	tab.endReplace(now, true, func(c *Change) {
+		changes = append(changes, fmt.Sprintf("%d %s→%s", c.Flow.Cookie, c.OldState, c.NewState))
+	})
+	slices.Sort(changes)
+	if want := []string{"2 ESTABLISHED→CLOSE", "4 CLOSE→ESTABLISHED"}; !slices.Equal(changes, want) {
+		t.Fatalf("changes %q, want %q", changes, want)
+	}
+	if got, want := tab.Summary(), (Summary{AppListeners: 1, AppOutbound: 1}); got != want {
+		t.Fatalf("summary %+v, want %+v", got, want)
+	}
+
+	// A failed dump that showed only b: b joins, nothing leaves.
+	tab.beginReplace()
+	tab.replaceSocket(&b)
+	tab.endReplace(now, false, nil)
+	if got, want := tab.Summary(), (Summary{AppListeners: 1, AppInbound: 1, AppOutbound: 1}); got != want || tab.Len() != 3 {
+		t.Fatalf("after a failed dump: %+v (%d entries), want %+v (3)", got, tab.Len(), want)
+	}
+}
+
+// fillTable makes a table of n established sockets (and a listener) from
+// a snapshot.
+func fillTable(tb testing.TB, n int, useCookie bool) (*FlowTable, []sockdiag.Socket) {
+	tb.Helper()
+	socks := make([]sockdiag.Socket, 0, n+1)
+	socks = append(socks, sockdiag.Socket{Family: unix.AF_INET, State: sockdiag.Listen, Local: netip.MustParseAddrPort("0.0.0.0:8080"),
+		Remote: netip.MustParseAddrPort("0.0.0.0:0"), Cookie: 1, Inode: 1})
+	for i := range n {
+		local := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 16), byte(i >> 8)}), 8080)
+		remote := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), uint16(1024+i%60000))
+		socks = append(socks, sockdiag.Socket{Family: unix.AF_INET, State: sockdiag.Established, Local: local, Remote: remote,
+			Cookie: uint64(100 + i), Inode: uint32(100 + i), UID: 1000, CgroupID: 5})
+	}
+	tab := NewFlowTable(DefaultPolicy(), useCookie)
+	tab.Replace(socks, time.Now())
+	if tab.Len() != n+1 {
+		tb.Fatalf("table has %d entries, want %d", tab.Len(), n+1)
+	}
+	return tab, socks
+}
+
+// Once grown, the table allocates nothing per socket: not for events, not
+// for a resync of the same sockets, not to walk it.
+func TestFlowTableAllocations(t *testing.T) {
+	for _, useCookie := range []bool{true, false} {
+		tab, socks := fillTable(t, 5000, useCookie)
+		now := time.Now()
+		evs := make([]probes.TCPEvent, 0, 2*len(socks))
+		for i := 1; i < len(socks); i++ {
+			s := &socks[i]
+			e := probes.TCPEvent{SkAddr: uint64(i) * 64, Cookie: s.Cookie, Family: s.Family, Local: s.Local, Remote: s.Remote, UID: s.UID}
+			if !useCookie {
+				e.Cookie = 0
+			}
+			e.OldState, e.NewState = sockdiag.Established, sockdiag.CloseWait
+			evs = append(evs, e)
+			e.OldState, e.NewState = sockdiag.CloseWait, sockdiag.Established
+			evs = append(evs, e)
+		}
+		tab.Replace(socks, now) // the events' kernel addresses enter the index once
+		for i := range evs {
+			tab.Apply(&evs[i], now)
+		}
+		if a := testing.AllocsPerRun(3, func() {
+			for i := range evs {
+				tab.Apply(&evs[i], now)
+			}
+		}); a > 0 {
+			t.Errorf("cookie=%v: %d events made %.0f allocations", useCookie, len(evs), a)
+		}
+		if a := testing.AllocsPerRun(3, func() {
+			tab.beginReplace()
+			for i := range socks {
+				tab.replaceSocket(&socks[i])
+			}
+			tab.endReplace(now, true, nil)
+		}); a > 0 {
+			t.Errorf("cookie=%v: a resync of %d sockets made %.0f allocations", useCookie, len(socks), a)
+		}
+		n := 0
+		count := func(*TrackedFlow) bool { n++; return true }
+		if a := testing.AllocsPerRun(3, func() { tab.Each(now, count) }); a > 0 {
+			t.Errorf("cookie=%v: Each made %.0f allocations", useCookie, a)
+		}
+	}
+}
+
+// TestFlowTableBytesPerSocket checks the table's Go heap per socket at
+// 100k sockets (docs/benchmarks.md: target 150 bytes): filled from a
+// snapshot, with tcp_info (an idle timeout), and from events (whose kernel
+// addresses the table indexes too), IPv4 and IPv6.
+func TestFlowTableBytesPerSocket(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds 100k-socket tables")
+	}
+	const n = 100000
+	measure := func(name string, fill func() *FlowTable) {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		tab := fill()
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		per := float64(after.HeapAlloc-before.HeapAlloc) / float64(tab.Len())
+		t.Logf("%s: %d sockets, %.1f bytes of Go heap each (record %d bytes)", name, tab.Len(), per, unsafe.Sizeof(record{}))
+		if per > 150 {
+			t.Errorf("%s: %.1f bytes per socket, want at most 150", name, per)
+		}
+		runtime.KeepAlive(tab)
+	}
+	measure("snapshot", func() *FlowTable { tab, _ := fillTable(t, n, true); return tab })
+	measure("snapshot with tcp_info", func() *FlowTable {
+		tab, socks := fillTable(t, n, true)
+		for i := range socks {
+			socks[i].HasInfo, socks[i].LastDataSent = true, time.Second
+		}
+		tab.Replace(socks, time.Now())
+		return tab
+	})
+	measure("events", func() *FlowTable {
+		tab := NewFlowTable(DefaultPolicy(), true)
+		for i := range n {
+			ev := probes.TCPEvent{SkAddr: uint64(i+1) * 64, Cookie: uint64(i + 1), OldState: sockdiag.SynSent, NewState: sockdiag.Established,
+				Family: unix.AF_INET, Local: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 2}), uint16(1024+i%60000)),
+				Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 443)}
+			tab.Apply(&ev, time.Now())
+		}
+		return tab
+	})
+	measure("events, IPv6", func() *FlowTable {
+		tab := NewFlowTable(DefaultPolicy(), true)
+		for i := range n {
+			ev := probes.TCPEvent{SkAddr: uint64(i+1) * 64, Cookie: uint64(i + 1), OldState: sockdiag.SynSent, NewState: sockdiag.Established,
+				Family: unix.AF_INET6, Local: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0xfd, 15: 2}), uint16(1024+i%60000)),
+				Remote: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0xfd, 1, 14: byte(i >> 8), 15: byte(i)}), 443)}
+			tab.Apply(&ev, time.Now())
+		}
+		return tab
+	})
 }

@@ -1,13 +1,18 @@
 package flows
 
 import (
+	"context"
+	"fmt"
 	"net"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // BenchmarkTrackerNotify measures the time from close() of a flow's last
@@ -83,6 +88,77 @@ func BenchmarkTrackerNotify(b *testing.B) {
 			ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 			b.ReportMetric(ms(lat[len(lat)/2]), "p50-ms")
 			b.ReportMetric(ms(lat[(len(lat)-1)*99/100]), "p99-ms")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+// BenchmarkTrackerThroughput measures state changes through the whole
+// tracker (probe, ring, table, subscribers) at full speed: several threads
+// open a listener and close it (2 changes, no packets) in a loop, for each
+// ring size. Metrics: changes/s the table applied, events the kernel could
+// not queue (lost) and the resyncs they caused.
+// Run: go test -run '^$' -bench TrackerThroughput -benchtime 50000x ./internal/flows
+func BenchmarkTrackerThroughput(b *testing.B) {
+	for _, ring := range []int{1 << 20, 2 << 20, 4 << 20, 8 << 20} {
+		b.Run(fmt.Sprintf("ring-%dMiB", ring>>20), func(b *testing.B) {
+			testutil.RequireBTF(b)
+			ns := testutil.NewNetNS(b)
+			h, err := namespace.Open(ns.Path())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer h.Close()
+			tr, err := OpenTracker(h, TrackerConfig{Mode: ModeEBPF, RingSize: ring, Policy: DefaultPolicy()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer tr.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- tr.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+			var applied atomic.Int64
+			changes, unwatch := tr.Watch(1 << 16)
+			defer unwatch()
+			go func() {
+				for range changes {
+					applied.Add(1)
+				}
+			}()
+			workers := 4
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for w := range workers {
+				n := b.N / workers
+				wg.Go(func() {
+					ns.Do(b, func() {
+						for range n {
+							fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+							if err != nil {
+								b.Error(err)
+								return
+							}
+							unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}})
+							unix.Listen(fd, 1)
+							unix.Close(fd)
+						}
+					})
+					_ = w
+				})
+			}
+			wg.Wait()
+			want := int64(2 * (b.N / workers) * workers)
+			for deadline := time.Now().Add(10 * time.Second); applied.Load() < want && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+			elapsed := time.Since(start)
+			b.StopTimer()
+			b.ReportMetric(float64(applied.Load())/elapsed.Seconds(), "changes/s")
+			b.ReportMetric(float64(tr.Lost()), "lost")
+			b.ReportMetric(float64(tr.Resyncs()), "resyncs")
+			b.ReportMetric(float64(tr.Dropped()), "watch-dropped")
 			b.ReportMetric(0, "ns/op")
 		})
 	}

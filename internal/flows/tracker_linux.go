@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cilium/ebpf/btf"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
@@ -33,11 +34,24 @@ type TrackerConfig struct {
 	// correct any drift (0: 5 minutes; negative: never). It is the only
 	// timer eBPF mode arms while nothing happens.
 	ReconcilePeriod time.Duration
-	// RingSize is the eBPF ring buffer size in bytes (0: default).
+	// RingSize is the eBPF ring buffer size in bytes (0: DefaultRingSize).
 	RingSize int
+	// BTFCache shares the kernel's decoded BTF with the other eBPF loads
+	// of the process (probes.TCPStateOptions.BTFCache); nil: the load
+	// decodes its own.
+	BTFCache *btf.Cache
 	// Logger receives the mode choice and resync notices (nil: none).
 	Logger *zap.Logger
 }
+
+// DefaultRingSize is the tracker's eBPF ring buffer: about 26k events
+// (80 bytes each), a burst of that many state changes absorbed while the
+// reader is descheduled; past it the tracker resyncs from a snapshot. It
+// weighs on draind's footprint twice over: the kernel maps a ring's pages
+// twice (VmRSS counts 4 MiB for it; the probe's own 8 MiB default counts
+// 16 MiB), and creating and mapping a larger ring slows the load (8 MiB:
+// ~10 ms more on 6.18).
+const DefaultRingSize = 2 << 20
 
 // DefaultPollPeriod is sockdiag mode's polling period: a LISTEN-and-flows
 // dump of a pod's namespace costs well under a millisecond.
@@ -61,6 +75,12 @@ type Tracker struct {
 	snapAt  time.Time     // when the last snapshot (and its tcp_info) was read
 	subs    map[chan struct{}]struct{}
 	watches map[chan Change]struct{}
+	// Built once, so that a resync allocates no closure.
+	replaceFn func(*sockdiag.Socket)
+	emitFn    func(*Change)
+
+	// How long OpenTracker's two steps took (Opened).
+	probeLoad, firstSnapshot time.Duration
 
 	resyncs  atomic.Uint64
 	lostSeen atomic.Uint64
@@ -85,6 +105,9 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 	if cfg.ReconcilePeriod == 0 {
 		cfg.ReconcilePeriod = 5 * time.Minute
 	}
+	if cfg.RingSize == 0 {
+		cfg.RingSize = DefaultRingSize
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -105,7 +128,8 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 	case ModeSockDiag:
 		t.mode, t.reason = ModeSockDiag, "asked for (--tracker sockdiag)"
 	case ModeEBPF, ModeAuto:
-		p, perr := probes.OpenTCPState(ns.Inode(), probes.TCPStateOptions{RingSize: cfg.RingSize})
+		loadStart := time.Now()
+		p, perr := probes.OpenTCPState(ns.Inode(), probes.TCPStateOptions{RingSize: cfg.RingSize, BTFCache: cfg.BTFCache})
 		if perr != nil {
 			var pu *probes.UnavailableError
 			if cfg.Mode == ModeEBPF || !errors.As(perr, &pu) {
@@ -113,6 +137,7 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 			}
 			t.mode, t.reason = ModeSockDiag, "eBPF unavailable: "+pu.Reason
 		} else {
+			t.probeLoad = time.Since(loadStart)
 			t.probe = p
 			t.mode, t.reason = ModeEBPF, "eBPF probe loaded"
 			if !p.UsesCookie() {
@@ -123,12 +148,23 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 		return nil, fmt.Errorf("%w, not %q", ErrTrackerMode, cfg.Mode)
 	}
 	t.table = NewFlowTable(cfg.Policy, t.probe == nil || t.probe.UsesCookie())
+	t.replaceFn, t.emitFn = t.table.replaceSocket, t.emitLocked
 	// eBPF: the probe is attached and buffering before this snapshot, so
 	// nothing that happens from here on is missed.
+	snapStart := time.Now()
 	if err := t.Resync(); err != nil {
 		return nil, err
 	}
+	t.firstSnapshot = time.Since(snapStart)
 	return t, nil
+}
+
+// Opened says how long OpenTracker's steps took: loading, verifying and
+// attaching the eBPF probe (kernel BTF included unless a shared cache had
+// it; 0 in sockdiag mode), and reading the first snapshot. For start-up
+// logs.
+func (t *Tracker) Opened() (probeLoad, firstSnapshot time.Duration) {
+	return t.probeLoad, t.firstSnapshot
 }
 
 // Mode returns the mode that runs and why it was chosen. It changes once
@@ -167,11 +203,23 @@ func (t *Tracker) Snapshot() Snapshot {
 	return s
 }
 
-// Flows returns the tracked sockets for which keep returns true, with ages.
+// Flows returns copies of the tracked sockets for which keep returns true,
+// with ages.
 func (t *Tracker) Flows(keep func(*Flow) bool) []TrackedFlow {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.table.Flows(time.Now(), keep)
+}
+
+// Each calls fn for every tracked socket (listeners included), with its
+// age, until fn returns false: a walk of the table that copies nothing. It
+// runs under the tracker's lock, which holds events back: fn must be quick
+// and must not call the Tracker. The TrackedFlow is reused between calls:
+// copy what you keep.
+func (t *Tracker) Each(fn func(*TrackedFlow) bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.table.Each(time.Now(), fn)
 }
 
 // Subscribe returns a channel that receives a value (coalesced) whenever
@@ -215,42 +263,64 @@ func (t *Tracker) LastSnapshot() time.Time {
 }
 
 // Resync replaces the table with a fresh snapshot now (it also refreshes
-// every flow's idle time, which events do not carry).
+// every flow's idle time, which events do not carry). When the dump fails
+// (or the kernel interrupted it at every retry), Resync returns the error
+// and the table keeps every socket it had, updated with what the dump
+// read: no socket leaves on a partial dump.
 func (t *Tracker) Resync() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.resyncLocked()
 }
 
+// dumpRetries bounds the dumps of one resync the kernel interrupts.
+const dumpRetries = 5
+
+// resyncLocked streams a dump into the table: each socket is decoded in
+// place and updates its record (sockdiag.Conn.Each, FlowTable.beginReplace):
+// no copy of the namespace is made, however large.
 func (t *Tracker) resyncLocked() error {
 	start := ktimeNow()
-	socks, err := t.diag.Sockets(TableMask | sockdiag.Mask(sockdiag.Listen))
+	before := t.table.Summary()
+	var err error
+	for range dumpRetries {
+		t.table.beginReplace()
+		err = t.diag.Each(TableMask|sockdiag.Mask(sockdiag.Listen), t.replaceFn)
+		if !errors.Is(err, sockdiag.ErrDumpInterrupted) {
+			break
+		}
+	}
+	var emit func(*Change)
+	if len(t.watches) > 0 {
+		emit = t.emitFn
+	}
+	now := time.Now()
+	t.table.endReplace(now, err == nil, emit)
+	t.notifyLocked(before)
 	if err != nil {
 		return err
 	}
-	before := t.table.Summary()
-	changes := t.table.Replace(socks, time.Now())
 	// Events stamped before the dump began are already in it. Those that
 	// race with the dump are re-applied: each sets an absolute state, so
 	// applying one twice is harmless.
 	t.since = start
-	t.snapAt = time.Now()
-	if t.table.Len() > 0 || len(changes) > 0 {
-		t.publishLocked(before, changes...)
-	}
+	t.snapAt = now
 	return nil
 }
 
-func (t *Tracker) publishLocked(before Summary, changes ...Change) {
-	for _, c := range changes {
-		for w := range t.watches {
-			select {
-			case w <- c:
-			default:
-				t.dropped.Add(1)
-			}
+// emitLocked hands a change to every watcher that has room.
+func (t *Tracker) emitLocked(c *Change) {
+	for w := range t.watches {
+		select {
+		case w <- *c:
+		default:
+			t.dropped.Add(1)
 		}
 	}
+}
+
+// notifyLocked tells the subscribers when the counts differ from before.
+func (t *Tracker) notifyLocked(before Summary) {
 	if t.table.Summary() == before {
 		return
 	}
@@ -349,7 +419,8 @@ func (t *Tracker) runEBPF(ctx context.Context) error {
 		if ev.Time >= t.since {
 			before := t.table.Summary()
 			if ch, ok := t.table.Apply(&ev, time.Now()); ok {
-				t.publishLocked(before, ch)
+				t.emitLocked(&ch)
+				t.notifyLocked(before)
 			}
 		}
 		t.mu.Unlock()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/draind/draind/internal/sockdiag"
 	"golang.org/x/sys/unix"
@@ -124,11 +125,11 @@ func openTCPState(netnsInode uint64, opts TCPStateOptions, forceNoCookie bool) (
 	}
 
 	useCookie := !forceNoCookie && !cookieUnsupported.Load()
-	p, err := loadProbe(netnsInode, uint32(ringSize), useCookie)
+	p, err := loadProbe(netnsInode, uint32(ringSize), useCookie, opts.BTFCache)
 	if err != nil && useCookie && isCookieRefused(err) {
 		cookieUnsupported.Store(true)
 		useCookie = false
-		p, err = loadProbe(netnsInode, uint32(ringSize), false)
+		p, err = loadProbe(netnsInode, uint32(ringSize), false, opts.BTFCache)
 	}
 	if err != nil {
 		return nil, unavailable(err)
@@ -137,7 +138,7 @@ func openTCPState(netnsInode uint64, opts TCPStateOptions, forceNoCookie bool) (
 	return p, nil
 }
 
-func loadProbe(netnsInode uint64, ringSize uint32, useCookie bool) (_ *TCPState, err error) {
+func loadProbe(netnsInode uint64, ringSize uint32, useCookie bool, cache *btf.Cache) (_ *TCPState, err error) {
 	spec, err := loadTcpstate()
 	if err != nil {
 		return nil, err
@@ -155,7 +156,7 @@ func loadProbe(netnsInode uint64, ringSize uint32, useCookie bool) (_ *TCPState,
 	spec.Maps[tcpstateMapEvents].MaxEntries = ringSize
 
 	p := &TCPState{}
-	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
+	if err := spec.LoadAndAssign(&p.objs, &ebpf.CollectionOptions{Cache: cache}); err != nil {
 		return nil, err
 	}
 	defer func() {

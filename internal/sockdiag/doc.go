@@ -12,6 +12,12 @@
 // changed under it) is read to its end and reported as [ErrDumpInterrupted];
 // [Conn.Sockets] retries it.
 //
+// A Conn frames netlink itself: a dump reads every datagram into one
+// 64 KiB buffer and decodes each message in place into one reused Socket,
+// so Each allocates nothing however many sockets it walks (a namespace of
+// 200k sockets is read without a copy of it). Sockets collects a reused
+// slice for callers that want one.
+//
 // # Messages
 //
 // [ParseMessage] decodes one inet_diag_msg and the attributes draind uses

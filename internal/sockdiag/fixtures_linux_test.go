@@ -7,15 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/testutil"
-	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // TestCaptureFixtures rewrites testdata/sockdiag/mixed.bin from a real dump
 // when DRAIND_UPDATE_FIXTURES=1: listeners (v4, v6), established flows,
-// CLOSE_WAIT, FIN_WAIT2 and TIME_WAIT sockets. It speaks netlink itself, so
-// the file holds exactly what the kernel sent.
+// CLOSE_WAIT, FIN_WAIT2 and TIME_WAIT sockets. The file holds the payloads
+// exactly as the kernel sent them.
 func TestCaptureFixtures(t *testing.T) {
 	if os.Getenv("DRAIND_UPDATE_FIXTURES") == "" {
 		t.Skip("set DRAIND_UPDATE_FIXTURES=1 to recapture the sock_diag fixtures")
@@ -34,24 +33,23 @@ func TestCaptureFixtures(t *testing.T) {
 	s.Close()
 	time.Sleep(50 * time.Millisecond)
 
-	nl, err := netlink.Dial(unix.NETLINK_SOCK_DIAG, &netlink.Config{NetNS: int(ns.Handle)})
+	h, err := namespace.Open(ns.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nl.Close()
+	defer h.Close()
+	d, err := Dial(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	// The raw payloads, exactly as the kernel sent them.
 	var out []byte
-	for _, family := range []uint8{afInet, afInet6} {
-		msgs, err := nl.Execute(netlink.Message{
-			Header: netlink.Header{Type: sockDiagByFamily, Flags: netlink.Request | netlink.Dump},
-			Data:   encodeRequest(family, AllStates, true),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range msgs {
-			out = binary.LittleEndian.AppendUint32(out, uint32(len(m.Data)))
-			out = append(out, m.Data...)
-		}
+	if err := d.dump(AllStates, func(m []byte) {
+		out = binary.LittleEndian.AppendUint32(out, uint32(len(m)))
+		out = append(out, m...)
+	}); err != nil {
+		t.Fatal(err)
 	}
 	path := filepath.Join("testdata", "sockdiag", "mixed.bin")
 	if err := os.WriteFile(path, out, 0o644); err != nil {

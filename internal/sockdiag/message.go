@@ -67,10 +67,11 @@ const (
 // ErrShortMessage is wrapped by decoding errors for truncated messages.
 var ErrShortMessage = errors.New("short inet_diag message")
 
-// encodeRequest builds an inet_diag_req_v2 asking for every TCP socket of
-// family in the states of mask, with tcp_info attached if info.
-func encodeRequest(family uint8, mask StateMask, info bool) []byte {
-	b := make([]byte, reqV2Len)
+// putRequest writes into b (reqV2Len bytes) an inet_diag_req_v2 asking for
+// every TCP socket of family in the states of mask, with tcp_info attached
+// if info.
+func putRequest(b []byte, family uint8, mask StateMask, info bool) {
+	clear(b[:reqV2Len])
 	b[0] = family
 	b[1] = ipprotoTCP
 	if info {
@@ -78,7 +79,6 @@ func encodeRequest(family uint8, mask StateMask, info bool) []byte {
 	}
 	binary.NativeEndian.PutUint32(b[4:8], uint32(mask))
 	// id (48 bytes) stays zero: a dump matches every socket.
-	return b
 }
 
 // ParseMessage decodes one inet_diag_msg and its attributes (the payload of

@@ -6,3 +6,4 @@ echo "## snapshot"; bash tools/bench/snapshot.sh
 echo "## go benchmarks (sockdiag, flows)"; go test -run '^$' -bench . -benchtime 20x ./internal/sockdiag ./internal/flows | grep -E '^(Benchmark|cpu)'
 echo "## events"; bash tools/bench/events.sh
 echo "## exit latency"; bash tools/bench/exit.sh "${DRAINS:-50}"
+echo "## footprint"; bash tools/bench/footprint.sh

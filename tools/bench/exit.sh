@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 n=${1:-50}
-go test -run '^$' -bench 'ExitLatency' -benchtime "${n}x" -timeout 30m ./e2e | grep -E '^(Benchmark|goos|cpu)'
+go test -count=1 -run '^$' -bench 'ExitLatency' -benchtime "${n}x" -timeout 30m ./e2e | grep -E '^(Benchmark|goos|cpu)'

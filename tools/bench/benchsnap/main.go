@@ -13,10 +13,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,14 +22,12 @@ import (
 
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/namespace"
-	"github.com/draind/draind/internal/nsrun"
 	"github.com/draind/draind/internal/sockdiag"
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
+	"github.com/draind/draind/tools/bench/benchns"
 )
 
 func main() {
+	benchns.ChildMain()
 	if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "benchsnap:", err)
 		os.Exit(1)
@@ -43,13 +39,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	sizes := fs.String("flows", "1000,10000,100000", "established connections per round (comma-separated)")
 	draind := fs.String("draind", "bin/draind", "draind binary for the whole-process row")
 	budget := fs.Duration("budget", 2*time.Second, "time spent on each measurement (at least 3 runs)")
-	childN := fs.Int("child", 0, "internal: run as a connection-holding child")
-	childPort := fs.Int("port", 0, "internal: the child's listener port")
 	if err := fs.Parse(args); err != nil {
 		return err
-	}
-	if *childN > 0 {
-		return runChild(*childN, *childPort)
 	}
 	if os.Geteuid() != 0 {
 		return errors.New("run as root (it creates a network namespace)")
@@ -69,12 +60,15 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 
 // round builds a namespace with n connections and measures every method.
 func round(ctx context.Context, stdout io.Writer, n int, draindBin string, budget time.Duration) error {
-	env, err := newBenchNS(n)
+	env, err := benchns.New()
 	if err != nil {
 		return err
 	}
-	defer env.close()
-	ns, err := namespace.ByPID(env.anchor.Process.Pid)
+	defer env.Close()
+	if err := env.Fill(n); err != nil {
+		return err
+	}
+	ns, err := namespace.ByPID(env.Pid())
 	if err != nil {
 		return err
 	}
@@ -84,18 +78,7 @@ func round(ctx context.Context, stdout io.Writer, n int, draindBin string, budge
 		return err
 	}
 	defer d.Close()
-	// The last handshakes may still be settling when the children report.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		got := 0
-		err := d.Each(sockdiag.Mask(sockdiag.Established), func(*sockdiag.Socket) { got++ })
-		if err == nil && got >= 2*n {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("namespace has %d established sockets, want %d (%v)", got, 2*n, err)
-		}
-	}
-	pid := strconv.Itoa(env.anchor.Process.Pid)
+	pid := strconv.Itoa(env.Pid())
 	cls := flows.NewClassifier(flows.DefaultPolicy())
 	methods := []struct {
 		name string
@@ -110,12 +93,12 @@ func round(ctx context.Context, stdout io.Writer, n int, draindBin string, budge
 			return err
 		}},
 		{"/proc/net/tcp{,6} parse (in process)", func() error { return parseProcNet("/proc/" + pid + "/net/") }},
-		{"`draind conns -o json` (process; with idle times, like ss -i)", env.command(draindBin, "conns", "--pid", pid, "-o", "json")},
-		{"`draind conns -o json --idle=false` (process; same facts as ss -tan)", env.command(draindBin, "conns", "--pid", pid, "-o", "json", "--idle=false")},
-		{"`ss -tan` (process)", env.command("ss", "-tan")},
-		{"`ss -tani` (process)", env.command("ss", "-tani")},
-		{"`ss -tlnp` (process)", env.command("ss", "-tlnp")},
-		{"`netstat -plunt` (process)", env.command("netstat", "-plunt")},
+		{"`draind conns -o json` (process; with idle times, like ss -i)", command(env, draindBin, "conns", "--pid", pid, "-o", "json")},
+		{"`draind conns -o json --idle=false` (process; same facts as ss -tan)", command(env, draindBin, "conns", "--pid", pid, "-o", "json", "--idle=false")},
+		{"`ss -tan` (process)", command(env, "ss", "-tan")},
+		{"`ss -tani` (process)", command(env, "ss", "-tani")},
+		{"`ss -tlnp` (process)", command(env, "ss", "-tlnp")},
+		{"`netstat -plunt` (process)", command(env, "netstat", "-plunt")},
 	}
 	for _, m := range methods {
 		samples, err := measure(ctx, m.fn, budget)
@@ -177,132 +160,11 @@ func parseProcNet(dir string) error {
 	return nil
 }
 
-// benchNS is a namespace holding n connections, with a process (anchor)
-// living in it so that commands and /proc can address it by pid.
-type benchNS struct {
-	handle   netns.NsHandle
-	anchor   *exec.Cmd
-	children []child
-}
-
-type child struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-}
-
-func newBenchNS(n int) (*benchNS, error) {
-	b := &benchNS{}
-	errc := make(chan error, 1)
-	go func() {
-		// This thread switches namespace and never switches back: it is
-		// left locked so the runtime retires it when the goroutine ends.
-		runtime.LockOSThread()
-		h, err := netns.New()
-		if err != nil {
-			errc <- fmt.Errorf("create netns: %w", err)
-			return
-		}
-		b.handle = h
-		errc <- b.fill(n)
-	}()
-	if err := <-errc; err != nil {
-		b.close()
-		return nil, err
-	}
-	return b, nil
-}
-
-// perChild bounds the connections one child holds: both ends are fds in
-// it, and the machine's hard RLIMIT_NOFILE may be as low as 20000.
-const perChild = 9000
-
-// fill runs on the locked thread inside the namespace: children started
-// here are born in it.
-func (b *benchNS) fill(n int) error {
-	lo, err := netlink.LinkByName("lo")
-	if err != nil {
-		return err
-	}
-	if err := netlink.LinkSetUp(lo); err != nil {
-		return err
-	}
-	os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", []byte("1024 65000"), 0)
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	for i := 0; n > 0; i++ {
-		k := min(n, perChild)
-		n -= k
-		cmd := exec.Command(self, "-child", strconv.Itoa(k), "-port", strconv.Itoa(65001+i))
-		// No Pdeathsig: it fires when the forking thread ends, and this
-		// one is retired with its namespace. Children exit when their
-		// stdin closes, which our exit does too.
-		cmd.Stderr = os.Stderr
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			return err
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			return err
-		}
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("start child: %w", err)
-		}
-		b.children = append(b.children, child{cmd, in})
-		if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
-			return fmt.Errorf("child %d: %q %v", i, line, err)
-		}
-	}
-	b.anchor = b.children[0].cmd
-	return nil
-}
-
-// runChild holds k connections to its own listener until stdin closes.
-func runChild(k, port int) error {
-	rlim := unix.Rlimit{Cur: 20000, Max: 20000}
-	unix.Getrlimit(unix.RLIMIT_NOFILE, &rlim)
-	rlim.Cur = rlim.Max
-	unix.Setrlimit(unix.RLIMIT_NOFILE, &rlim)
-	ln, err := net.Listen("tcp4", "127.0.0.1:"+strconv.Itoa(port))
-	if err != nil {
-		return err
-	}
-	var held []net.Conn
-	done := make(chan error, 1)
-	go func() {
-		for range k {
-			c, err := ln.Accept()
-			if err != nil {
-				done <- err
-				return
-			}
-			held = append(held, c)
-		}
-		done <- nil
-	}()
-	var dialed []net.Conn
-	for i := range k {
-		c, err := net.Dial("tcp4", ln.Addr().String())
-		if err != nil {
-			return fmt.Errorf("connection %d: %w", i, err)
-		}
-		dialed = append(dialed, c)
-	}
-	if err := <-done; err != nil {
-		return err
-	}
-	fmt.Println("ready")
-	io.Copy(io.Discard, os.Stdin)
-	return nil
-}
-
 // command returns a measurement running name in the namespace (it is
 // started from a thread inside it, so the child is born there).
-func (b *benchNS) command(name string, args ...string) func() error {
+func command(env *benchns.NS, name string, args ...string) func() error {
 	return func() error {
-		return nsrun.Do(b.handle, func() error {
+		return env.Do(func() error {
 			cmd := exec.Command(name, args...)
 			cmd.Stdout = io.Discard
 			var stderr strings.Builder
@@ -312,15 +174,5 @@ func (b *benchNS) command(name string, args ...string) func() error {
 			}
 			return nil
 		})
-	}
-}
-
-func (b *benchNS) close() {
-	for _, c := range b.children {
-		c.stdin.Close()
-		c.cmd.Wait()
-	}
-	if b.handle != 0 {
-		b.handle.Close()
 	}
 }

@@ -1,0 +1,243 @@
+// Package benchns builds the network namespaces the benchmarks measure: a
+// fresh namespace (loopback up, a wide ephemeral port range) with a process
+// living in it, to which N established loopback connections are added on
+// demand. The connections are held by child processes (re-executions of
+// the calling binary, which must call ChildMain first), each holding at
+// most PerChild of them: both ends are file descriptors in the child, and
+// the hard RLIMIT_NOFILE may be as low as 20000.
+package benchns
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/draind/draind/internal/namespace"
+	"github.com/draind/draind/internal/nsrun"
+	"github.com/draind/draind/internal/sockdiag"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// PerChild bounds the connections one child holds.
+const PerChild = 9000
+
+// childEnv marks a child: "K:PORT" (hold K connections to a listener of
+// its own on PORT).
+const childEnv = "BENCHNS_CHILD"
+
+// ChildMain runs the process as a connection-holding child when it was
+// started as one, and then exits; otherwise it returns at once.
+func ChildMain() {
+	v := os.Getenv(childEnv)
+	if v == "" {
+		return
+	}
+	k, port, _ := strings.Cut(v, ":")
+	n, err1 := strconv.Atoi(k)
+	p, err2 := strconv.Atoi(port)
+	if err := errors.Join(err1, err2); err != nil {
+		fmt.Fprintln(os.Stderr, "benchns child:", err)
+		os.Exit(2)
+	}
+	if err := runChild(n, p); err != nil {
+		fmt.Fprintln(os.Stderr, "benchns child:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// NS is a benchmark namespace.
+type NS struct {
+	Handle   netns.NsHandle
+	children []child
+	conns    int
+}
+
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+}
+
+// New creates a namespace with a process in it (Pid) and no connections.
+func New() (*NS, error) {
+	b := &NS{}
+	errc := make(chan error, 1)
+	go func() {
+		// This thread switches namespace and never switches back: it is
+		// left locked so the runtime retires it when the goroutine ends.
+		runtime.LockOSThread()
+		h, err := netns.New()
+		if err != nil {
+			errc <- fmt.Errorf("create netns: %w", err)
+			return
+		}
+		b.Handle = h
+		errc <- setup()
+	}()
+	if err := <-errc; err != nil {
+		b.Close()
+		return nil, err
+	}
+	if err := b.addChild(0); err != nil { // the anchor: a listener, no connections
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// setup runs inside the new namespace.
+func setup() error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return err
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return err
+	}
+	return os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", []byte("1024 65000"), 0)
+}
+
+// Pid is a process living in the namespace.
+func (b *NS) Pid() int { return b.children[0].cmd.Process.Pid }
+
+// Conns is the number of connections held.
+func (b *NS) Conns() int { return b.conns }
+
+// Do runs fn on a thread inside the namespace (processes it starts are
+// born there).
+func (b *NS) Do(fn func() error) error { return nsrun.Do(b.Handle, fn) }
+
+// Fill adds n connections (2n sockets) and waits until the kernel shows
+// them all established.
+func (b *NS) Fill(n int) error {
+	for n > 0 {
+		k := min(n, PerChild)
+		if err := b.addChild(k); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return b.WaitEstablished(2*b.conns, 10*time.Second)
+}
+
+func (b *NS) addChild(k int) error {
+	return b.Do(func() error {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		cmd := exec.Command(self)
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d:%d", childEnv, k, 65001+len(b.children)))
+		// No Pdeathsig: it fires when the forking thread ends. Children
+		// exit when their stdin closes, which our exit does too.
+		cmd.Stderr = os.Stderr
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			return err
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return err
+		}
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start child: %w", err)
+		}
+		b.children = append(b.children, child{cmd, in})
+		if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
+			return fmt.Errorf("child %d: %q %v", len(b.children), line, err)
+		}
+		b.conns += k
+		return nil
+	})
+}
+
+// WaitEstablished waits until the namespace has at least n established
+// sockets (the last handshakes may still be settling when children
+// report).
+func (b *NS) WaitEstablished(n int, timeout time.Duration) error {
+	ns, err := namespace.ByPID(b.Pid())
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	d, err := sockdiag.Dial(ns)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	d.SetInfo(false)
+	for deadline := time.Now().Add(timeout); ; time.Sleep(50 * time.Millisecond) {
+		got := 0
+		err := d.Each(sockdiag.Mask(sockdiag.Established), func(*sockdiag.Socket) { got++ })
+		if err == nil && got >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("namespace has %d established sockets, want %d (%v)", got, n, err)
+		}
+	}
+}
+
+// Close ends the children and releases the namespace.
+func (b *NS) Close() {
+	for _, c := range b.children {
+		c.stdin.Close()
+		c.cmd.Wait()
+	}
+	b.children = nil
+	if b.Handle != 0 {
+		b.Handle.Close()
+		b.Handle = 0
+	}
+}
+
+// runChild holds k connections to its own listener until stdin closes.
+func runChild(k, port int) error {
+	rlim := unix.Rlimit{Cur: 20000, Max: 20000}
+	unix.Getrlimit(unix.RLIMIT_NOFILE, &rlim)
+	rlim.Cur = rlim.Max
+	unix.Setrlimit(unix.RLIMIT_NOFILE, &rlim)
+	ln, err := net.Listen("tcp4", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		return err
+	}
+	var held []net.Conn
+	done := make(chan error, 1)
+	go func() {
+		for range k {
+			c, err := ln.Accept()
+			if err != nil {
+				done <- err
+				return
+			}
+			held = append(held, c)
+		}
+		done <- nil
+	}()
+	var dialed []net.Conn
+	for i := range k {
+		c, err := net.Dial("tcp4", ln.Addr().String())
+		if err != nil {
+			return fmt.Errorf("connection %d: %w", i, err)
+		}
+		dialed = append(dialed, c)
+	}
+	if err := <-done; err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	io.Copy(io.Discard, os.Stdin)
+	runtime.KeepAlive(held)
+	runtime.KeepAlive(dialed)
+	return nil
+}
