@@ -3,6 +3,7 @@ package agent
 import (
 	"github.com/draind/draind/internal/drain"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // metrics are draind's Prometheus metrics. Every value is read at scrape
@@ -45,6 +46,8 @@ func names[T interface{ String() string }](xs []T) []string {
 
 func newMetrics(a *agent) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
+	// The Go runtime's own (heap in use, goroutines, GC): draind's footprint.
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	gauge := func(name, help string, get func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, get)
 	}

@@ -7,11 +7,13 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/cilium/ebpf/btf"
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/envoy"
@@ -48,6 +50,7 @@ type agent struct {
 // Cancelling ctx stops the proxy at once (no drain). Errors are start-up
 // failures; a *ConfigError is the operator's to fix.
 func Run(ctx context.Context, cfg Config) (res Result, err error) {
+	begun := time.Now()
 	if err := cfg.Validate(); err != nil {
 		return Result{}, err
 	}
@@ -101,18 +104,13 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		ControlPorts:     append(slices.Clone(cfg.ExcludePorts), adminPort, statusPort),
 		IdleTimeout:      cfg.Drain.IdleTimeout,
 	}
-	a.tracker, err = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: policy, Logger: log, RingSize: cfg.RingSize})
-	if err != nil {
-		return Result{}, fmt.Errorf("tracker: %w", err)
-	}
-	closers = append(closers, a.tracker.Close)
-	mode, why := a.tracker.Mode()
-	log.Info("tracker", zap.String("mode", mode), zap.String("reason", why))
-
 	client := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second), envoy.WithExclude(envoy.ExcludeSet{Ports: cfg.ExcludePorts}))
 	closers = append(closers, func() error { client.CloseIdleConnections(); return nil })
 	a.admin = adminView{c: client}
 
+	// The proxy first: its start-up (Envoy's takes long) overlaps with
+	// draind's. Sockets it opens before the tracker's first snapshot are
+	// in that snapshot.
 	if err := a.limitProxyPrivileges(); err != nil { // privs: the proxy inherits only --proxy-caps
 		return Result{}, err
 	}
@@ -120,19 +118,44 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		return Result{}, err
 	}
 	// From here on the proxy must not outlive us: every return path below
-	// ends with it stopped (the machine's stop, or Pdeathsig).
+	// ends with it stopped (the machine's stop, or here).
 	log.Info("proxy started", zap.Int("pid", a.proxy.Pid()), zap.Strings("command", cfg.Command))
-	a.openAppProcs()
+	killProxy := func() {
+		a.proxy.Signal(syscall.SIGKILL)
+		<-a.proxy.Exited()
+	}
+
+	// The two eBPF objects load at once, decoding the kernel's BTF once
+	// between them (the cache is dropped after: it holds the decoded BTF).
+	cache := btf.NewCache()
+	var trErr error
+	trDone := make(chan struct{})
+	go func() {
+		defer close(trDone)
+		a.tracker, trErr = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: policy, Logger: log, RingSize: cfg.RingSize, BTFCache: cache})
+	}()
+	a.openAppProcs(cache)
+	<-trDone
 	if a.procs != nil {
 		closers = append(closers, a.procs.Close)
 	}
+	if trErr != nil {
+		killProxy()
+		return Result{}, fmt.Errorf("tracker: %w", trErr)
+	}
+	closers = append(closers, a.tracker.Close)
+	mode, why := a.tracker.Mode()
+	load, first := a.tracker.Opened()
+	log.Info("tracker", zap.String("mode", mode), zap.String("reason", why), zap.Duration("probe_load", load), zap.Duration("first_snapshot", first))
 	if why := a.exitWithAppRefused(); why != "" {
-		a.proxy.Signal(syscall.SIGKILL)
-		<-a.proxy.Exited()
+		killProxy()
 		return Result{}, configErr("--exit-with-app %s: %s", cfg.Drain.ExitWithApp, why)
 	}
 	log.Info("pod shape", zap.String("shape", a.shape()), zap.String("exit_with_app", string(cfg.Drain.ExitWithApp)))
 	a.dropPrivileges() // privs: eBPF loaded, namespaces open, proxy started: keep only what the run still uses
+	// Start-up's garbage (decoded BTF, the first snapshot's buffers) goes
+	// back to the kernel now, not at some later collection: the idle RSS.
+	debug.FreeOSMemory()
 
 	nonTraffic := portSet(cfg.ExcludePorts)
 	nonTraffic[statusPort], nonTraffic[adminPort] = true, true
@@ -145,7 +168,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	fv := newFlowView(a.tracker, nonTraffic, appOnly, cfg.Drain.IdleTimeout)
 	fv.portFlows = a.hostNet
 	defer fv.Close()
-	parts := drain.Parts{Flows: fv, Admin: a.admin, Proxy: a.proxy, Log: log}
+	parts := drain.Parts{Flows: fv, Admin: a.admin, Proxy: a.proxy, Log: log, Begun: begun}
 	if a.procs != nil {
 		parts.Apps = appView{a.procs}
 	}
@@ -204,7 +227,8 @@ func portSet(ports []uint16) map[uint16]bool {
 
 // openAppProcs picks the app-liveness source (docs/design.md, "When is the
 // app done?") and tells a hostNetwork pod, logging which and why.
-func (a *agent) openAppProcs() {
+func (a *agent) openAppProcs(cache *btf.Cache) {
+	start := time.Now()
 	if a.cfg.AppProcs == "off" || a.cfg.Drain.Gateway {
 		a.hostNet = a.cfg.HostNetwork == "true"
 		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "process tracking off"))
@@ -218,7 +242,7 @@ func (a *agent) openAppProcs() {
 	case "proc":
 		mode = appprocs.ModeProc
 	}
-	var opts []appprocs.Option
+	opts := []appprocs.Option{appprocs.WithBTFCache(cache)}
 	if a.cfg.ProcRingSize > 0 {
 		opts = append(opts, appprocs.WithRingSize(a.cfg.ProcRingSize))
 	}
@@ -251,7 +275,7 @@ func (a *agent) openAppProcs() {
 	a.procs = src
 	cov := src.Coverage()
 	a.log.Info("app liveness", zap.String("source", src.Kind()), zap.String("reason", reason), zap.Int("app_processes", src.Count()),
-		zap.Bool("complete", cov.Complete), zap.String("coverage", cov.Reason))
+		zap.Bool("complete", cov.Complete), zap.String("coverage", cov.Reason), zap.Duration("took", time.Since(start)))
 }
 
 // exitWithAppRefused says why --exit-with-app cannot work here ("": it
@@ -328,11 +352,12 @@ func (a *agent) readiness(ctx context.Context) (bool, string) {
 	}
 	if len(a.appPorts) > 0 {
 		have := map[uint16]bool{}
-		for _, f := range a.tracker.Flows(func(f *flows.Flow) bool {
-			return f.Direction == flows.DirListen && f.Owner == flows.OwnerApp
-		}) {
-			have[f.Local.Port()] = true
-		}
+		a.tracker.Each(func(f *flows.TrackedFlow) bool {
+			if f.Direction == flows.DirListen && f.Owner == flows.OwnerApp {
+				have[f.Local.Port()] = true
+			}
+			return true
+		})
 		for p := range a.appPorts {
 			if !have[p] {
 				return false, fmt.Sprintf("app not listening on port %d", p)

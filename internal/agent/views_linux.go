@@ -47,29 +47,29 @@ func (v *flowView) downstream(f *flows.Flow) bool {
 	return f.Owner == flows.OwnerProxy && f.Direction == flows.DirInbound && !v.nonTraffic[f.Local.Port()]
 }
 
-// Observe reads the flows the gate decides on.
+// Observe reads the flows the gate decides on, walking the table in place.
 func (v *flowView) Observe() drain.FlowView {
 	var out drain.FlowView
-	snapAt := v.tr.LastSnapshot()
-	for _, f := range v.tr.Flows(nil) {
+	snapAt := v.tr.LastSnapshot() // before Each: Each holds the tracker's lock
+	v.tr.Each(func(f *flows.TrackedFlow) bool {
 		switch {
 		case f.State == sockdiag.Listen:
 			if f.Owner == flows.OwnerApp && (v.appPorts == nil || v.appPorts[f.Local.Port()]) {
 				out.AppListeners++
 			}
-			continue
+			return true
 		case !f.State.HoldsDrain():
-			continue
+			return true
 		}
 		down := v.downstream(&f.Flow)
-		app := f.Owner == flows.OwnerApp
+		app := v.appFlow(&f.Flow)
 		switch {
 		case down:
 			out.Downstream++
 			if f.IdleExpired {
 				out.DownstreamIdle++
 			}
-		case app && f.Holds && !f.Control && (!v.portFlows || v.appPorts[f.Local.Port()]):
+		case app && f.Holds:
 			out.AppHolding++
 		}
 		if v.idle > 0 && f.Holds && (down || app) {
@@ -77,8 +77,15 @@ func (v *flowView) Observe() drain.FlowView {
 				out.IdleWake = at
 			}
 		}
-	}
+		return true
+	})
 	return out
+}
+
+// appFlow reports whether f is one of the app's own flows: not control
+// traffic, and on --app-ports where only those are the app's.
+func (v *flowView) appFlow(f *flows.Flow) bool {
+	return f.Owner == flows.OwnerApp && !f.Control && (!v.portFlows || v.appPorts[f.Local.Port()])
 }
 
 // idleExpiry is the earliest moment a holding flow can pass the idle
@@ -95,15 +102,16 @@ func idleExpiry(f flows.Flow, snapAt time.Time, timeout time.Duration) time.Time
 // its status port) hold nothing and are left out.
 func (v *flowView) Holding() []drain.OpenFlow {
 	var out []drain.OpenFlow
-	for _, f := range v.tr.Flows(func(f *flows.Flow) bool {
-		return f.State != sockdiag.Listen && f.State.HoldsDrain() &&
-			(f.Owner == flows.OwnerApp && f.Holds && !f.Control && (!v.portFlows || v.appPorts[f.Local.Port()]) || v.downstream(f))
-	}) {
+	v.tr.Each(func(f *flows.TrackedFlow) bool {
+		if f.State == sockdiag.Listen || !f.State.HoldsDrain() || !(v.appFlow(&f.Flow) && f.Holds || v.downstream(&f.Flow)) {
+			return true
+		}
 		out = append(out, drain.OpenFlow{
 			Owner: f.Owner.String(), Direction: f.Direction.String(), State: f.State.String(),
 			Local: f.Local, Remote: f.Remote, IdleMS: f.IdleMS, Age: f.Age,
 		})
-	}
+		return true
+	})
 	return out
 }
 

@@ -125,6 +125,8 @@ type Parts struct {
 	Admin Admin
 	Proxy Proxy
 	Log   *zap.Logger
+	// Begun is when the process began (for the ready line's since_start).
+	Begun time.Time
 }
 
 // DrainListenersState is where the drain_listeners call stands.
@@ -347,6 +349,9 @@ func (m *Machine) watchLive(ctx context.Context) {
 	live := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
+		// Ask often at first (an Envoy that goes LIVE a moment after draind
+		// starts is ready at once), then every 200 ms.
+		wait := 10 * time.Millisecond
 		for {
 			cctx, ccancel := context.WithTimeout(ctx, time.Second)
 			ok, _ := m.Admin.Live(cctx)
@@ -358,8 +363,9 @@ func (m *Machine) watchLive(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(200 * time.Millisecond):
+			case <-time.After(wait):
 			}
+			wait = min(2*wait, 200*time.Millisecond)
 		}
 	})
 	m.liveC = live
@@ -379,7 +385,11 @@ func (m *Machine) stopLiveWatch() {
 func (m *Machine) onLive(ctx context.Context) {
 	m.stopLiveWatch()
 	if m.Phase() == Starting {
-		m.enter(Ready)
+		if m.Begun.IsZero() {
+			m.enter(Ready)
+		} else {
+			m.enter(Ready, zap.Duration("since_start", time.Since(m.Begun)))
+		}
 	}
 	m.checkGauges(ctx)
 }
