@@ -106,31 +106,22 @@ func processOf(t probes.ProcTask) Process {
 // Run applies ring buffer events until ctx ends, classifying again after
 // each batch, and takes a snapshot when the kernel dropped events.
 func (s *ebpfSource) Run(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() { s.probe.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	var ev probes.ProcEvent
 	pending := 0
-	for {
-		if err := s.probe.ReadEvent(&ev); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return s.fail(err)
-		}
+	err := probes.ReadUntil(ctx, s.probe, func(ev *probes.ProcEvent) error {
 		if ev.Time >= s.since {
 			s.mu.Lock()
-			applyEvent(s.table, &ev)
+			applyEvent(s.table, ev)
 			s.mu.Unlock()
 			pending++
 		}
 		if ev.More && pending < 64 {
-			continue // more queued: apply them before classifying
+			return nil // more queued: apply them before classifying
 		}
 		// The ring is drained: were events dropped while it was full?
 		if lost := s.probe.Lost(); lost != s.seenLost {
 			snap, err := s.snapshot()
 			if err != nil {
-				return s.fail(fmt.Errorf("resync after lost events: %w", err))
+				return fmt.Errorf("resync after lost events: %w", err)
 			}
 			s.seenLost = lost
 			if snap.Walk.Complete() {
@@ -145,7 +136,12 @@ func (s *ebpfSource) Run(ctx context.Context) error {
 			s.update(nil)
 			pending = 0
 		}
+		return nil
+	})
+	if err != nil {
+		return s.fail(err)
 	}
+	return nil
 }
 
 // applyEvent applies one event to t (under its lock). Every event is

@@ -70,17 +70,14 @@ const (
 	ClassPause
 )
 
+// classNames are the classes' names, by value.
+var classNames = [...]string{ClassApp: "app", ClassSelf: "self", ClassProxy: "proxy", ClassPause: "pause"}
+
 func (c Class) String() string {
-	switch c {
-	case ClassSelf:
-		return "self"
-	case ClassProxy:
-		return "proxy"
-	case ClassPause:
-		return "pause"
-	default:
-		return "app"
+	if int(c) < len(classNames) {
+		return classNames[c]
 	}
+	return "app"
 }
 
 // MarshalText makes classes read as names in JSON.

@@ -157,19 +157,7 @@ func ParseMode(s string) (Mode, error) {
 // UnavailableError says why a backend cannot run here. Reason is one line
 // for the log: one of probes.UnavailableError's reasons (eBPF), or
 // "/proc: <why /proc cannot see the app>", or both (auto mode).
-type UnavailableError struct {
-	Reason string
-	Err    error
-}
-
-func (e *UnavailableError) Error() string {
-	if e.Err == nil {
-		return "process tracking unavailable: " + e.Reason
-	}
-	return "process tracking unavailable: " + e.Reason + ": " + e.Err.Error()
-}
-
-func (e *UnavailableError) Unwrap() error { return e.Err }
+type UnavailableError = probes.UnavailableError
 
 // Option tunes Open.
 type Option func(*options)

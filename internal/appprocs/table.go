@@ -3,6 +3,7 @@ package appprocs
 import (
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // table is what both backends keep and how they keep it: every process of
@@ -25,8 +26,8 @@ type table struct {
 	pinned    bool            // pause decided (first snapshot)
 	pause     Process         // the pause rule's pick, when pauseOK
 	pauseOK   bool
-	app       []Process // the app's, by PID
-	err       error
+	app       []Process             // the app's, by PID
+	err       atomic.Pointer[error] // what stopped Run; set once
 	coverage  Coverage
 	hostNetNS uint64        // 0: unknown
 	pending   []pendingExit // exits since the last recompute
@@ -76,9 +77,10 @@ func (t *table) Changed() <-chan struct{} { return t.changed }
 
 // Err is the error that stopped Run, if any.
 func (t *table) Err() error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.err
+	if p := t.err.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // Coverage says whether the last snapshot saw every process.
@@ -125,11 +127,7 @@ func (t *table) update(change func()) {
 
 // fail records the error that stops Run, signals it and returns it.
 func (t *table) fail(err error) error {
-	t.mu.Lock()
-	if t.err == nil {
-		t.err = err
-	}
-	t.mu.Unlock()
+	t.err.CompareAndSwap(nil, &err)
 	t.signal()
 	return err
 }

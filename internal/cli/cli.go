@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os/signal"
+	"syscall"
 
 	"github.com/draind/draind/internal/privs"
 )
@@ -19,10 +21,10 @@ type exitError struct {
 }
 
 func (e *exitError) Error() string {
-	if e.err == nil {
-		return fmt.Sprintf("exit status %d", e.code)
+	if e.err != nil {
+		return e.err.Error()
 	}
-	return e.err.Error()
+	return fmt.Sprintf("exit status %d", e.code)
 }
 func (e *exitError) Unwrap() error { return e.err }
 
@@ -66,6 +68,11 @@ commands:
 "draind COMMAND -h" lists a command's flags and their environment twins.
 `
 
+// commands are draind's commands but version and help.
+var commands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{
+	"run": runRun, "wait": runWait, "prestop": runPrestop, "drain": runDrain, "conns": runConns, "watch": runWatch,
+}
+
 // Version is set at build time (-ldflags "-X .../internal/cli.Version=...").
 var Version = "dev"
 
@@ -77,19 +84,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return &exitError{code: 2}
 	}
 	cmd, rest := args[0], args[1:]
+	if run, ok := commands[cmd]; ok {
+		return run(ctx, rest, stdout, stderr)
+	}
 	switch cmd {
-	case "run":
-		return runRun(ctx, rest, stdout, stderr)
-	case "wait":
-		return runWait(ctx, rest, stdout, stderr)
-	case "prestop":
-		return runPrestop(ctx, rest, stdout, stderr)
-	case "drain":
-		return runDrain(ctx, rest, stdout, stderr)
-	case "conns":
-		return runConns(ctx, rest, stdout, stderr)
-	case "watch":
-		return runWatch(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
 		_, err := fmt.Fprintln(stdout, "draind", Version)
 		return err
@@ -106,3 +104,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // them, or in a build that cannot change them (cgo), nothing changes and
 // each command falls back as it does without privileges.
 func raiseFileCaps() { privs.RaiseEffective() }
+
+// untilSignal is ctx, cancelled by SIGTERM or SIGINT: how the kubelet ends a
+// hook, and a terminal a watch.
+func untilSignal(ctx context.Context) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+}

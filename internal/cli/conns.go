@@ -48,6 +48,31 @@ func (n *nsFlags) register(fs *flagSet, withTarget bool) {
 	fs.durationVar(&n.idleTimeout, "idle-timeout", 0, "a flow idle longer than this stops holding the drain (0: off)")
 }
 
+// parse parses a command's flags and variables, makes the image's file
+// capabilities effective, and checks the namespace flags.
+func (n *nsFlags) parse(fs *flagSet, args []string) error {
+	if err := fs.parse(args); err != nil {
+		return err
+	}
+	raiseFileCaps()
+	return n.validate(fs.Name())
+}
+
+// helped turns the help request a parse reports into success.
+func helped(err error) error {
+	if errors.Is(err, errHelp) {
+		return nil
+	}
+	return err
+}
+
+// trackerFlag is --tracker: how sockets are followed.
+func trackerFlag(fs *flagSet) *oneOf {
+	t := &oneOf{val: "auto", words: []string{"auto", "ebpf", "sockdiag"}}
+	fs.Var(t, "tracker", "how sockets are followed: auto|ebpf|sockdiag")
+	return t
+}
+
 func (n *nsFlags) validate(cmd string) error {
 	if n.netns != "" && n.pid != 0 {
 		return usageErr("%s: --netns and --pid are exclusive", cmd)
@@ -107,15 +132,8 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Var(out, "o", "output format: table (sorted by owner and address) or json (streamed in the kernel's order as it is read, summary last)")
 	withProcs := fs.Bool("procs", false, "also list the app's processes in the namespace (eBPF task iterator, else /proc)")
 	withIdle := fs.Bool("idle", true, "read each flow's idle time (tcp_info; most of the cost of a large dump)")
-	if err := fs.parse(args); err != nil {
-		if errors.Is(err, errHelp) {
-			return nil
-		}
-		return err
-	}
-	raiseFileCaps()
-	if err := nf.validate("conns"); err != nil {
-		return err
+	if err := nf.parse(fs, args); err != nil {
+		return helped(err)
 	}
 	if fs.NArg() > 0 {
 		return usageErr("conns: unexpected argument %q", fs.Arg(0))

@@ -118,28 +118,15 @@ func WriteJSON(w io.Writer, snap *flows.Snapshot) error {
 }
 
 func appendSummary(b []byte, s *flows.Summary) []byte {
-	b = append(b, `"summary":{"app_listeners":`...)
-	b = strconv.AppendInt(b, int64(s.AppListeners), 10)
-	b = append(b, `,"app_inbound":`...)
-	b = strconv.AppendInt(b, int64(s.AppInbound), 10)
-	b = append(b, `,"app_outbound":`...)
-	b = strconv.AppendInt(b, int64(s.AppOutbound), 10)
-	b = append(b, `,"app_idle":`...)
-	b = strconv.AppendInt(b, int64(s.AppIdle), 10)
-	b = append(b, `,"proxy_listeners":`...)
-	b = strconv.AppendInt(b, int64(s.ProxyListeners), 10)
-	b = append(b, `,"proxy_flows":`...)
-	b = strconv.AppendInt(b, int64(s.ProxyFlows), 10)
-	b = append(b, `,"proxy_inbound":`...)
-	b = strconv.AppendInt(b, int64(s.ProxyInbound), 10)
-	b = append(b, `,"proxy_outbound":`...)
-	b = strconv.AppendInt(b, int64(s.ProxyOutbound), 10)
-	b = append(b, `,"proxy_idle":`...)
-	b = strconv.AppendInt(b, int64(s.ProxyIdle), 10)
-	b = append(b, `,"control":`...)
-	b = strconv.AppendInt(b, int64(s.Control), 10)
-	b = append(b, `,"closing":`...)
-	b = strconv.AppendInt(b, int64(s.Closing), 10)
+	b = append(b, `"summary":{`...)
+	for i, n := range s.Counts() {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendQuote(b, flows.SummaryKeys[i])
+		b = append(b, ':')
+		b = strconv.AppendInt(b, int64(n), 10)
+	}
 	return append(b, '}')
 }
 

@@ -88,8 +88,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	fs.durationVar(&d.Deadline, "drain-deadline", d.Deadline, "the whole drain, stop steps included, ends this long after it began")
 	fs.durationVar(&d.StopTimeout, "stop-timeout", d.StopTimeout, "time the proxy gets after /quitquitquit, then after SIGTERM, before SIGKILL")
 	fs.BoolVar(&d.Gateway, "gateway", false, "drain every listener, and wait for no app")
-	tracker := &oneOf{val: "auto", words: []string{"auto", "ebpf", "sockdiag"}}
-	fs.Var(tracker, "tracker", "how sockets are followed: auto|ebpf|sockdiag")
+	tracker := trackerFlag(fs)
 	exitWithApp := &oneOf{val: "off", words: []string{"off", "success", "any"}, alias: map[string]string{"true": "success", "false": "off"}}
 	fs.Var(exitWithApp, "exit-with-app", "end the proxy when the app's work is done (Jobs): off | success (its main process exited 0) | any (true: success)")
 	fs.durationVar(&d.AppRestartGrace, "app-restart-grace", d.AppRestartGrace, "with --exit-with-app: an app back within this long (a restarted container) keeps the proxy")

@@ -11,20 +11,16 @@ import (
 // ServerState is the value of Envoy's server.state gauge.
 type ServerState uint64
 
-// Envoy's server states (envoy.admin.v3.ServerInfo.State).
+// Envoy's server states (envoy.admin.v3.ServerInfo.State), in its order.
 const (
-	StateLive            ServerState = 0
-	StateDraining        ServerState = 1
-	StatePreInitializing ServerState = 2
-	StateInitializing    ServerState = 3
+	StateLive ServerState = iota
+	StateDraining
+	StatePreInitializing
+	StateInitializing
 )
 
-var stateNames = [...]string{
-	StateLive:            "LIVE",
-	StateDraining:        "DRAINING",
-	StatePreInitializing: "PRE_INITIALIZING",
-	StateInitializing:    "INITIALIZING",
-}
+// stateNames are the states' names, by value.
+var stateNames = [...]string{"LIVE", "DRAINING", "PRE_INITIALIZING", "INITIALIZING"}
 
 func (s ServerState) String() string {
 	if s < ServerState(len(stateNames)) {

@@ -77,6 +77,16 @@ type Summary struct {
 	Closing int `json:"closing"`
 }
 
+// SummaryKeys are the summary's JSON keys, in the order of Counts.
+var SummaryKeys = [...]string{"app_listeners", "app_inbound", "app_outbound", "app_idle", "proxy_listeners",
+	"proxy_flows", "proxy_inbound", "proxy_outbound", "proxy_idle", "control", "closing"}
+
+// Counts are the summary's counts, in the order of SummaryKeys.
+func (s *Summary) Counts() [len(SummaryKeys)]int {
+	return [...]int{s.AppListeners, s.AppInbound, s.AppOutbound, s.AppIdle, s.ProxyListeners,
+		s.ProxyFlows, s.ProxyInbound, s.ProxyOutbound, s.ProxyIdle, s.Control, s.Closing}
+}
+
 // AppHolding is the number of app flows that still hold the drain.
 func (s Summary) AppHolding() int { return s.AppInbound + s.AppOutbound - s.AppIdle }
 
@@ -250,24 +260,19 @@ func (s *Summary) add(delta int, k class, state sockdiag.State) {
 		s.Control += delta
 	case !state.HoldsDrain():
 		s.Closing += delta
-	case owner == OwnerProxy:
-		s.ProxyFlows += delta
-		if dir == DirInbound {
-			s.ProxyInbound += delta
-		} else {
-			s.ProxyOutbound += delta
-		}
-		if idleExpired {
-			s.ProxyIdle += delta
-		}
 	default:
+		in, out, idle := &s.AppInbound, &s.AppOutbound, &s.AppIdle
+		if owner == OwnerProxy {
+			s.ProxyFlows += delta
+			in, out, idle = &s.ProxyInbound, &s.ProxyOutbound, &s.ProxyIdle
+		}
 		if dir == DirInbound {
-			s.AppInbound += delta
+			*in += delta
 		} else {
-			s.AppOutbound += delta
+			*out += delta
 		}
 		if idleExpired {
-			s.AppIdle += delta
+			*idle += delta
 		}
 	}
 }

@@ -72,7 +72,7 @@ type Tracker struct {
 	mu      sync.Mutex
 	table   *FlowTable
 	since   time.Duration // eBPF: events older than the last snapshot are stale
-	snapAt  time.Time     // when the last snapshot (and its tcp_info) was read
+	snapAt  atomic.Int64  // when the last snapshot (and its tcp_info) was read, unix ns
 	subs    map[chan struct{}]struct{}
 	watches map[chan Change]struct{}
 	// Built once, so that a resync allocates no closure.
@@ -226,27 +226,25 @@ func (t *Tracker) Each(fn func(*TrackedFlow) bool) {
 // the counts change, and a function to unsubscribe.
 func (t *Tracker) Subscribe() (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
-	t.mu.Lock()
-	t.subs[ch] = struct{}{}
-	t.mu.Unlock()
-	return ch, func() {
-		t.mu.Lock()
-		delete(t.subs, ch)
-		t.mu.Unlock()
-	}
+	return ch, register(&t.mu, t.subs, ch)
 }
 
 // Watch returns a channel of every change, buffered by buf; changes a slow
 // reader does not take are counted by Dropped, never block the tracker.
 func (t *Tracker) Watch(buf int) (<-chan Change, func()) {
 	ch := make(chan Change, buf)
-	t.mu.Lock()
-	t.watches[ch] = struct{}{}
-	t.mu.Unlock()
-	return ch, func() {
-		t.mu.Lock()
-		delete(t.watches, ch)
-		t.mu.Unlock()
+	return ch, register(&t.mu, t.watches, ch)
+}
+
+// register adds ch to set under mu, and returns what removes it.
+func register[C comparable](mu *sync.Mutex, set map[C]struct{}, ch C) func() {
+	mu.Lock()
+	set[ch] = struct{}{}
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		delete(set, ch)
+		mu.Unlock()
 	}
 }
 
@@ -256,11 +254,7 @@ func (t *Tracker) Dropped() uint64 { return t.dropped.Load() }
 // LastSnapshot is when the table was last read whole from sock_diag: the
 // time its flows' idle times (IdleMS) were measured. Flows added by events
 // since carry no idle time.
-func (t *Tracker) LastSnapshot() time.Time {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.snapAt
-}
+func (t *Tracker) LastSnapshot() time.Time { return time.Unix(0, t.snapAt.Load()) }
 
 // Resync replaces the table with a fresh snapshot now (it also refreshes
 // every flow's idle time, which events do not carry). When the dump fails
@@ -304,7 +298,7 @@ func (t *Tracker) resyncLocked() error {
 	// race with the dump are re-applied: each sets an absolute state, so
 	// applying one twice is harmless.
 	t.since = start
-	t.snapAt = now
+	t.snapAt.Store(now.UnixNano())
 	return nil
 }
 
@@ -352,16 +346,16 @@ func (t *Tracker) Run(ctx context.Context) error {
 func (t *Tracker) runPoll(ctx context.Context) error {
 	tick := time.NewTicker(t.cfg.PollPeriod)
 	defer tick.Stop()
-	for {
+	for ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
-			return nil
 		case <-tick.C:
 			if err := t.Resync(); err != nil {
 				return fmt.Errorf("poll %s: %w", t.name, err)
 			}
 		}
 	}
+	return nil
 }
 
 // lostCheckAfter is how soon after a burst of events the lost counter is
@@ -370,8 +364,6 @@ func (t *Tracker) runPoll(ctx context.Context) error {
 const lostCheckAfter = 50 * time.Millisecond
 
 func (t *Tracker) runEBPF(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() { t.probe.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
 	var reconcile <-chan time.Time
 	if t.cfg.ReconcilePeriod > 0 {
 		tk := time.NewTicker(t.cfg.ReconcilePeriod)
@@ -406,19 +398,12 @@ func (t *Tracker) runEBPF(ctx context.Context) error {
 	}()
 	defer func() { close(done); wg.Wait() }()
 
-	var ev probes.TCPEvent
 	n := 0
-	for {
-		if err := t.probe.ReadEvent(&ev); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
+	return probes.ReadUntil(ctx, t.probe, func(ev *probes.TCPEvent) error {
 		t.mu.Lock()
 		if ev.Time >= t.since {
 			before := t.table.Summary()
-			if ch, ok := t.table.Apply(&ev, time.Now()); ok {
+			if ch, ok := t.table.Apply(ev, time.Now()); ok {
 				t.emitLocked(&ch)
 				t.notifyLocked(before)
 			}
@@ -431,7 +416,8 @@ func (t *Tracker) runEBPF(ctx context.Context) error {
 		case checkLost <- struct{}{}:
 		default:
 		}
-	}
+		return nil
+	})
 }
 
 // resyncIfLost takes a snapshot when the kernel dropped events since the

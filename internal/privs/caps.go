@@ -8,6 +8,8 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Cap is one Linux capability, by its number (linux/capability.h).
@@ -16,15 +18,9 @@ type Cap uint8
 // The capabilities draind names in its code; every other one is known by
 // name too (ParseCap, String).
 const (
-	CapKill      Cap = 5
-	CapSetGID    Cap = 6
-	CapSetUID    Cap = 7
-	CapSetPCap   Cap = 8
-	CapNetAdmin  Cap = 12
-	CapSysPtrace Cap = 19
-	CapSysAdmin  Cap = 21
-	CapPerfmon   Cap = 38
-	CapBPF       Cap = 39
+	CapKill, CapSetGID, CapSetUID, CapSetPCap Cap = unix.CAP_KILL, unix.CAP_SETGID, unix.CAP_SETUID, unix.CAP_SETPCAP
+	CapNetAdmin, CapSysPtrace, CapSysAdmin    Cap = unix.CAP_NET_ADMIN, unix.CAP_SYS_PTRACE, unix.CAP_SYS_ADMIN
+	CapPerfmon, CapBPF                        Cap = unix.CAP_PERFMON, unix.CAP_BPF
 )
 
 // capNames are the kernel's names without CAP_, as Kubernetes writes them

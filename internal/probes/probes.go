@@ -33,6 +33,7 @@
 package probes
 
 import (
+	"context"
 	"errors"
 	"net/netip"
 
@@ -42,8 +43,9 @@ import (
 	"github.com/draind/draind/internal/sockdiag"
 )
 
-// UnavailableError says why an eBPF object cannot run on this host. Callers
-// fall back (to sock_diag polling, to /proc) and log Reason once.
+// UnavailableError says why an eBPF object (or another way of seeing the
+// kernel: package appprocs' /proc backend) cannot run on this host.
+// Callers fall back (to sock_diag polling, to /proc) and log Reason once.
 //
 // Reason is one line, one of:
 //
@@ -64,9 +66,9 @@ type UnavailableError struct {
 
 func (e *UnavailableError) Error() string {
 	if e.Err == nil {
-		return "ebpf unavailable: " + e.Reason
+		return "unavailable: " + e.Reason
 	}
-	return "ebpf unavailable: " + e.Reason + ": " + e.Err.Error()
+	return "unavailable: " + e.Reason + ": " + e.Err.Error()
 }
 
 func (e *UnavailableError) Unwrap() error { return e.Err }
@@ -110,4 +112,30 @@ type TCPEvent struct {
 	Local    netip.AddrPort
 	Remote   netip.AddrPort
 	UID      uint32
+}
+
+// EventReader is a probe's stream of events (TCPState, Procs).
+type EventReader[E any] interface {
+	ReadEvent(ev *E) error
+	SetDeadline(t time.Time)
+}
+
+// ReadUntil reads r's events, calling fn for each, until ctx ends (it then
+// returns nil), reading fails or fn fails (it returns that error). The
+// event passed to fn is reused.
+func ReadUntil[E any](ctx context.Context, r EventReader[E], fn func(*E) error) error {
+	stop := context.AfterFunc(ctx, func() { r.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	var ev E
+	for {
+		if err := r.ReadEvent(&ev); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if err := fn(&ev); err != nil {
+			return err
+		}
+	}
 }

@@ -20,7 +20,7 @@ func TestUnavailableError(t *testing.T) {
 	if s := err.Error(); !strings.Contains(s, ue.Reason) || strings.Contains(s, "\n") {
 		t.Errorf("Error() = %q: want the reason, on one line", s)
 	}
-	if s := (&UnavailableError{Reason: "kernel has no BTF"}).Error(); s != "ebpf unavailable: kernel has no BTF" {
+	if s := (&UnavailableError{Reason: "kernel has no BTF"}).Error(); s != "unavailable: kernel has no BTF" {
 		t.Errorf("Error() without cause = %q", s)
 	}
 }

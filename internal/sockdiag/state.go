@@ -11,18 +11,18 @@ type State uint8
 
 // TCP states.
 const (
-	Established State = 1
-	SynSent     State = 2
-	SynRecv     State = 3
-	FinWait1    State = 4
-	FinWait2    State = 5
-	TimeWait    State = 6
-	Close       State = 7
-	CloseWait   State = 8
-	LastAck     State = 9
-	Listen      State = 10
-	Closing     State = 11
-	NewSynRecv  State = 12
+	Established State = iota + 1
+	SynSent
+	SynRecv
+	FinWait1
+	FinWait2
+	TimeWait
+	Close
+	CloseWait
+	LastAck
+	Listen
+	Closing
+	NewSynRecv
 )
 
 var stateNames = [...]string{
