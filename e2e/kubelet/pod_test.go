@@ -135,6 +135,7 @@ func startPod(t *testing.T, tmpl string, p podParams) *pod {
 	pd := &pod{t: t, n: n, p: p, full: p.Name + "-" + cfg.NodeName, dir: p.WorkDir,
 		containers: map[string]*ctrRecord{}, stop: make(chan struct{}), done: make(chan struct{})}
 	manifestPath := filepath.Join(cfg.StateDir, "manifests", p.Name+".yaml")
+	started := time.Now()
 	if err := os.WriteFile(manifestPath, manifest, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -143,11 +144,11 @@ func startPod(t *testing.T, tmpl string, p podParams) *pod {
 		pd.waitContainersExited(45 * time.Second)
 		close(pd.stop)
 		<-pd.done
+		report.add("pod", p.Name+" whole run", fmt.Sprintf("%s (manifest written → every container exited)", fmtDur(time.Since(started))))
 		if t.Failed() || os.Getenv("DRAIND_E2E_LOGS") == "1" {
 			pd.dumpLogs()
 		}
 	})
-	started := time.Now()
 	go pd.watch()
 	// The sandbox's address, then draind's readiness, seen from the host.
 	deadline := time.Now().Add(60 * time.Second)
