@@ -24,11 +24,17 @@ func TestNativeSidecar(t *testing.T) {
 	o.log(t, "native")
 	hook := o.preStopDone.Sub(o.preStop)
 	exit := o.proxyExit.Sub(o.draindTerm)
-	t.Logf("native: preStop draind drain took %s; draind SIGTERM %s after the app exited; draind exited %s after its SIGTERM (target 50 ms)",
-		fmtDur(hook), fmtDur(o.draindTerm.Sub(o.appExit)), fmtDur(exit))
+	// Where the sidecar's last moments go: draind's own log (ms) between
+	// the kubelet's StopContainer and the container's end in the CRI.
+	logs := pd.draindLog(-1)
+	sig, stop, exited := logTime(findLog(logs, "signal")), logTime(findLogWith(logs, "phase", "phase", "stopping")), logTime(findLogWith(logs, "phase", "phase", "exited"))
+	steps := fmt.Sprintf("kubelet StopContainer → draind's signal log %s → Envoy asked to quit %s → draind's exit log %s → the CRI's finish %s",
+		fmtDur(sig.Sub(o.draindTerm)), fmtDur(stop.Sub(sig)), fmtDur(exited.Sub(stop)), fmtDur(o.proxyExit.Sub(exited)))
+	t.Logf("native: preStop draind drain took %s; draind SIGTERM %s after the app exited; draind exited %s after its SIGTERM (target 50 ms): %s",
+		fmtDur(hook), fmtDur(o.draindTerm.Sub(o.appExit)), fmtDur(exit), steps)
 	report.add("scenario", "native: preStop hook took", fmtDur(hook))
 	report.add("scenario", "native: app exit → draind SIGTERM", fmtDur(o.draindTerm.Sub(o.appExit)))
-	report.add("scenario", "native: draind SIGTERM → exit", fmtDur(exit)+" (target 50 ms)")
+	report.add("scenario", "native: draind SIGTERM → exit", fmtDur(exit)+" (target 50 ms): "+steps)
 	if o.preStop.IsZero() || o.preStopDone.IsZero() {
 		t.Fatalf("the kubelet did not run draind's preStop hook to completion (ran at %s, completed at %s)", o.rel(o.preStop), o.rel(o.preStopDone))
 	}
