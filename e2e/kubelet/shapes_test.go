@@ -141,7 +141,11 @@ func runJob(t *testing.T, r jobRow) {
 	}
 	_, stderr := splitCRILog(px.log)
 	refusal := errorLine(stderr)
-	runs := len(pd.attempts("app"))
+	apps := pd.attempts("app")
+	runs := len(apps)
+	if runs > 1 {
+		t.Logf("%s: the kubelet restarted the task %s after its exit", r.name, fmtDur(apps[1].started.Sub(apps[0].finished)))
+	}
 	t.Logf("%s: restartPolicy %s, DRAIND_EXIT_WITH_APP=%s, app liveness %s: pod phase %s; app ran %d time(s), last exit %d; calls %d ok / %d failed; %s; drain trigger %q",
 		r.name, r.restart, r.mode, liveness, phase, runs, app.exitCode, calls.ok, calls.fail, proxy, trigger)
 	result := fmt.Sprintf("restartPolicy=%s liveness=%s phase=%s app-runs=%d last-exit=%d calls=%d/%d-failed %s", r.restart, liveness, phase, runs, app.exitCode, calls.ok, calls.fail, proxy)
