@@ -208,6 +208,12 @@ func TestDockerfileFileCapabilities(t *testing.T) {
 	if !slices.Contains(set.Permitted, 38) || !slices.Contains(set.Permitted, 39) {
 		t.Errorf("DRAIND_FILE_CAPS %q: want cap_bpf and cap_perfmon", capsArg)
 	}
+	if set.Effective {
+		t.Errorf("DRAIND_FILE_CAPS %q: want no effective bit (+p): execve refuses a +ep binary whose capabilities are not all in the bounding set", capsArg)
+	}
+	if capsArg != imageFileCaps {
+		t.Errorf("DRAIND_FILE_CAPS %q, but the e2e images carry %q (main_test.go's imageFileCaps)", capsArg, imageFileCaps)
+	}
 	var found bool
 	for _, r := range commandsOf[*instructions.RunCommand](final) {
 		if r.PrependShell {

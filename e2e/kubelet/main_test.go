@@ -30,11 +30,20 @@ var (
 	repoRoot = mustAbs("../..")
 )
 
+// imageFileCaps are the root Dockerfile's DRAIND_FILE_CAPS: permitted
+// only, no effective bit (draind raises them itself).
+// TestDockerfileFileCapabilities keeps the two the same.
+const imageFileCaps = "cap_bpf,cap_perfmon,cap_net_admin+p"
+
+// oldFileCaps is what the image had before draind raised its own
+// capabilities (still built with --build-arg DRAIND_FILE_CAPS=...).
+const oldFileCaps = "cap_bpf,cap_perfmon+ep"
+
 // Image names: imported into containerd's k8s.io namespace, never pulled.
 const (
-	imgDraind       = "docker.io/draind/e2e-draind:dev"       // draind with cap_bpf,cap_perfmon+ep, envoysim as the proxy
-	imgDraindNoCaps = "docker.io/draind/e2e-draind:nocaps"    // the same binaries, no file capabilities
-	imgDraindPerm   = "docker.io/draind/e2e-draind:permitted" // cap_bpf,cap_perfmon+p (no effective bit)
+	imgDraind       = "docker.io/draind/e2e-draind:dev"    // draind with the Dockerfile's file caps (imageFileCaps), envoysim as the proxy
+	imgDraindEP     = "docker.io/draind/e2e-draind:ep"     // the old image: cap_bpf,cap_perfmon+ep (--build-arg DRAIND_FILE_CAPS)
+	imgDraindNoCaps = "docker.io/draind/e2e-draind:nocaps" // the same binaries, no file capabilities
 	imgApp          = "docker.io/draind/e2e-app:dev"
 	imgPause        = "docker.io/draind/e2e-pause:dev"
 )
@@ -152,9 +161,9 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 		}
 	}
 	specs := []ociimage.Spec{
-		draindImage(imgDraind, "cap_bpf,cap_perfmon+ep"),
+		draindImage(imgDraind, imageFileCaps),
+		draindImage(imgDraindEP, oldFileCaps),
 		draindImage(imgDraindNoCaps, ""),
-		draindImage(imgDraindPerm, "cap_bpf,cap_perfmon+p"),
 		{Ref: imgApp, Files: []ociimage.File{{Src: bin("testapp"), Dst: "/usr/local/bin/testapp"}}, Dirs: []string{"/tmp"}, Entrypoint: []string{"/usr/local/bin/testapp"}, User: "1000"},
 		{Ref: imgPause, Files: []ociimage.File{{Src: bin("pause"), Dst: "/pause"}}, Entrypoint: []string{"/pause"}, User: "65535"},
 	}

@@ -145,17 +145,19 @@ func execHook(h *corev1.LifecycleHandler) []string {
 }
 
 // draindSidecar checks the securityContext documented for eBPF mode as a
-// non-root user: uid 1337, BPF and PERFMON in the bounding set.
-func draindSidecar(t *testing.T, file string, c *corev1.Container) {
+// non-root user: uid 1337, BPF and PERFMON in the bounding set, no
+// privilege escalation; and, for a serving pod, draind's readiness probe.
+func draindSidecar(t *testing.T, file string, c *corev1.Container, serving bool) {
 	t.Helper()
 	if c == nil {
 		t.Fatalf("%s: no draind container", file)
 	}
 	sc := c.SecurityContext
-	if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 1337 || !hasCaps(sc, "BPF", "PERFMON") {
-		t.Errorf("%s: %s: want runAsUser 1337 and capabilities.add [BPF, PERFMON] (eBPF mode)", file, c.Name)
+	if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 1337 || !hasCaps(sc, "BPF", "PERFMON") ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Errorf("%s: %s: want runAsUser 1337, allowPrivilegeEscalation false and capabilities.add [BPF, PERFMON] (eBPF mode)", file, c.Name)
 	}
-	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz/ready" || p.HTTPGet.Port.IntValue() != 15020 {
+	if p := c.ReadinessProbe; serving && (p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz/ready" || p.HTTPGet.Port.IntValue() != 15020) {
 		t.Errorf("%s: %s: want a readinessProbe on :15020/healthz/ready", file, c.Name)
 	}
 }
@@ -168,7 +170,10 @@ func TestDeployManifests(t *testing.T) {
 	}
 	t.Run("classic", func(t *testing.T) {
 		m := findManifest(t, ms, "deploy/classic-sidecar.yaml")
-		draindSidecar(t, m.file, containerNamed(&m.pod.Spec, "envoy"))
+		draindSidecar(t, m.file, containerNamed(&m.pod.Spec, "envoy"), true)
+		if m.pod.Spec.ShareProcessNamespace != nil && *m.pod.Spec.ShareProcessNamespace {
+			t.Errorf("%s: shareProcessNamespace is not needed (draind follows the app's processes in any PID namespace)", m.file)
+		}
 	})
 	t.Run("native", func(t *testing.T) {
 		m := findManifest(t, ms, "deploy/native-sidecar.yaml")
@@ -177,7 +182,7 @@ func TestDeployManifests(t *testing.T) {
 			c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 			t.Fatalf("%s: want an init container envoy with restartPolicy: Always", m.file)
 		}
-		draindSidecar(t, m.file, c)
+		draindSidecar(t, m.file, c, true)
 		if hook := execHook(c.Lifecycle.PreStop); len(hook) != 2 || filepath.Base(hook[0]) != "draind" || hook[1] != "drain" {
 			t.Errorf("%s: preStop %q, want [draind drain]", m.file, hook)
 		}
@@ -197,17 +202,27 @@ func TestDeployManifests(t *testing.T) {
 	})
 	t.Run("job", func(t *testing.T) {
 		m := findManifest(t, ms, "deploy/job-exit-with-app.yaml")
-		if m.pod.Spec.RestartPolicy != corev1.RestartPolicyNever && m.pod.Spec.RestartPolicy != corev1.RestartPolicyOnFailure {
-			t.Errorf("%s: a Job's pod needs restartPolicy Never or OnFailure", m.file)
-		}
 		c := containerNamed(&m.pod.Spec, "envoy")
 		if c == nil {
 			t.Fatalf("%s: no envoy container", m.file)
 		}
-		exitWithApp := slices.Contains(c.Args, "--exit-with-app") || slices.Contains(c.Command, "--exit-with-app") ||
-			slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "DRAIND_EXIT_WITH_APP" && e.Value == "true" })
-		if !exitWithApp {
-			t.Errorf("%s: want --exit-with-app or DRAIND_EXIT_WITH_APP=true", m.file)
+		draindSidecar(t, m.file, c, false)
+		mode := ""
+		for _, e := range c.Env {
+			if e.Name == "DRAIND_EXIT_WITH_APP" {
+				mode = e.Value
+			}
+		}
+		// The mode that completes the pod under its restartPolicy
+		// (TestJobExitWithApp measures both): Never needs any (a failed
+		// task must end the proxy), OnFailure success (the restarted task
+		// needs the proxy).
+		want := map[corev1.RestartPolicy][]string{corev1.RestartPolicyNever: {"any"}, corev1.RestartPolicyOnFailure: {"success", "true"}}[m.pod.Spec.RestartPolicy]
+		if want == nil {
+			t.Fatalf("%s: a Job's pod needs restartPolicy Never or OnFailure, not %q", m.file, m.pod.Spec.RestartPolicy)
+		}
+		if !slices.Contains(want, mode) {
+			t.Errorf("%s: DRAIND_EXIT_WITH_APP=%q under restartPolicy %s, want %v", m.file, mode, m.pod.Spec.RestartPolicy, want)
 		}
 	})
 	t.Run("node-debug", func(t *testing.T) {

@@ -49,20 +49,27 @@ const (
 )
 
 // nonRootEBPF is the documented securityContext for eBPF mode as a
-// non-root user: the image's file capabilities (cap_bpf,cap_perfmon+ep)
-// need BPF and PERFMON in the bounding set, which capabilities.add gives.
+// non-root user (README, docs/kubernetes.md): uid 1337, no privilege
+// escalation, drop ALL, add BPF and PERFMON (into the bounding set, where
+// the image's +p file capabilities take them from).
 func nonRootEBPF() *corev1.SecurityContext {
-	uid := int64(1337)
+	uid, yes, no := int64(1337), true, false
 	return &corev1.SecurityContext{
-		RunAsUser: &uid, RunAsGroup: &uid,
+		RunAsUser: &uid, RunAsGroup: &uid, RunAsNonRoot: &yes, AllowPrivilegeEscalation: &no,
 		Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"BPF", "PERFMON"}, Drop: []corev1.Capability{"ALL"}},
 	}
 }
 
-func defaultDraindCommand(extra ...string) []string {
-	cmd := []string{"/usr/local/bin/draind", "run", "--status-addr", fmt.Sprintf(":%d", statusPort), "--min-drain", "2s"}
-	cmd = append(cmd, extra...)
+// draindCommand is draind run with the pods' status address and flags,
+// supervising envoysim.
+func draindCommand(flags []string) []string {
+	cmd := append([]string{"/usr/local/bin/draind", "run", "--status-addr", fmt.Sprintf(":%d", statusPort)}, flags...)
 	return append(cmd, "--", "/usr/local/bin/envoysim", "-c", "/work/envoysim.json", "--drain-time-s", "45", "--drain-strategy", "immediate")
+}
+
+// defaultDraindCommand: a 2 s min-drain (endpoint propagation, shortened).
+func defaultDraindCommand(extra ...string) []string {
+	return draindCommand(append([]string{"--min-drain", "2s"}, extra...))
 }
 
 // pod is one static pod's run: its manifest, and what the CRI and the
@@ -128,6 +135,7 @@ func startPod(t *testing.T, tmpl string, p podParams) *pod {
 	pd := &pod{t: t, n: n, p: p, full: p.Name + "-" + cfg.NodeName, dir: p.WorkDir,
 		containers: map[string]*ctrRecord{}, stop: make(chan struct{}), done: make(chan struct{})}
 	manifestPath := filepath.Join(cfg.StateDir, "manifests", p.Name+".yaml")
+	started := time.Now()
 	if err := os.WriteFile(manifestPath, manifest, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -136,11 +144,11 @@ func startPod(t *testing.T, tmpl string, p podParams) *pod {
 		pd.waitContainersExited(45 * time.Second)
 		close(pd.stop)
 		<-pd.done
-		if t.Failed() {
+		report.add("pod", p.Name+" whole run", fmt.Sprintf("%s (manifest written → every container exited)", fmtDur(time.Since(started))))
+		if t.Failed() || os.Getenv("DRAIND_E2E_LOGS") == "1" {
 			pd.dumpLogs()
 		}
 	})
-	started := time.Now()
 	go pd.watch()
 	// The sandbox's address, then draind's readiness, seen from the host.
 	deadline := time.Now().Add(60 * time.Second)
@@ -384,15 +392,38 @@ func (pd *pod) readinessAfter(since time.Time) (first string, ok, failed int) {
 	return first, ok, failed
 }
 
-var killLogLine = regexp.MustCompile(`^I(\d{4} \d{2}:\d{2}:\d{2}\.\d{6}) .*"Killing container with a grace period" pod="[^/]*/([^"]*)".*containerName="([^"]*)"`)
+// killMsg is the kubelet's log line right before StopContainer (containerd
+// sends SIGTERM at once); for a native sidecar it comes after the regular
+// containers have exited.
+const killMsg = "Killing container with a grace period"
 
-// killedAt is when the kubelet began stopping the container (StopContainer:
-// containerd sends SIGTERM at once), from the kubelet's log.
-func (pd *pod) killedAt(container string) time.Time {
+var kubeletLine = regexp.MustCompile(`^[IWE](\d{4} \d{2}:\d{2}:\d{2}\.\d{6}) +\d+ [^ ]+\] "([^"]*)" .*?pod="[^/]*/([^"]*)"(?:.*? containerName="([^"]*)")?`)
+
+// kubeletEvent is one of the kubelet's log lines about the pod.
+type kubeletEvent struct {
+	at             time.Time
+	msg, container string
+}
+
+type kubeletEvents []kubeletEvent
+
+// kubeletEvents reads the kubelet's log (--v=3) for this pod's lines.
+func (pd *pod) kubeletEvents() kubeletEvents {
 	b, _ := os.ReadFile(filepath.Join(pd.n.Config().StateDir, "kubelet.log"))
+	var out kubeletEvents
 	for line := range strings.SplitSeq(string(b), "\n") {
-		if m := killLogLine.FindStringSubmatch(line); m != nil && m[2] == pd.full && m[3] == container {
-			return klogTime(m[1])
+		if m := kubeletLine.FindStringSubmatch(line); m != nil && m[3] == pd.full {
+			out = append(out, kubeletEvent{at: klogTime(m[1]), msg: m[2], container: m[4]})
+		}
+	}
+	return out
+}
+
+// first is when the kubelet first logged msg about the container.
+func (ev kubeletEvents) first(msg, container string) time.Time {
+	for _, e := range ev {
+		if e.msg == msg && e.container == container {
+			return e.at
 		}
 	}
 	return time.Time{}
@@ -478,25 +509,43 @@ func findLog(recs []map[string]any, msg string) map[string]any {
 	return nil
 }
 
+// findLogWith is the first record with msg whose field key is value.
+func findLogWith(recs []map[string]any, msg, key, value string) map[string]any {
+	for _, r := range recs {
+		if r["msg"] == msg && fmt.Sprint(r[key]) == value {
+			return r
+		}
+	}
+	return nil
+}
+
 func logTime(r map[string]any) time.Time {
 	s, _ := r["ts"].(string)
 	ts, _ := time.Parse("2006-01-02T15:04:05.000Z0700", s)
 	return ts
 }
 
-// appResults reads the app's result file.
-func (pd *pod) appResults() (ok, fail int, fails []string) {
+// appCalls reads the app's result file: its calls numbered below split
+// (made during its shutdown, or a Job's), and the rest (tail calls).
+func (pd *pod) appCalls(split int) (during, tail callCount, fails []string) {
 	b, _ := os.ReadFile(filepath.Join(pd.dir, "app.result"))
 	for line := range strings.SplitSeq(string(b), "\n") {
-		switch {
-		case strings.HasPrefix(line, "ok "):
-			ok++
-		case strings.HasPrefix(line, "fail "):
-			fail++
+		f := strings.Fields(line)
+		if len(f) < 2 || (f[0] != "ok" && f[0] != "fail") {
+			continue
+		}
+		c := &during
+		if n, _ := strconv.Atoi(f[1]); n >= split {
+			c = &tail
+		}
+		if f[0] == "ok" {
+			c.ok++
+		} else {
+			c.fail++
 			fails = append(fails, line)
 		}
 	}
-	return ok, fail, fails
+	return during, tail, fails
 }
 
 func (pd *pod) dumpLogs() {

@@ -7,6 +7,9 @@
 #
 #   KUBELET_VERSION=v1.34.2   the kubelet to build
 #   RUN=regexp                only these tests (go test -run)
+#   SKIP=regexp               not these (go test -skip)
+#   DRAIND_KUBELET_CACHE=dir  where the kubelet binary is kept (~/.cache/draind-kubelet)
+#   DRAIND_E2E_LOGS=1         print every pod's container logs, not only a failed test's
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
@@ -39,6 +42,6 @@ echo "e2e-kubelet: phase kubelet build (cached per version) $(since "$t")  $("$K
 export KUBELET DRAIND_E2E_KUBELET=1
 t=$(now)
 status=0
-go test -count=1 -v -timeout 30m ${RUN:+-run "$RUN"} . || status=$?
+go test -count=1 -v -timeout 30m ${RUN:+-run "$RUN"} ${SKIP:+-skip "$SKIP"} . || status=$?
 echo "e2e-kubelet: phase go test                         $(since "$t") (exit $status)"
 exit "$status"

@@ -1,13 +1,16 @@
 // Command testapp is the application container of the e2e pods: an HTTP
 // server (/, /slow?ms=N) whose behaviour on SIGTERM is chosen by flags, or
-// a batch task (--job) that makes its calls and exits with a chosen code.
+// a batch task (--job) that makes its calls and exits with a chosen code
+// (or fails its first run: --fail-once).
 //
 // On SIGTERM (--on-term):
 //
 //	exit      exit at once
 //	ignore    keep serving (the kubelet SIGKILLs it at the end of the grace period)
 //	graceful  stop accepting, finish in-flight requests and, meanwhile, make
-//	          --calls outbound calls through the proxy, then exit 0
+//	          --calls outbound calls through the proxy; then --tail-calls
+//	          more (its listener closed, no request in flight: only its
+//	          process says the app is not done), then exit 0
 //
 // Every outcome is a line on stdout and, with --result, in that file:
 // "ok N", "fail N ERROR", "term UNIXNANO", "exit UNIXNANO CODE".
@@ -60,19 +63,22 @@ func run(args []string) int {
 	listen := fs.String("listen", "0.0.0.0:8080", "address to serve HTTP on")
 	onTerm := fs.String("on-term", "graceful", "exit|ignore|graceful")
 	calls := fs.Int("calls", 0, "outbound calls to make during a graceful shutdown (or as the job)")
+	tailCalls := fs.Int("tail-calls", 0, "graceful: outbound calls to make after the last in-flight request ended")
+	tailPause := fs.Duration("tail-pause", 300*time.Millisecond, "pause before each tail call (no flow open meanwhile)")
 	pause := fs.Duration("call-pause", 100*time.Millisecond, "pause between outbound calls")
 	callURL := fs.String("call-url", "http://127.0.0.1:15001/ping", "outbound call target (the proxy's outbound listener)")
 	result := fs.String("result", "", "also append result lines to this file")
 	job := fs.Bool("job", false, "batch mode: make --calls calls after --job-delay, then exit with --exit-code")
 	jobDelay := fs.Duration("job-delay", time.Second, "batch mode: wait this long first")
 	exitCode := fs.Int("exit-code", 0, "batch mode: exit code")
+	failOnce := fs.String("fail-once", "", "batch mode: exit 1 when this file does not exist yet (and create it): the restarted container then exits --exit-code")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	rec := &recorder{path: *result}
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	callOut := func() {
-		for i := range *calls {
+	callOut := func(first, n int, pause time.Duration) {
+		for i := first; i < first+n; i++ {
 			resp, err := client.Get(*callURL)
 			if err == nil {
 				io.Copy(io.Discard, resp.Body)
@@ -86,14 +92,21 @@ func run(args []string) int {
 			} else {
 				rec.line("ok %d", i)
 			}
-			time.Sleep(*pause)
+			time.Sleep(pause)
 		}
 	}
 	if *job {
 		time.Sleep(*jobDelay)
-		callOut()
-		rec.line("exit %d %d", time.Now().UnixNano(), *exitCode)
-		return *exitCode
+		callOut(0, *calls, *pause)
+		code := *exitCode
+		if *failOnce != "" {
+			if f, err := os.OpenFile(*failOnce, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o666); err == nil {
+				f.Close()
+				code = 1
+			}
+		}
+		rec.line("exit %d %d", time.Now().UnixNano(), code)
+		return code
 	}
 
 	sigc := make(chan os.Signal, 2)
@@ -133,10 +146,15 @@ func run(args []string) int {
 			rec.line("shutdown %v", err)
 		}
 	})
-	wg.Go(callOut)
+	wg.Go(func() { callOut(0, *calls, *pause) })
 	wg.Wait()
 	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		rec.line("serve %v", err)
+	}
+	rec.line("drained %d", time.Now().UnixNano())
+	if *tailCalls > 0 {
+		time.Sleep(*tailPause)
+		callOut(*calls, *tailCalls, *tailPause)
 	}
 	rec.line("exit %d 0", time.Now().UnixNano())
 	return 0
