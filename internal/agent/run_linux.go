@@ -257,7 +257,12 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 	a.log.Info("network namespace", zap.Bool("host_network", host.host), zap.String("how", host.how))
 	switch {
 	case err != nil:
-		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", err.Error()))
+		why := err.Error()
+		var ue *appprocs.UnavailableError
+		if errors.As(err, &ue) {
+			why = ue.Reason // the cause in one line; the loader's own hints mislead (MEMLOCK for a missing capability)
+		}
+		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", why))
 		return
 	case host.host:
 		// Every process of the node shares this namespace: none of them

@@ -177,13 +177,15 @@ type Machine struct {
 	awaitSignal bool
 	// adminQuietUntil: ActiveDownstream failed; not asked again before.
 	adminQuietUntil time.Time
-	gate            Gate
-	holds           uint32 // kinds logged last
-	backoff         time.Duration
-	timers          timers
-	liveC           chan struct{}
-	stopLive        func()
-	stopDL          func()
+	// failedSeq is the last failed main exit said to stay (success mode).
+	failedSeq uint64
+	gate      Gate
+	holds     uint32 // kinds logged last
+	backoff   time.Duration
+	timers    timers
+	liveC     chan struct{}
+	stopLive  func()
+	stopDL    func()
 }
 
 type input struct {
@@ -420,7 +422,15 @@ func (m *Machine) appDone() (uint64, bool) {
 		return 0, false
 	}
 	exit, ok := m.Apps.MainExit()
-	if !ok || m.cfg.ExitWithApp == ExitWithAppSuccess && !(exit.Known && exit.Success) {
+	if !ok {
+		return 0, false
+	}
+	if m.cfg.ExitWithApp == ExitWithAppSuccess && !(exit.Known && exit.Success) {
+		if exit.Seq != m.failedSeq {
+			m.failedSeq = exit.Seq
+			m.Log.Info("the app's main process ended without success under --exit-with-app success: the proxy stays for its restart (restartPolicy OnFailure); with restartPolicy Never use --exit-with-app any",
+				zap.String("main_exit", exit.Status))
+		}
 		return 0, false
 	}
 	return exit.Seq, true
