@@ -1,16 +1,13 @@
 package sockdiag
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"sync"
-	"syscall"
-	"unsafe"
 
 	"github.com/draind/draind/internal/namespace"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,55 +22,27 @@ var ErrNoInetDiag = errors.New("kernel has no inet_diag for tcp (load the inet_d
 // [Conn.Sockets] retries, and returns it when every retry was interrupted.
 var ErrDumpInterrupted = errors.New("sock_diag dump interrupted")
 
-// bufferSize is the receive buffer for one dump batch. A buffer larger
-// than the kernel's 32 KiB cap lets it fill every dump skb (it sizes them
-// from the largest recvmsg seen): few system calls, and never a truncated
+// bufferSize is the receive buffer for one datagram. A buffer larger than
+// the kernel's 32 KiB cap lets it fill every dump skb (it sizes them from
+// the largest recvmsg seen): few system calls, and never a truncated
 // datagram.
 const bufferSize = 64 << 10
 
 // retries bounds the retries of an interrupted dump in Sockets.
 const retries = 5
 
-// Netlink framing (linux/netlink.h).
-const (
-	nlmsgHdrLen   = 16
-	nlmsgNoop     = 1
-	nlmsgError    = 2
-	nlmsgDone     = 3
-	nlmFRequest   = 0x1
-	nlmFDump      = 0x300 // NLM_F_ROOT | NLM_F_MATCH
-	nlmFDumpIntr  = 0x10
-	nlmsgAlignTo  = 4
-	requestMsgLen = nlmsgHdrLen + reqV2Len
-)
-
 // Conn is a NETLINK_SOCK_DIAG socket in one network namespace. Its methods
-// are safe for concurrent use; dumps are serialised.
-//
-// It speaks netlink itself rather than through a general library: every
-// dump reads into one buffer and decodes each inet_diag_msg in place into
-// one reused Socket, so a dump of any size allocates nothing.
+// are safe for concurrent use; dumps are serialised. mdlayher/netlink's
+// Conn speaks the protocol, over a datagramSocket that reads into one
+// reused buffer.
 type Conn struct {
 	mu     sync.Mutex
-	f      *os.File // nil after Close
-	rc     syscall.RawConn
+	c      *netlink.Conn // nil after Close
 	name   string
 	noInfo bool
-	seq    uint32
-	req    [requestMsgLen]byte
-	rbuf   []byte
+	req    [reqV2Len]byte
 	buf    []Socket
-
-	// The callbacks and their state, built once so that a dump allocates
-	// no closure: the RawConn's read and write, the decoder, the visitor.
-	readFn, writeFn func(fd uintptr) bool
-	n               int
-	ioErr           error
-	decodeFn        func(payload []byte)
-	appendFn        func(*Socket)
-	visit           func(*Socket)
-	decodeErr       error
-	sock            Socket
+	sock   Socket
 }
 
 // Dial opens a sock_diag socket in ns (nil: the caller's namespace).
@@ -82,80 +51,16 @@ func Dial(ns *namespace.Net) (*Conn, error) {
 	if ns != nil {
 		name = ns.Name()
 	}
-	fd, err := socketIn(ns)
+	sock, pid, err := dialSocket(ns)
 	if err != nil {
 		return nil, fmt.Errorf("open sock_diag socket in %s: %w", name, err)
 	}
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("bind sock_diag socket in %s: %w", name, err)
-	}
-	return newConn(os.NewFile(uintptr(fd), "sock_diag"), name)
+	return newConn(netlink.NewConn(sock, pid), name), nil
 }
 
-// socketIn opens a non-blocking NETLINK_SOCK_DIAG socket in ns. Entering a
-// namespace takes CAP_SYS_ADMIN, even our own: the socket is opened
-// directly when the target is where this thread already is (a pod looking
-// at itself needs no capability at all); otherwise on a thread of its own
-// that switches there and back.
-func socketIn(ns *namespace.Net) (int, error) {
-	open := func() (int, error) {
-		return unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_SOCK_DIAG)
-	}
-	runtime.LockOSThread()
-	if ns == nil || ns.HoldsThread() {
-		defer runtime.UnlockOSThread()
-		return open()
-	}
-	runtime.UnlockOSThread()
-	type result struct {
-		fd  int
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		// A thread that cannot go back to its own namespace stays locked:
-		// the runtime retires it when this goroutine ends.
-		runtime.LockOSThread()
-		self, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- result{-1, fmt.Errorf("open own netns: %w", err)}
-			return
-		}
-		defer unix.Close(self)
-		if err := unix.Setns(ns.Fd(), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			done <- result{-1, fmt.Errorf("enter netns: %w", err)}
-			return
-		}
-		fd, err := open()
-		if rerr := unix.Setns(self, unix.CLONE_NEWNET); rerr != nil {
-			if err == nil {
-				unix.Close(fd)
-			}
-			done <- result{-1, fmt.Errorf("return to own netns: %w", rerr)}
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- result{fd, err}
-	}()
-	r := <-done
-	return r.fd, r.err
-}
-
-// newConn wraps f, a non-blocking socket speaking sock_diag (a netlink
-// socket, or in tests one end of a socket pair).
-func newConn(f *os.File, name string) (*Conn, error) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("sock_diag socket in %s: %w", name, err)
-	}
-	d := &Conn{f: f, rc: rc, name: name, rbuf: make([]byte, bufferSize)}
-	d.readFn, d.writeFn, d.decodeFn, d.appendFn = d.readOnce, d.writeOnce, d.decode, d.appendSocket
-	return d, nil
-}
+// newConn wraps c, a netlink connection speaking sock_diag (over a
+// datagramSocket, or in tests nltest's).
+func newConn(c *netlink.Conn, name string) *Conn { return &Conn{c: c, name: name} }
 
 // SetInfo says whether dumps ask for tcp_info (on by default). It is what
 // gives idle times, and most of a dump's cost: the kernel locks and reads
@@ -170,11 +75,11 @@ func (d *Conn) SetInfo(on bool) {
 func (d *Conn) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.f == nil {
+	if d.c == nil {
 		return nil
 	}
-	err := d.f.Close()
-	d.f = nil
+	err := d.c.Close()
+	d.c = nil
 	return err
 }
 
@@ -182,8 +87,9 @@ func (d *Conn) Close() error {
 // mask. The Socket passed to fn is reused: copy what you keep. When the
 // kernel interrupted the dump, Each reads it to its end, then returns an
 // error wrapping ErrDumpInterrupted: fn may have seen a socket twice or
-// missed one, and the caller starts again. Each allocates nothing per
-// socket.
+// missed one, and the caller starts again. Each decodes every message in
+// place from the socket's buffer: it allocates a few small objects per
+// datagram, never per socket, and never a copy of the dump.
 func (d *Conn) Each(mask StateMask, fn func(*Socket)) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -191,24 +97,18 @@ func (d *Conn) Each(mask StateMask, fn func(*Socket)) error {
 }
 
 func (d *Conn) each(mask StateMask, fn func(*Socket)) error {
-	d.visit, d.decodeErr = fn, nil
-	err := d.dump(mask, d.decodeFn)
-	d.visit = nil
-	if d.decodeErr != nil {
-		return fmt.Errorf("sock_diag dump in %s: %w", d.name, d.decodeErr)
+	var decodeErr error
+	err := d.dump(mask, func(payload []byte) bool {
+		if decodeErr = ParseMessage(payload, &d.sock); decodeErr != nil {
+			return false
+		}
+		fn(&d.sock)
+		return true
+	})
+	if decodeErr != nil {
+		return fmt.Errorf("sock_diag dump in %s: %w", d.name, decodeErr)
 	}
 	return err
-}
-
-// decode decodes one message into the reused Socket and visits it. After a
-// decoding error it decodes no more (the dump is still read to its end).
-func (d *Conn) decode(payload []byte) {
-	if d.decodeErr != nil {
-		return
-	}
-	if d.decodeErr = ParseMessage(payload, &d.sock); d.decodeErr == nil {
-		d.visit(&d.sock)
-	}
 }
 
 // Sockets returns every TCP socket whose state is in mask, retrying an
@@ -220,7 +120,7 @@ func (d *Conn) Sockets(mask StateMask) ([]Socket, error) {
 	var err error
 	for range retries {
 		d.buf = d.buf[:0]
-		err = d.each(mask, d.appendFn)
+		err = d.each(mask, d.appendSocket)
 		if !errors.Is(err, ErrDumpInterrupted) {
 			break
 		}
@@ -234,9 +134,11 @@ func (d *Conn) Sockets(mask StateMask) ([]Socket, error) {
 func (d *Conn) appendSocket(s *Socket) { d.buf = append(d.buf, *s) }
 
 // dump runs one dump per family and hands fn the payload of every
-// SOCK_DIAG_BY_FAMILY message (valid only during the call).
-func (d *Conn) dump(mask StateMask, fn func(payload []byte)) error {
-	if d.f == nil {
+// SOCK_DIAG_BY_FAMILY message (valid only during the call). When fn
+// returns false it is called no more, and the dump is still read to its
+// end: the next one must not meet its leftovers.
+func (d *Conn) dump(mask StateMask, fn func(payload []byte) bool) error {
+	if d.c == nil {
 		return fmt.Errorf("sock_diag in %s: %w", d.name, os.ErrClosed)
 	}
 	interrupted := false
@@ -253,19 +155,19 @@ func (d *Conn) dump(mask StateMask, fn func(payload []byte)) error {
 	return nil
 }
 
-func (d *Conn) dumpFamily(family uint8, mask StateMask, fn func([]byte)) (interrupted bool, err error) {
-	d.seq++
-	d.encodeRequest(family, mask)
-	if err := d.write(); err != nil {
+func (d *Conn) dumpFamily(family uint8, mask StateMask, fn func([]byte) bool) (interrupted bool, err error) {
+	putRequest(d.req[:], family, mask, !d.noInfo)
+	sent, err := d.c.Send(netlink.Message{
+		Header: netlink.Header{Type: sockDiagByFamily, Flags: netlink.Request | netlink.Dump},
+		Data:   d.req[:],
+	})
+	if err != nil {
 		return false, fmt.Errorf("sock_diag request in %s: %w", d.name, err)
 	}
-	for {
-		n, err := d.read()
-		if err != nil {
-			return interrupted, fmt.Errorf("sock_diag dump in %s: %w", d.name, err)
-		}
-		done, intr, err := d.parseBatch(d.rbuf[:n], fn)
-		interrupted = interrupted || intr
+	// The iterator reads the dump to its end even when the loop stops
+	// early; NLMSG_DONE ends it, NLMSG_ERROR comes as an error.
+	visiting := true
+	for m, err := range d.c.ReceiveIter() {
 		switch {
 		case errors.Is(err, unix.ENOENT):
 			// The kernel has no handler for this family/protocol.
@@ -275,115 +177,18 @@ func (d *Conn) dumpFamily(family uint8, mask StateMask, fn func([]byte)) (interr
 			return interrupted, fmt.Errorf("sock_diag in %s: %w", d.name, ErrNoInetDiag)
 		case err != nil:
 			return interrupted, fmt.Errorf("sock_diag dump in %s: %w", d.name, err)
-		case done:
-			return interrupted, nil
-		}
-	}
-}
-
-// encodeRequest writes the netlink header and an inet_diag_req_v2 asking
-// for every TCP socket of family in the states of mask into d.req.
-func (d *Conn) encodeRequest(family uint8, mask StateMask) {
-	b := d.req[:]
-	clear(b)
-	binary.NativeEndian.PutUint32(b[0:4], requestMsgLen)
-	binary.NativeEndian.PutUint16(b[4:6], sockDiagByFamily)
-	binary.NativeEndian.PutUint16(b[6:8], nlmFRequest|nlmFDump)
-	binary.NativeEndian.PutUint32(b[8:12], d.seq)
-	putRequest(b[nlmsgHdrLen:], family, mask, !d.noInfo)
-}
-
-// parseBatch walks the netlink messages of one datagram. done is set by
-// the message that ends the dump (NLMSG_DONE, or an NLMSG_ERROR: the
-// kernel refused the request); err carries a refusal's errno. Messages of
-// another sequence (what an earlier, abandoned dump left) are skipped, as
-// are those the kernel flagged interrupted: the dump is read to its end.
-func (d *Conn) parseBatch(b []byte, fn func([]byte)) (done, interrupted bool, err error) {
-	for len(b) >= nlmsgHdrLen {
-		l := int(binary.NativeEndian.Uint32(b[0:4]))
-		if l < nlmsgHdrLen || l > len(b) {
-			return true, interrupted, fmt.Errorf("%w: netlink message length %d with %d bytes left", ErrShortMessage, l, len(b))
-		}
-		typ := binary.NativeEndian.Uint16(b[4:6])
-		flags := binary.NativeEndian.Uint16(b[6:8])
-		seq := binary.NativeEndian.Uint32(b[8:12])
-		payload := b[nlmsgHdrLen:l]
-		b = b[min(len(b), (l+nlmsgAlignTo-1)&^(nlmsgAlignTo-1)):]
-		if seq != d.seq {
+		case m.Header.Sequence != sent.Header.Sequence || m.Header.Type != sockDiagByFamily:
+			// Not this dump's (what an abandoned one left), or not a socket.
+			continue
+		case m.Header.Flags&netlink.DumpInterrupted != 0:
+			interrupted = true // keep reading to drain the dump
 			continue
 		}
-		switch typ {
-		case nlmsgDone, nlmsgError:
-			if len(payload) >= 4 {
-				if errno := int32(binary.NativeEndian.Uint32(payload[0:4])); errno < 0 {
-					return true, interrupted, unix.Errno(-errno)
-				}
-			}
-			if typ == nlmsgDone {
-				return true, interrupted || flags&nlmFDumpIntr != 0, nil
-			}
-			// An acknowledgement (errno 0): no dump follows it.
-			return true, interrupted, nil
-		case sockDiagByFamily:
-			if flags&nlmFDumpIntr != 0 {
-				interrupted = true
-				continue
-			}
-			fn(payload)
+		if visiting {
+			visiting = fn(m.Data)
 		}
 	}
-	return false, interrupted, nil
-}
-
-func (d *Conn) write() error {
-	d.ioErr = nil
-	if err := d.rc.Write(d.writeFn); err != nil {
-		return err
-	}
-	return d.ioErr
-}
-
-func (d *Conn) writeOnce(fd uintptr) bool {
-	for {
-		_, d.ioErr = unix.Write(int(fd), d.req[:])
-		if d.ioErr != unix.EINTR {
-			return d.ioErr != unix.EAGAIN
-		}
-	}
-}
-
-// read receives one datagram into d.rbuf. MSG_TRUNC makes the kernel
-// report a datagram's full length, so a too-small buffer is an error, not
-// a silently cut message.
-func (d *Conn) read() (int, error) {
-	d.ioErr = nil
-	if err := d.rc.Read(d.readFn); err != nil {
-		return 0, err
-	}
-	if d.ioErr != nil {
-		return 0, d.ioErr
-	}
-	if d.n > len(d.rbuf) {
-		return 0, fmt.Errorf("netlink datagram of %d bytes truncated to %d", d.n, len(d.rbuf))
-	}
-	return d.n, nil
-}
-
-func (d *Conn) readOnce(fd uintptr) bool {
-	for {
-		n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&d.rbuf[0])), uintptr(len(d.rbuf)), unix.MSG_TRUNC, 0, 0)
-		switch errno {
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			return false
-		case 0:
-			d.n, d.ioErr = int(n), nil
-		default:
-			d.n, d.ioErr = 0, errno
-		}
-		return true
-	}
+	return interrupted, nil
 }
 
 // ipv6Disabled reports whether the kernel runs without IPv6 (ipv6.disable=1),

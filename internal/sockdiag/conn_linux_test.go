@@ -131,3 +131,33 @@ func TestNamespaceIsolationAndByPID(t *testing.T) {
 		t.Fatalf("listeners seen through pid %d: %v, want only :7001", cmd.Process.Pid, socks)
 	}
 }
+
+// A dump allocates a few small objects per datagram (mdlayher/netlink's
+// iterators), never per socket: each message is decoded in place from the
+// socket's buffer into one reused Socket. A datagram holds ~70 sockets
+// with tcp_info.
+func TestEachAllocatesPerDatagramNotPerSocket(t *testing.T) {
+	ns := testutil.NewNetNS(t)
+	ln := ns.ListenAs(t, 0, "127.0.0.1:0")
+	const flows = 1000
+	for range flows {
+		ns.DialAs(t, 0, ln.Addr().String())
+		testutil.Accept(t, ln)
+	}
+	d := dialNS(t, ns)
+	n := 0
+	count := func(*Socket) { n++ }
+	allocs := testing.AllocsPerRun(5, func() {
+		if err := d.Each(AllStates, count); err != nil {
+			t.Fatal(err)
+		}
+	})
+	sockets := n / 6 // AllocsPerRun runs once more to warm up
+	if sockets != 2*flows+1 {
+		t.Fatalf("dumped %d sockets, want %d", sockets, 2*flows+1)
+	}
+	t.Logf("%.0f allocations per dump of %d sockets", allocs, sockets)
+	if perSocket := allocs / float64(sockets); perSocket > 0.1 {
+		t.Fatalf("%.0f allocations for %d sockets (%.2f per socket), want them per datagram, not per socket", allocs, sockets, perSocket)
+	}
+}

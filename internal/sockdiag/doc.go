@@ -12,11 +12,13 @@
 // changed under it) is read to its end and reported as [ErrDumpInterrupted];
 // [Conn.Sockets] retries it.
 //
-// A Conn frames netlink itself: a dump reads every datagram into one
-// 64 KiB buffer and decodes each message in place into one reused Socket,
-// so Each allocates nothing however many sockets it walks (a namespace of
-// 200k sockets is read without a copy of it). Sockets collects a reused
-// slice for callers that want one.
+// mdlayher/netlink's Conn speaks the protocol (sequence numbers,
+// multi-part dumps, NLMSG_DONE, NLMSG_ERROR) over a netlink.Socket of this
+// package that reads every datagram into one 64 KiB buffer; each message
+// is decoded in place from it into one reused Socket. A dump of any size
+// allocates a few small objects per datagram and nothing per socket: a
+// namespace of 200k sockets is read without a copy of it. Sockets collects
+// a reused slice for callers that want one.
 //
 // # Messages
 //

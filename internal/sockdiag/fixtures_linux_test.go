@@ -45,9 +45,10 @@ func TestCaptureFixtures(t *testing.T) {
 	defer d.Close()
 	// The raw payloads, exactly as the kernel sent them.
 	var out []byte
-	if err := d.dump(AllStates, func(m []byte) {
+	if err := d.dump(AllStates, func(m []byte) bool {
 		out = binary.LittleEndian.AppendUint32(out, uint32(len(m)))
 		out = append(out, m...)
+		return true
 	}); err != nil {
 		t.Fatal(err)
 	}
