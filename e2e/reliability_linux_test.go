@@ -410,7 +410,7 @@ type flowJSON struct {
 	Owner  string `json:"owner"`
 }
 
-// holdingStates hold the drain (DESIGN.md).
+// holdingStates hold the drain (docs/design.md, "when it holds").
 var holdingStates = map[string]bool{"ESTABLISHED": true, "SYN_SENT": true, "SYN_RECV": true, "CLOSE_WAIT": true}
 
 // inContainer runs a role in a container of its own in the pod and

@@ -10,30 +10,32 @@ import (
 // exempts that uid from redirection.
 const DefaultProxyUID = 1337
 
-// Policy holds the attribution rules of DESIGN.md ("Who owns a socket").
+// Policy holds the attribution rules (docs/design.md, "Who owns a socket").
 type Policy struct {
 	// ProxyUID owns the proxy's sockets.
 	ProxyUID uint32
-	// ProxyPorts are local ports whose sockets are the proxy's whatever
-	// their uid (e.g. an Envoy not running as ProxyUID).
+	// ProxyPorts are local ports whose listeners and accepted sockets are
+	// the proxy's whatever their uid (e.g. an Envoy not running as
+	// ProxyUID).
 	ProxyPorts []uint16
-	// ProxyRemotePorts: a flow whose peer is a loopback address on one of
+	// ProxyRemotePorts: a connection made to a loopback address on one of
 	// these ports is the proxy's (Envoy's admin API: draind's own calls to
 	// it must not count as the app's outbound flows, whatever uid draind
 	// runs under).
 	ProxyRemotePorts []uint16
 	// ControlPorts are the pod's control-plane ports: Envoy's admin API,
-	// draind's status server, Envoy's status and metrics listeners. A flow
-	// with one of them as its local port, or as its peer's on loopback, is
+	// draind's status server, Envoy's status and metrics listeners. A
+	// connection accepted on one of them, or made to one on loopback, is
 	// control traffic (probes, scrapes, draind asking Envoy): counted apart,
-	// never as the app's or the proxy's traffic.
+	// never as the app's or the proxy's traffic. (Ports are matched on the
+	// listening side only: the other side's port is ephemeral.)
 	ControlPorts []uint16
 	// IdleTimeout: a flow idle for longer stops holding the drain
 	// (keep-alive pools). 0 turns it off.
 	IdleTimeout time.Duration
 }
 
-// DefaultPolicy is the policy with DESIGN.md's defaults.
+// DefaultPolicy is the policy with the defaults of docs/design.md.
 func DefaultPolicy() Policy { return Policy{ProxyUID: DefaultProxyUID} }
 
 // Flow is a socket with its attribution.
@@ -134,12 +136,12 @@ func (c *Classifier) Reset() { clear(c.listenPorts) }
 
 // AddListener records a listener; RemoveListener forgets one.
 func (c *Classifier) AddListener(s *sockdiag.Socket) {
-	c.listenPorts[listenKey{c.owner(s), s.Local.Port()}]++
+	c.listenPorts[listenKey{c.owner(s, true), s.Local.Port()}]++
 }
 
 // RemoveListener forgets a listener recorded by AddListener.
 func (c *Classifier) RemoveListener(s *sockdiag.Socket) {
-	k := listenKey{c.owner(s), s.Local.Port()}
+	k := listenKey{c.owner(s, true), s.Local.Port()}
 	if c.listenPorts[k] <= 1 {
 		delete(c.listenPorts, k)
 		return
@@ -152,12 +154,30 @@ func (c *Classifier) Listens(owner Owner, port uint16) bool {
 	return c.listenPorts[listenKey{owner, port}] > 0
 }
 
-// owner applies the ownership rules to one socket.
-func (c *Classifier) owner(s *sockdiag.Socket) Owner {
-	if _, ok := c.proxyPorts[s.Local.Port()]; ok {
-		return OwnerProxy
+// acceptedSide reports whether s is a listener or the accepted side of a
+// connection: an event saw it accepted, or its local port is one somebody
+// listens on (the kernel never picks a port a listener holds as an
+// ephemeral one). The port rules look at the local port of such a socket
+// and at the remote port of the others. The other port of each is
+// ephemeral, and can be any number (15000, 15090...) in a pod that widened
+// net.ipv4.ip_local_port_range: an app's connection must not pass for
+// control traffic or the proxy's because of its ephemeral port.
+func (c *Classifier) acceptedSide(s *sockdiag.Socket, accepted bool) bool {
+	if s.State == sockdiag.Listen || accepted {
+		return true
 	}
-	if _, ok := c.peerPorts[s.Remote.Port()]; ok && s.State != sockdiag.Listen && s.Remote.Addr().IsLoopback() {
+	port := s.Local.Port()
+	return c.listenPorts[listenKey{OwnerApp, port}] > 0 || c.listenPorts[listenKey{OwnerProxy, port}] > 0
+}
+
+// owner applies the ownership rules to one socket (acceptedSide: see
+// Classifier.acceptedSide).
+func (c *Classifier) owner(s *sockdiag.Socket, acceptedSide bool) Owner {
+	if acceptedSide {
+		if _, ok := c.proxyPorts[s.Local.Port()]; ok {
+			return OwnerProxy
+		}
+	} else if _, ok := c.peerPorts[s.Remote.Port()]; ok && s.Remote.Addr().IsLoopback() {
 		return OwnerProxy
 	}
 	if s.Inode == 0 && s.UID == 0 && s.State != sockdiag.Listen {
@@ -218,7 +238,8 @@ func classOf(f *Flow) class {
 
 // classify is flow without the copy: the attribution alone.
 func (c *Classifier) classify(s *sockdiag.Socket, accepted bool) (k class) {
-	k.owner = c.owner(s)
+	side := c.acceptedSide(s, accepted)
+	k.owner = c.owner(s, side)
 	switch {
 	case s.State == sockdiag.Listen:
 		k.dir = DirListen
@@ -229,9 +250,12 @@ func (c *Classifier) classify(s *sockdiag.Socket, accepted bool) (k class) {
 		k.dir = DirOutbound
 	}
 	if s.State != sockdiag.Listen {
-		_, local := c.control[s.Local.Port()]
-		_, peer := c.control[s.Remote.Port()]
-		k.control = local || peer && s.Remote.Addr().IsLoopback()
+		if side {
+			_, k.control = c.control[s.Local.Port()]
+		} else {
+			_, peer := c.control[s.Remote.Port()]
+			k.control = peer && s.Remote.Addr().IsLoopback()
+		}
 	}
 	if s.State.HoldsDrain() && s.State != sockdiag.Listen {
 		k.holds = true

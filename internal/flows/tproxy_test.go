@@ -85,3 +85,63 @@ func TestClassifyControlTraffic(t *testing.T) {
 		t.Errorf("summary %+v\nwant    %+v", got, want)
 	}
 }
+
+// Port rules match the listening side only. In a pod that widened
+// net.ipv4.ip_local_port_range (a safe sysctl in Kubernetes: "1024 65000"
+// is common) the app's connections get ephemeral ports like 15000 or 15090;
+// they stay the app's, and hold the drain. (Found by the 100k-flow
+// footprint benchmark, whose namespace widens the range: 6 of 200,000 app
+// sockets were counted as control traffic.)
+func TestClassifyEphemeralPortsMatchNoPortRule(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	sock := func(state sockdiag.State, local, remote string, uid uint32) sockdiag.Socket {
+		return sockdiag.Socket{Family: 2, State: state, Local: ap(local), Remote: ap(remote), UID: uid, Inode: 1}
+	}
+	est, lis := sockdiag.Established, sockdiag.Listen
+	p := DefaultPolicy()
+	p.ProxyPorts = []uint16{15020, 15001}
+	p.ProxyRemotePorts = []uint16{15000, 15020}
+	p.ControlPorts = []uint16{15020, 15021, 15090, 15000}
+	listeners := []sockdiag.Socket{
+		sock(lis, "127.0.0.1:15000", "0.0.0.0:0", 1337),
+		sock(lis, "0.0.0.0:15020", "0.0.0.0:0", 0),
+		sock(lis, "0.0.0.0:8080", "0.0.0.0:0", 1000),
+	}
+	tests := []struct {
+		name      string
+		sock      sockdiag.Socket
+		owner     Owner
+		dir       Direction
+		control   bool
+		holdsFlow bool
+	}{
+		// An app client whose ephemeral port is a control port nobody
+		// listens on (Envoy's metrics listener absent), and the app
+		// server's side of it.
+		{"app client from :15090", sock(est, "127.0.0.1:15090", "127.0.0.1:8080", 1000), OwnerApp, DirOutbound, false, true},
+		{"app server, peer :15090", sock(est, "127.0.0.1:8080", "127.0.0.1:15090", 1000), OwnerApp, DirInbound, false, true},
+		// An app client from :15021 to a remote service.
+		{"app client from :15021", sock(est, "192.0.2.1:15021", "192.0.2.2:9090", 1000), OwnerApp, DirOutbound, false, true},
+		// An app client whose ephemeral port is a proxy port (not bound:
+		// a TPROXY pod has no listener on 15001).
+		{"app client from :15001", sock(est, "192.0.2.1:15001", "192.0.2.2:9090", 1000), OwnerApp, DirOutbound, false, true},
+		// The app's server socket whose peer's ephemeral port is the
+		// admin port: the peer is a client, not Envoy's admin API.
+		{"app server, peer :15000", sock(est, "127.0.0.1:8080", "127.0.0.1:15000", 1000), OwnerApp, DirInbound, false, true},
+		// What the rules are for still holds.
+		{"draind → admin", sock(est, "127.0.0.1:38580", "127.0.0.1:15000", 0), OwnerProxy, DirOutbound, true, true},
+		{"admin's accepted side", sock(est, "127.0.0.1:15000", "127.0.0.1:38580", 1337), OwnerProxy, DirInbound, true, true},
+		{"probe on the status port", sock(est, "192.0.2.1:15020", "192.0.2.9:41000", 0), OwnerProxy, DirInbound, true, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := NewClassifier(p)
+			c.Classify(listeners)
+			f := c.Flow(&tt.sock)
+			if f.Owner != tt.owner || f.Direction != tt.dir || f.Control != tt.control || f.Holds != tt.holdsFlow {
+				t.Errorf("%s → %s: owner %s, %s, control %v, holds %v; want %s, %s, %v, %v",
+					tt.sock.Local, tt.sock.Remote, f.Owner, f.Direction, f.Control, f.Holds, tt.owner, tt.dir, tt.control, tt.holdsFlow)
+			}
+		})
+	}
+}

@@ -18,7 +18,7 @@ import (
 // BenchmarkTrackerNotify measures the time from close() of a flow's last
 // end to the tracker's subscriber being notified that no app flow holds,
 // with eBPF events and with sock_diag polling at 100 ms and at 1 s.
-// Run: go test -run '^$' -bench TrackerNotify -benchtime 50x ./internal/conntrack
+// Run: go test -run '^$' -bench TrackerNotify -benchtime 50x ./internal/flows
 func BenchmarkTrackerNotify(b *testing.B) {
 	for _, tc := range []struct {
 		name   string

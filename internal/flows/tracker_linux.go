@@ -23,7 +23,7 @@ const (
 )
 
 // TrackerConfig configures OpenTracker. The zero value tracks in auto mode
-// with DESIGN.md's defaults.
+// with the defaults of docs/design.md.
 type TrackerConfig struct {
 	// Mode is auto, ebpf or sockdiag. auto tries eBPF and falls back.
 	Mode   string

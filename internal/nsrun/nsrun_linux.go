@@ -3,7 +3,7 @@
 // (os/exec) are born there. The caller's thread never changes namespace.
 //
 // It serves the tests, the demo and the benchmarks; the product opens its
-// netlink sockets in a target namespace directly (conntrack.DialDiag).
+// netlink sockets in a target namespace directly (sockdiag.Dial).
 package nsrun
 
 import (

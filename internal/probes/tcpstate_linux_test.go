@@ -759,7 +759,7 @@ func TestProbeCapabilities(t *testing.T) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(dir, "conntrack.test")
+	bin := filepath.Join(dir, "probes.test")
 	data, err := os.ReadFile(os.Args[0])
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idle cost: draind's CPU time and wake-ups (context switches, all threads)
 # over SECONDS (default 60) in an idle pod namespace, for `draind run` in
-# Ready (envoysim as the proxy) with each tracker mode. Target (DESIGN.md):
+# Ready (envoysim as the proxy) with each tracker mode. Target (docs/design.md,
+# "Targets"):
 # no periodic wake-ups while Ready in eBPF mode. Run as root.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
