@@ -345,8 +345,10 @@ func (p *pod) restartDraind() {
 	p.startDraind(p.draindArgs, p.envoyArgs...)
 }
 
-func (p *pod) readyStatus() int {
-	resp, err := p.client.Get("http://" + podIP + ":15020/healthz/ready")
+func (p *pod) readyStatus() int { return p.status("/healthz/ready") }
+
+func (p *pod) status(path string) int {
+	resp, err := p.client.Get("http://" + podIP + ":15020" + path)
 	if err != nil {
 		return 0
 	}
@@ -355,10 +357,13 @@ func (p *pod) readyStatus() int {
 	return resp.StatusCode
 }
 
+// waitReady waits for readiness, then for draind's start-up to end (its
+// /metrics answers once the trackers are open, which may come a few tens
+// of milliseconds after the first 200): the tests read what they opened.
 func (p *pod) waitReady(d time.Duration) {
 	p.t.Helper()
 	end := time.Now().Add(d)
-	for p.readyStatus() != 200 {
+	for p.readyStatus() != 200 || p.status("/metrics") != 200 {
 		select {
 		case <-p.draind.done:
 			p.t.Fatalf("draind exited %d before the pod was ready; log:\n%s", p.draind.code, p.draindLog.String())

@@ -165,7 +165,9 @@ func startPod(t *testing.T, tmpl string, p podParams) *pod {
 	if p.NoWait {
 		return pd
 	}
-	for pd.get(statusPort, "/healthz/ready") != 200 {
+	// /metrics answers once draind's trackers are open, which may come a
+	// few tens of milliseconds after the first ready 200.
+	for pd.get(statusPort, "/healthz/ready") != 200 || pd.get(statusPort, "/metrics") != 200 {
 		if time.Now().After(deadline) {
 			pd.dumpLogs()
 			t.Fatalf("pod %s: draind not ready after 60s", p.Name)

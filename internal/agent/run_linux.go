@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/proxy"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 )
@@ -36,13 +38,18 @@ type agent struct {
 	tracker *flows.Tracker
 	procs   appprocs.Source // nil: not followed
 	admin   adminView
-	proxy   *proxy.Process
-	machine *drain.Machine
-	metrics *metrics
+	// probeAdmin answers readiness (no retries).
+	probeAdmin adminView
+	proxy      *proxy.Process
+	machine    *drain.Machine
+	metrics    *metrics
 	// appPorts must be listened on by the app for readiness.
 	appPorts map[uint16]bool
 	// hostNet: the pod shares the node's network namespace.
 	hostNet bool
+	// early: drain requests before the machine is built; the status
+	// server reads the fields above only once it is attached.
+	early earlyControls
 }
 
 // Run is `draind run`: it starts the proxy, serves the status endpoints and
@@ -66,6 +73,13 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		log.Warn(warn)
 	}
 	a := &agent{cfg: cfg, log: log, appPorts: portSet(cfg.AppPorts)}
+	if os.Getenv("GOGC") == "" {
+		// The heap is mostly the flow table, which makes no garbage once
+		// built: a collection at 50 % growth instead of 100 % costs little
+		// CPU and keeps a 100k-flow pod's RSS under 40 MB
+		// (docs/benchmarks.md). GOGC in the environment wins.
+		debug.SetGCPercent(defaultGCPercent)
+	}
 
 	// Signals first: a SIGTERM during start-up must drain, not kill us.
 	sigc := make(chan os.Signal, 4)
@@ -107,6 +121,12 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	client := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second), envoy.WithExclude(envoy.ExcludeSet{Ports: cfg.ExcludePorts}))
 	closers = append(closers, func() error { client.CloseIdleConnections(); return nil })
 	a.admin = adminView{c: client}
+	// The probes' own client makes one attempt: a probe wants the answer
+	// now (the kubelet asks again), not after the drain client's backoff
+	// on an admin API that is not listening yet.
+	probe := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second), envoy.WithRetries(0))
+	closers = append(closers, func() error { probe.CloseIdleConnections(); return nil })
+	a.probeAdmin = adminView{c: probe}
 
 	// The proxy first: its start-up (Envoy's takes long) overlaps with
 	// draind's. Sockets it opens before the tracker's first snapshot are
@@ -125,17 +145,55 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		<-a.proxy.Exited()
 	}
 
+	// The status server and the signal forwarder start now, before the
+	// eBPF objects load: readiness waits on Envoy, not on the verifier, and
+	// a drain asked for meanwhile waits in a.early for the machine.
+	// Owned goroutines: these two, then the tracker and the app process
+	// source. All end before Run returns, before the closers run.
+	status := newStatusServer(a, ln)
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() {
+		status.shutdown()
+		cancelRun()
+		wg.Wait()
+	}()
+	wg.Go(func() {
+		if err := status.serve(); err != nil {
+			log.Error("status server", zap.Error(err))
+		}
+	})
+	wg.Go(func() {
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case sig := <-sigc:
+				log.Info("signal", zap.Stringer("signal", sig))
+				a.early.trigger(drain.CauseSignal)
+			}
+		}
+	})
+
 	// The two eBPF objects load at once, decoding the kernel's BTF once
-	// between them (the cache is dropped after: it holds the decoded BTF).
+	// between them (the cache is dropped after: it holds the decoded BTF),
+	// each on a thread of lower CPU priority: the verifier's work is most
+	// of draind's start-up, and Envoy's start-up (what readiness waits on)
+	// comes first on a pod's few CPUs.
 	cache := btf.NewCache()
 	var trErr error
-	trDone := make(chan struct{})
-	go func() {
-		defer close(trDone)
+	restoreProcs := moreProcs(2)
+	var loads sync.WaitGroup
+	loads.Go(func() {
+		background()
 		a.tracker, trErr = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: policy, Logger: log, RingSize: cfg.RingSize, BTFCache: cache})
-	}()
-	a.openAppProcs(cache)
-	<-trDone
+	})
+	loads.Go(func() {
+		background()
+		a.openAppProcs(cache)
+	})
+	loads.Wait()
+	restoreProcs()
 	if a.procs != nil {
 		closers = append(closers, a.procs.Close)
 	}
@@ -174,13 +232,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	}
 	a.machine = drain.New(cfg.Drain, parts)
 	a.metrics = newMetrics(a)
-	status := newStatusServer(a, ln)
 
-	// Owned goroutines: the tracker, the app process source, the status
-	// server, the signal forwarder. All end before Run returns, before the
-	// closers run.
-	runCtx, cancelRun := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := a.tracker.Run(runCtx); err != nil {
 			log.Error("tracker stopped", zap.Error(err))
@@ -193,28 +245,46 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			}
 		})
 	}
-	wg.Go(func() {
-		if err := status.serve(); err != nil {
-			log.Error("status server", zap.Error(err))
-		}
-	})
-	wg.Go(func() {
-		for {
-			select {
-			case <-runCtx.Done():
-				return
-			case sig := <-sigc:
-				log.Info("signal", zap.Stringer("signal", sig))
-				a.machine.Trigger(drain.CauseSignal)
-			}
-		}
-	})
-	defer func() {
-		status.shutdown()
-		cancelRun()
-		wg.Wait()
-	}()
+	a.early.attach(a.machine, promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
 	return a.machine.Run(ctx), nil
+}
+
+// defaultGCPercent is draind run's GOGC unless the environment sets one.
+const defaultGCPercent = 50
+
+// backgroundNice is the nice value of the threads loading the eBPF
+// objects: under contention they get about a tenth of what Envoy's
+// threads get (CFS weights 110 and 1024), and all of an idle CPU.
+const backgroundNice = 10
+
+// background lowers the calling goroutine's thread to backgroundNice for
+// the rest of the goroutine's life. The goroutine keeps the thread and
+// never unlocks it, so that the thread ends with the goroutine: no other
+// goroutine ever runs at that priority (raising it back would need
+// CAP_SYS_NICE). Best effort: a failure leaves the priority as it was.
+func background() {
+	runtime.LockOSThread()
+	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), backgroundNice)
+}
+
+// moreProcs adds n to GOMAXPROCS until the returned func is called. The
+// loads are CPU-bound in Go (decoding the kernel's BTF) before they are in
+// the kernel: with GOMAXPROCS at the pod's CPUs they would hold every P,
+// and the status server could not answer a probe until they are done.
+// With more Ps than CPUs the kernel's scheduler decides, and it runs the
+// loaders last (background). The default comes back after: from the
+// environment's GOMAXPROCS when set, else the runtime's (CPUs and cgroup
+// limit, kept up to date).
+func moreProcs(n int) (restore func()) {
+	prev := runtime.GOMAXPROCS(0)
+	runtime.GOMAXPROCS(prev + n)
+	return func() {
+		if os.Getenv("GOMAXPROCS") != "" {
+			runtime.GOMAXPROCS(prev)
+			return
+		}
+		runtime.SetDefaultGOMAXPROCS()
+	}
 }
 
 func portSet(ports []uint16) map[uint16]bool {
@@ -340,33 +410,39 @@ func detectHostNet(flag string, ns *namespace.Net, src appprocs.Source) hostNetV
 	return hostNetVerdict{false, "cannot tell without eBPF from a container's PID namespace: set --host-network true for a hostNetwork pod"}
 }
 
-// readiness: the proxy LIVE with workers started, not draining, and the
-// app listening on --app-ports.
+// readiness: the proxy LIVE with workers started, nothing asked to drain,
+// and the app listening on --app-ports. Before the machine exists (the
+// eBPF objects still loading) only --app-ports waits for it: the tracker
+// is what reads the app's listeners.
 func (a *agent) readiness(ctx context.Context) (bool, string) {
-	if p := a.machine.Phase(); p != drain.Ready {
-		if p == drain.Starting {
-			if ok, why := a.admin.Live(ctx); !ok {
-				return false, why
-			}
-			return false, "starting"
+	m, _ := a.early.machine()
+	if m != nil {
+		if p := m.Phase(); p != drain.Ready && p != drain.Starting {
+			return false, p.String()
 		}
-		return false, p.String()
 	}
-	if ok, why := a.admin.Live(ctx); !ok {
+	if a.early.asked() { // the machine may not have taken it up yet
+		return false, "draining"
+	}
+	if ok, why := a.probeAdmin.Live(ctx); !ok {
 		return false, why
 	}
-	if len(a.appPorts) > 0 {
-		have := map[uint16]bool{}
-		a.tracker.Each(func(f *flows.TrackedFlow) bool {
-			if f.Direction == flows.DirListen && f.Owner == flows.OwnerApp {
-				have[f.Local.Port()] = true
-			}
-			return true
-		})
-		for p := range a.appPorts {
-			if !have[p] {
-				return false, fmt.Sprintf("app not listening on port %d", p)
-			}
+	if len(a.appPorts) == 0 {
+		return true, ""
+	}
+	if m == nil {
+		return false, "starting: the tracker is not open yet (--app-ports)"
+	}
+	have := map[uint16]bool{}
+	a.tracker.Each(func(f *flows.TrackedFlow) bool {
+		if f.Direction == flows.DirListen && f.Owner == flows.OwnerApp {
+			have[f.Local.Port()] = true
+		}
+		return true
+	})
+	for p := range a.appPorts {
+		if !have[p] {
+			return false, fmt.Sprintf("app not listening on port %d", p)
 		}
 	}
 	return true, ""

@@ -14,7 +14,6 @@ import (
 
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/privs"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // statusServer serves the kubelet's probes, Prometheus, and (to loopback
@@ -269,16 +268,30 @@ func limitBody(h http.Handler, max int64) http.Handler {
 // The agent is the status server's backend.
 
 func (a *agent) proxyExited() <-chan struct{}   { return a.proxy.Exited() }
-func (a *agent) triggerDrain(cause drain.Cause) { a.machine.Trigger(cause) }
-func (a *agent) quit()                          { a.machine.Quit() }
+func (a *agent) triggerDrain(cause drain.Cause) { a.early.trigger(cause) }
+func (a *agent) quit()                          { a.early.quit() }
+
+// metricsHandler serves the registry once the machine is built (503
+// "starting" in the start-up's first tens of milliseconds).
 func (a *agent) metricsHandler() http.Handler {
-	return promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, h := a.early.machine()
+		if h == nil {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // flowsJSON is /debug/flows: what `draind conns -o json` shows, and the
 // drain phase.
 func (a *agent) flowsJSON() ([]byte, error) {
+	m, _ := a.early.machine()
+	if m == nil {
+		return nil, errors.New("starting: the tracker is not open yet")
+	}
 	snap := a.tracker.Snapshot()
 	return json.Marshal(map[string]any{"summary": snap.Summary, "listeners": snap.Listeners, "flows": snap.Flows,
-		"taken": snap.Taken, "namespace": snap.Namespace, "phase": a.machine.Phase().String()})
+		"taken": snap.Taken, "namespace": snap.Namespace, "phase": m.Phase().String()})
 }

@@ -86,6 +86,16 @@ func rssRound(ctx context.Context, p proxySetup, n int, settle time.Duration, be
 	if _, err := c.waitReady(a, 30*time.Second); err != nil {
 		return nil, err
 	}
+	// /metrics answers once the trackers are open (readiness may come
+	// before).
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if code, _, err := c.get("http://" + statusAddr + "/metrics"); err == nil && code == 200 {
+			break
+		}
+		if time.Now().After(end) {
+			return nil, fmt.Errorf("/metrics not answering 10 s after ready:\n%s", a.output())
+		}
+	}
 	if !before {
 		if err := ns.Fill(n); err != nil {
 			return nil, err

@@ -16,12 +16,16 @@ import (
 // startupMarks are the moments of a draind start-up, told by the first log
 // line holding each text (console format), in the order they happen.
 var startupMarks = []struct{ name, text string }{
-	{"tracker open (eBPF load + first sock_diag snapshot)", "\ttracker\t"},
 	{"proxy started", "\tproxy started\t"},
-	{"app processes (eBPF task iterator + walk)", "\tapp liveness\t"},
 	{"proxy LIVE (envoysim's own line)", "state LIVE"},
-	{"phase ready (log)", `"phase": "ready"`},
+	{"tracker open (eBPF load + first sock_diag snapshot)", "\ttracker\t"},
+	{"app processes (eBPF task iterator + walk)", "\tapp liveness\t"},
+	{"machine running, phase ready (log)", readyLine},
 }
+
+// readyLine is the drain machine's Ready: start-up is over (the trackers
+// are open). Readiness may say 200 before it: it waits on Envoy only.
+const readyLine = `"phase": "ready"`
 
 // startupTable measures runs start-ups of draind (with envoysim, and with
 // the stand-in) and of pilot-agent when given (with the stand-in), each in
@@ -38,7 +42,7 @@ func startupTable(ctx context.Context, w io.Writer, p proxySetup, pilot string, 
 	marks := make([][]time.Duration, len(startupMarks))
 	var ready, readyStandin, readyPilot []time.Duration
 	for range runs {
-		a, r, err := startOnce(func(dir string) (*exec.Cmd, error) { return draindCommand(p, dir) })
+		a, r, err := startOnce(readyLine, func(dir string) (*exec.Cmd, error) { return draindCommand(p, dir) })
 		if err != nil {
 			return err
 		}
@@ -46,14 +50,14 @@ func startupTable(ctx context.Context, w io.Writer, p proxySetup, pilot string, 
 		for i, m := range startupMarks {
 			marks[i] = append(marks[i], a.firstLine(m.text))
 		}
-		if _, r, err = startOnce(func(dir string) (*exec.Cmd, error) { return draindCommand(withStandin, dir) }); err != nil {
+		if _, r, err = startOnce(readyLine, func(dir string) (*exec.Cmd, error) { return draindCommand(withStandin, dir) }); err != nil {
 			return err
 		}
 		readyStandin = append(readyStandin, r)
 		if pilot == "" {
 			continue
 		}
-		if _, r, err = startOnce(func(dir string) (*exec.Cmd, error) { return pilotCommand(pilot, self, dir) }); err != nil {
+		if _, r, err = startOnce("", func(dir string) (*exec.Cmd, error) { return pilotCommand(pilot, self, dir) }); err != nil {
 			return fmt.Errorf("pilot-agent: %w", err)
 		}
 		readyPilot = append(readyPilot, r)
@@ -106,8 +110,9 @@ func spread(ds []time.Duration) string {
 }
 
 // startOnce starts an agent in a fresh namespace, waits for its first
-// ready 200, stops it and returns it (its log lines) and the time to ready.
-func startOnce(command func(dir string) (*exec.Cmd, error)) (*agentProc, time.Duration, error) {
+// ready 200 (and then for its log line last, when given), stops it and
+// returns it (its log lines) and the time to ready.
+func startOnce(last string, command func(dir string) (*exec.Cmd, error)) (*agentProc, time.Duration, error) {
 	ns, err := benchns.New()
 	if err != nil {
 		return nil, 0, err
@@ -133,6 +138,9 @@ func startOnce(command func(dir string) (*exec.Cmd, error)) (*agentProc, time.Du
 		return nil, 0, err
 	}
 	ready, err := c.waitReady(a, 30*time.Second)
+	for end := time.Now().Add(5 * time.Second); err == nil && last != "" && a.firstLine(last) < 0 && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
 	time.Sleep(20 * time.Millisecond) // let the last log lines arrive
 	a.stop()
 	return a, ready, err
