@@ -17,7 +17,7 @@
 // [FlowTable] is one entry per socket, keyed by socket cookie (or by
 // 5-tuple on kernels whose tracing programs cannot read cookies), with the
 // per-class counts kept as entries change. Its entries are packed records
-// (56 bytes, no pointers, in fixed chunks) found through open-addressing
+// (48 bytes, no pointers, in fixed chunks) found through open-addressing
 // indexes of uint32 positions (record.go): 65–110 bytes of Go heap per
 // socket, nothing allocated per socket once grown. [Tracker] keeps a
 // FlowTable of one namespace live: from eBPF events (package probes) with

@@ -9,16 +9,17 @@ import (
 	"github.com/draind/draind/internal/sockdiag"
 )
 
-// A FlowTable keeps each socket as a record: 56 bytes, no pointers (the
+// A FlowTable keeps each socket as a record: 48 bytes, no pointers (the
 // garbage collector never scans the table), stored in fixed chunks that
 // never move (growing the table copies nothing). Two open-addressing
 // indexes of uint32 positions find records by key and by kernel address.
 // What most sockets do not need lives in side chunks, allocated only for a
 // chunk of records that has one socket needing it: tcp_info (idle times,
 // for a tracker with an idle timeout) and IPv6 addresses (an IPv4 one fits
-// in the record).
+// in the record). A pod has a handful of cgroups: a record holds its
+// socket's as an index into the table's list.
 //
-// Per socket: 56 bytes of record, 16 of tcp_info and 32 of IPv6
+// Per socket: 48 bytes of record, 16 of tcp_info and 32 of IPv6
 // addresses when present, and 4-byte index slots at a load between 3/8
 // and 3/4 (5–11 bytes per index).
 
@@ -27,18 +28,37 @@ type record struct {
 	cookie uint64
 	// skaddr is the kernel address of the sock, when an event told it.
 	skaddr uint64
-	// first is when the table first saw the socket (ns since its epoch).
-	first  int64
-	cgroup uint64
 	// local4 and remote4 hold IPv4 addresses; IPv6 ones are in the
 	// chunk's side array (flags say which kind each is).
 	local4, remote4 [4]byte
 	lport, rport    uint16
 	uid, inode      uint32
-	state           sockdiag.State
+	// firstLo and firstHi are when the table first saw the socket: µs
+	// since its epoch, 48 bits (8.9 years).
+	firstLo uint32
+	firstHi uint16
+	// cgroup is the socket's cgroup id as 1 + its index in the table's
+	// cgroup list; 0: none (or past the list's 65,535 entries).
+	cgroup uint16
+	state  sockdiag.State
 	// prevState is the state before the Replace in progress.
 	prevState sockdiag.State
 	flags     recFlags
+}
+
+// maxFirst is the largest first-seen time a record holds.
+const maxFirst = time.Duration(1<<48-1) * time.Microsecond
+
+// setFirst records when the table first saw the socket (since its epoch).
+func (r *record) setFirst(d time.Duration) {
+	us := uint64(min(max(d, 0), maxFirst) / time.Microsecond)
+	r.firstLo, r.firstHi = uint32(us), uint16(us>>32)
+}
+
+// first is when the table first saw the socket (since its epoch), to the
+// microsecond below.
+func (r *record) first() time.Duration {
+	return time.Duration(uint64(r.firstLo)|uint64(r.firstHi)<<32) * time.Microsecond
 }
 
 // recFlags packs a record's small fields.

@@ -56,6 +56,10 @@ type FlowTable struct {
 	seed  uint64
 	epoch time.Time
 	sum   Summary
+	// cgroups are the cgroup ids records name (record.cgroup - 1), and
+	// their indexes: a pod's sockets are in a handful.
+	cgroups   []uint64
+	cgroupIdx map[uint64]uint16
 	// replacing is set between beginReplace and endReplace.
 	replacing bool
 	// Built once: the indexes' hash functions, and the TrackedFlow that
@@ -69,6 +73,35 @@ func NewFlowTable(p Policy, useCookie bool) *FlowTable {
 	t := &FlowTable{cls: NewClassifier(p), useCookie: useCookie, byKey: newIndex(), bySk: newIndex(), seed: newSeed(), epoch: time.Now()}
 	t.hashKeyFn, t.hashSkFn = t.hashRecKey, t.hashRecSk
 	return t
+}
+
+// cgroupIndex is the record.cgroup for cgroup id; ids past the list's
+// capacity read back as none.
+func (t *FlowTable) cgroupIndex(id uint64) uint16 {
+	if id == 0 {
+		return 0
+	}
+	if i, ok := t.cgroupIdx[id]; ok {
+		return i
+	}
+	if len(t.cgroups) >= 1<<16-1 {
+		return 0
+	}
+	if t.cgroupIdx == nil {
+		t.cgroupIdx = map[uint64]uint16{}
+	}
+	t.cgroups = append(t.cgroups, id)
+	i := uint16(len(t.cgroups))
+	t.cgroupIdx[id] = i
+	return i
+}
+
+// cgroupOf is record r's cgroup id (0: none).
+func (t *FlowTable) cgroupOf(r *record) uint64 {
+	if r.cgroup == 0 {
+		return 0
+	}
+	return t.cgroups[r.cgroup-1]
 }
 
 // key is what finds a record: its cookie, or without cookies its 5-tuple.
@@ -252,7 +285,7 @@ func (t *FlowTable) socketOf(pos int) sockdiag.Socket {
 	r := t.recs.at(pos)
 	s := sockdiag.Socket{
 		Family: r.flags.family(), State: r.state, Local: t.localAddr(pos), Remote: t.remoteAddr(pos),
-		UID: r.uid, Inode: r.inode, Cookie: r.cookie, CgroupID: r.cgroup,
+		UID: r.uid, Inode: r.inode, Cookie: r.cookie, CgroupID: t.cgroupOf(r),
 		Transparent: r.flags&flTransp != 0,
 	}
 	if r.flags&flHasInfo != 0 {
@@ -290,7 +323,7 @@ func (t *FlowTable) count(delta int, r *record) {
 // setSocket stores what a snapshot says of a socket into record pos.
 func (t *FlowTable) setSocket(pos int, s *sockdiag.Socket) {
 	r := t.recs.at(pos)
-	r.cookie, r.uid, r.inode, r.cgroup, r.state = s.Cookie, s.UID, s.Inode, s.CgroupID, s.State
+	r.cookie, r.uid, r.inode, r.cgroup, r.state = s.Cookie, s.UID, s.Inode, t.cgroupIndex(s.CgroupID), s.State
 	t.setTuple(pos, s.Local, s.Remote)
 	r.flags = r.flags&^flFamily | familyKind(s.Family)
 	r.set(flTransp, s.Transparent)
@@ -364,14 +397,14 @@ func (t *FlowTable) endReplace(now time.Time, complete bool, emit func(*Change))
 		}
 	}
 	t.sum = Summary{}
-	at := int64(now.Sub(t.epoch))
+	at := now.Sub(t.epoch)
 	for i := range n {
 		r := t.recs.at(i)
 		if !keep(r) {
 			continue
 		}
 		if r.flags&flOld == 0 {
-			r.first = at
+			r.setFirst(at)
 		}
 		t.classify(i)
 		t.count(1, r)
@@ -549,7 +582,7 @@ func (t *FlowTable) add(ev *probes.TCPEvent, local, remote netip.AddrPort, now t
 	pos := t.recs.push()
 	r := t.recs.at(pos)
 	r.cookie, r.uid, r.state, r.skaddr = ev.Cookie, ev.UID, ev.NewState, ev.SkAddr
-	r.first = int64(now.Sub(t.epoch))
+	r.setFirst(now.Sub(t.epoch))
 	t.setTuple(pos, local, remote)
 	r.flags |= familyKind(ev.Family)
 	r.set(flAccepted, ev.OldState == sockdiag.SynRecv)
@@ -625,7 +658,7 @@ func (t *FlowTable) Each(now time.Time, fn func(*TrackedFlow) bool) {
 	since := now.Sub(t.epoch)
 	for i := range t.recs.n {
 		t.flowAt(i, &t.scratch.Flow)
-		t.scratch.Age = since - time.Duration(t.recs.at(i).first)
+		t.scratch.Age = since - t.recs.at(i).first()
 		if !fn(&t.scratch) {
 			return
 		}

@@ -275,3 +275,46 @@ func TestFlowTableBytesPerSocket(t *testing.T) {
 		return tab
 	})
 }
+
+// A record keeps its first-seen time to the microsecond below, in 48 bits.
+func TestRecordFirstSeen(t *testing.T) {
+	for _, tc := range []struct{ in, want time.Duration }{
+		{0, 0},
+		{1500 * time.Nanosecond, time.Microsecond},
+		{90 * 24 * time.Hour, 90 * 24 * time.Hour},
+		{maxFirst, maxFirst},
+		{maxFirst + time.Hour, maxFirst},
+		{-time.Second, 0},
+	} {
+		var r record
+		r.setFirst(tc.in)
+		if got := r.first(); got != tc.want {
+			t.Errorf("setFirst(%v): first() = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
+// Cgroup ids are kept once per table; past 65,535 distinct ids a socket's
+// reads back as none rather than as another's.
+func TestFlowTableCgroupIndex(t *testing.T) {
+	tab := NewFlowTable(Policy{}, true)
+	if got := tab.cgroupIndex(0); got != 0 {
+		t.Fatalf("cgroup 0: index %d, want 0", got)
+	}
+	a, b := tab.cgroupIndex(7), tab.cgroupIndex(1344)
+	if a == 0 || b == 0 || a == b || tab.cgroupIndex(7) != a {
+		t.Fatalf("indexes %d %d (again %d)", a, b, tab.cgroupIndex(7))
+	}
+	if got := tab.cgroupOf(&record{cgroup: b}); got != 1344 {
+		t.Fatalf("cgroupOf = %d, want 1344", got)
+	}
+	for id := uint64(10_000); len(tab.cgroups) < 1<<16-1; id++ {
+		tab.cgroupIndex(id)
+	}
+	if got := tab.cgroupIndex(1 << 40); got != 0 {
+		t.Fatalf("past the list: index %d, want 0", got)
+	}
+	if got := tab.cgroupIndex(1344); got != b {
+		t.Fatalf("a known id past the list's end: index %d, want %d", got, b)
+	}
+}
