@@ -281,10 +281,13 @@ func (pd *pod) firstAttempt(name string) *ctrRecord {
 	return &a[0]
 }
 
-// errorLine is the first line of s that is not a JSON log record.
+// errorLine is the first line of s that is neither one of draind's JSON log
+// records nor a line of the proxy's log.
 func errorLine(s string) string {
 	for line := range strings.SplitSeq(strings.TrimSpace(s), "\n") {
-		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "{") {
+		// draind's log lines are JSON; the proxy's ("[date][envoysim] ...",
+		// as Envoy's) share the container's stderr and may come first.
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "{") && !strings.HasPrefix(line, "[") {
 			return line
 		}
 	}
