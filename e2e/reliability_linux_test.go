@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/nsrun"
+	"github.com/draind/draind/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -320,6 +321,7 @@ func waitBPFGone(t testing.TB, held bpfObjects, since time.Time, d time.Duration
 // requireBpftool skips when bpftool is absent (CI installs it).
 func requireBpftool(t testing.TB) {
 	t.Helper()
+	testutil.RequireRoot(t) // the pods need it, and bpftool lists BPF objects only for root
 	if _, err := exec.LookPath("bpftool"); err != nil {
 		t.Skip("bpftool not installed (Debian: apt-get install bpftool)")
 	}
