@@ -194,7 +194,7 @@ func printLog(r io.Reader, say func(string, ...any)) {
 		case "phase":
 			extra := ""
 			if f, ok := m["flows"].(map[string]any); ok {
-				extra = fmt.Sprintf(" (app listeners %v, app flows %v+%v, proxy flows %v)", f["app_listeners"], f["app_inbound"], f["app_outbound"], f["proxy_flows"])
+				extra = fmt.Sprintf(" (app listeners %v, app flows holding %v, Envoy downstream %v)", f["app_listeners"], f["app_holding"], f["envoy_downstream"])
 			}
 			why := ""
 			for _, k := range []string{"trigger", "why"} {
