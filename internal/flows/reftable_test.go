@@ -151,13 +151,27 @@ func (t *refTable) Apply(ev *probes.TCPEvent, now time.Time) (Change, bool) {
 	case had:
 		t.sum.Uncount(&e.flow)
 		s := e.flow.Socket
+		wasListen := s.State == sockdiag.Listen
+		if wasListen { // a listener whose end was lost, found by its address
+			t.cls.RemoveListener(&s)
+		}
+		oldPort := s.Local.Port()
 		s.State = ev.NewState
 		if local.Port() != 0 {
 			s.Local, s.Remote = local, remote
 		}
+		if s.State == sockdiag.Listen {
+			t.cls.AddListener(&s)
+		}
 		e.accepted = e.accepted || ev.OldState == sockdiag.SynRecv
 		e.flow = t.cls.flow(&s, e.accepted)
 		t.sum.Count(&e.flow)
+		if wasListen {
+			t.reclassifyPort(oldPort)
+		}
+		if s.State == sockdiag.Listen {
+			t.reclassifyPort(s.Local.Port())
+		}
 		e.skaddr = ev.SkAddr
 		if nk := t.keyOf(&s); nk != k { // cookie-less: re-key on the new tuple
 			delete(t.m, k)

@@ -277,6 +277,9 @@ func (t *FlowTable) dropSk(pos int) {
 // Summary returns the current counts.
 func (t *FlowTable) Summary() Summary { return t.sum }
 
+// Listens reports whether owner has a listener on port in the table.
+func (t *FlowTable) Listens(owner Owner, port uint16) bool { return t.cls.Listens(owner, port) }
+
 // Len is the number of sockets in the table.
 func (t *FlowTable) Len() int { return t.recs.n }
 
@@ -553,6 +556,16 @@ func (t *FlowTable) update(pos int, ev *probes.TCPEvent, local, remote netip.Add
 		}
 	}
 	r := t.recs.at(pos)
+	// A record leaving or entering LISTEN here (a socket whose earlier
+	// changes were lost, found by its kernel address) changes the listener
+	// set the classification reads, as add and removeAt do.
+	wasListen, isListen := r.state == sockdiag.Listen, ev.NewState == sockdiag.Listen
+	var oldPort uint16
+	if wasListen {
+		s := t.socketOf(pos)
+		t.cls.RemoveListener(&s)
+		oldPort = s.Local.Port()
+	}
 	t.count(-1, r)
 	r.state = ev.NewState
 	if local.Port() != 0 {
@@ -567,8 +580,18 @@ func (t *FlowTable) update(pos int, ev *probes.TCPEvent, local, remote netip.Add
 	if ev.OldState == sockdiag.SynRecv {
 		r.flags |= flAccepted
 	}
+	if isListen {
+		s := t.socketOf(pos)
+		t.cls.AddListener(&s)
+	}
 	t.classify(pos)
 	t.count(1, r)
+	if wasListen {
+		t.reclassifyPort(oldPort)
+	}
+	if isListen && (!wasListen || r.lport != oldPort) {
+		t.reclassifyPort(r.lport)
+	}
 	if r.skaddr != ev.SkAddr {
 		t.dropSk(pos)
 		r.skaddr = ev.SkAddr

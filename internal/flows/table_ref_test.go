@@ -283,6 +283,20 @@ func TestFlowTableMatchesReference(t *testing.T) {
 						if !slices.Equal(g, w) {
 							t.Fatalf("step %d: flows differ:\n got %+v\nwant %+v", i, g, w)
 						}
+						// Listens (readiness's --app-ports) agrees with the flows.
+						listening := map[listenKey]bool{}
+						for _, f := range w {
+							if f.Direction == DirListen {
+								listening[listenKey{f.Owner, f.Local.Port()}] = true
+							}
+						}
+						for _, owner := range []Owner{OwnerApp, OwnerProxy} {
+							for _, p := range simListenPorts {
+								if want := listening[listenKey{owner, p}]; got.Listens(owner, p) != want {
+									t.Fatalf("step %d: Listens(%v, %d) = %v, the flows say %v", i, owner, p, !want, want)
+								}
+							}
+						}
 					}
 				}
 				t.Logf("peak %d sockets in the table; %d live at the end, %d in the table", peak, len(sim.live), got.Len())

@@ -211,6 +211,14 @@ func (t *Tracker) Flows(keep func(*Flow) bool) []TrackedFlow {
 	return t.table.Flows(time.Now(), keep)
 }
 
+// Listens reports whether owner has a listener on port: a lookup in the
+// listener set the table keeps for its classification, not a walk.
+func (t *Tracker) Listens(owner Owner, port uint16) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.table.Listens(owner, port)
+}
+
 // Each calls fn for every tracked socket (listeners included), with its
 // age, until fn returns false: a walk of the table that copies nothing. It
 // runs under the tracker's lock, which holds events back: fn must be quick
