@@ -433,15 +433,8 @@ func (a *agent) readiness(ctx context.Context) (bool, string) {
 	if m == nil {
 		return false, "starting: the tracker is not open yet (--app-ports)"
 	}
-	have := map[uint16]bool{}
-	a.tracker.Each(func(f *flows.TrackedFlow) bool {
-		if f.Direction == flows.DirListen && f.Owner == flows.OwnerApp {
-			have[f.Local.Port()] = true
-		}
-		return true
-	})
 	for p := range a.appPorts {
-		if !have[p] {
+		if !a.tracker.Listens(flows.OwnerApp, p) {
 			return false, fmt.Sprintf("app not listening on port %d", p)
 		}
 	}
