@@ -61,25 +61,14 @@ func TestClassifyTPROXY(t *testing.T) {
 // draind's status port, a scrape of Envoy's metrics — is neither the app's
 // traffic nor the proxy's.
 func TestClassifyControlTraffic(t *testing.T) {
-	ap := netip.MustParseAddrPort
-	sock := func(state sockdiag.State, local, remote string, uid uint32) sockdiag.Socket {
-		return sockdiag.Socket{Family: 2, State: state, Local: ap(local), Remote: ap(remote), UID: uid, Inode: 1}
-	}
-	est, lis := sockdiag.Established, sockdiag.Listen
-	p := DefaultPolicy()
-	p.ProxyPorts = []uint16{15020}
-	p.ProxyRemotePorts = []uint16{15000, 15020}
-	p.ControlPorts = []uint16{15020, 15021, 15090, 15000}
-	socks := []sockdiag.Socket{
-		sock(lis, "127.0.0.1:15000", "0.0.0.0:0", 1337),
-		sock(lis, "0.0.0.0:15020", "0.0.0.0:0", 0),
-		sock(lis, "0.0.0.0:8080", "0.0.0.0:0", 1000),
+	sock, est := controlSock, sockdiag.Established
+	socks := append(controlListeners(),
 		sock(est, "127.0.0.1:38580", "127.0.0.1:15000", 0),    // draind → admin
 		sock(est, "127.0.0.1:15000", "127.0.0.1:38580", 1337), // Envoy's side
 		sock(est, "192.0.2.1:15020", "192.0.2.9:41000", 0),    // the kubelet's probe
 		sock(est, "192.0.2.1:8080", "192.0.2.2:40001", 1000),  // traffic
-	}
-	got := NewClassifier(p).Classify(socks).Summary
+	)
+	got := NewClassifier(controlPolicy(15020)).Classify(socks).Summary
 	want := Summary{AppListeners: 1, ProxyListeners: 2, AppInbound: 1, Control: 3}
 	if got != want {
 		t.Errorf("summary %+v\nwant    %+v", got, want)
@@ -93,20 +82,8 @@ func TestClassifyControlTraffic(t *testing.T) {
 // footprint benchmark, whose namespace widens the range: 6 of 200,000 app
 // sockets were counted as control traffic.)
 func TestClassifyEphemeralPortsMatchNoPortRule(t *testing.T) {
-	ap := netip.MustParseAddrPort
-	sock := func(state sockdiag.State, local, remote string, uid uint32) sockdiag.Socket {
-		return sockdiag.Socket{Family: 2, State: state, Local: ap(local), Remote: ap(remote), UID: uid, Inode: 1}
-	}
-	est, lis := sockdiag.Established, sockdiag.Listen
-	p := DefaultPolicy()
-	p.ProxyPorts = []uint16{15020, 15001}
-	p.ProxyRemotePorts = []uint16{15000, 15020}
-	p.ControlPorts = []uint16{15020, 15021, 15090, 15000}
-	listeners := []sockdiag.Socket{
-		sock(lis, "127.0.0.1:15000", "0.0.0.0:0", 1337),
-		sock(lis, "0.0.0.0:15020", "0.0.0.0:0", 0),
-		sock(lis, "0.0.0.0:8080", "0.0.0.0:0", 1000),
-	}
+	sock, est := controlSock, sockdiag.Established
+	p, listeners := controlPolicy(15020, 15001), controlListeners()
 	tests := []struct {
 		name      string
 		sock      sockdiag.Socket
@@ -144,4 +121,31 @@ func TestClassifyEphemeralPortsMatchNoPortRule(t *testing.T) {
 			}
 		})
 	}
+}
+
+// controlPolicy is the policy of a pod with draind's status port (15020) and
+// Envoy's admin API (15000), the proxy's ports given.
+func controlPolicy(proxyPorts ...uint16) Policy {
+	p := DefaultPolicy()
+	p.ProxyPorts = proxyPorts
+	p.ProxyRemotePorts = []uint16{15000, 15020}
+	p.ControlPorts = []uint16{15020, 15021, 15090, 15000}
+	return p
+}
+
+// controlListeners are that pod's listeners: Envoy's admin, draind's
+// status port, the app's 8080.
+func controlListeners() []sockdiag.Socket {
+	lis := sockdiag.Listen
+	return []sockdiag.Socket{
+		controlSock(lis, "127.0.0.1:15000", "0.0.0.0:0", 1337),
+		controlSock(lis, "0.0.0.0:15020", "0.0.0.0:0", 0),
+		controlSock(lis, "0.0.0.0:8080", "0.0.0.0:0", 1000),
+	}
+}
+
+// controlSock is an IPv4 socket of that pod.
+func controlSock(state sockdiag.State, local, remote string, uid uint32) sockdiag.Socket {
+	ap := netip.MustParseAddrPort
+	return sockdiag.Socket{Family: 2, State: state, Local: ap(local), Remote: ap(remote), UID: uid, Inode: 1}
 }

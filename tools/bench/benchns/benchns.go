@@ -161,16 +161,22 @@ func (b *NS) addChild(k int) error {
 	})
 }
 
+// DialSockDiag opens a sock_diag connection in the namespace (the socket
+// keeps the namespace; the handle used to open it is closed).
+func (b *NS) DialSockDiag() (*sockdiag.Conn, error) {
+	ns, err := namespace.ByPID(b.Pid())
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	return sockdiag.Dial(ns)
+}
+
 // WaitEstablished waits until the namespace has at least n established
 // sockets (the last handshakes may still be settling when children
 // report).
 func (b *NS) WaitEstablished(n int, timeout time.Duration) error {
-	ns, err := namespace.ByPID(b.Pid())
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
-	d, err := sockdiag.Dial(ns)
+	d, err := b.DialSockDiag()
 	if err != nil {
 		return err
 	}

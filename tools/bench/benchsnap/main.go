@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/flows"
-	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/sockdiag"
 	"github.com/draind/draind/tools/bench/benchns"
 )
@@ -68,12 +67,7 @@ func round(ctx context.Context, stdout io.Writer, n int, draindBin string, budge
 	if err := env.Fill(n); err != nil {
 		return err
 	}
-	ns, err := namespace.ByPID(env.Pid())
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
-	d, err := sockdiag.Dial(ns)
+	d, err := env.DialSockDiag()
 	if err != nil {
 		return err
 	}
