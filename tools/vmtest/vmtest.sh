@@ -2,8 +2,8 @@
 # Run Go test packages inside qemu VMs, one VM per kernel and package, on a
 # matrix of Debian kernels. See docs/vmtest.md.
 #
-#   bash tools/vmtest/vmtest.sh [--kernels "5.10 6.1 6.12"] [-v] [--run REGEX]
-#                                [--timeout 10m] [--fetch] PKG...
+#   bash tools/vmtest/vmtest.sh [--kernels "5.10 6.1 6.12"] [--arch amd64|arm64]
+#        [--cgroup2] [-v] [--run REGEX] [--timeout 10m] [--fetch] PKG...
 #
 # Prints one line per kernel and package, the output of failed runs, a
 # closing "N passed, N failed, N skipped" line and the total wall time; exits
@@ -14,12 +14,22 @@ set -euo pipefail
 {
 
 # --- Pinned kernels: the only place to change when bumping (docs/vmtest.md).
-# alias | Debian suite | package | exact version
+# alias | architecture | Debian suite | package | exact version
 KERNEL_PINS=(
-	"5.10|bullseye|linux-image-5.10.0-32-amd64|5.10.223-1"
-	"6.1|bookworm|linux-image-6.1.0-50-amd64|6.1.176-1"
-	"6.12|bookworm-security|linux-image-6.12.117+deb12-amd64|6.12.117-1~deb12u1"
+	"5.10|amd64|bullseye|linux-image-5.10.0-32-amd64|5.10.223-1"
+	"6.1|amd64|bookworm|linux-image-6.1.0-50-amd64|6.1.176-1"
+	"6.12|amd64|bookworm-security|linux-image-6.12.117+deb12-amd64|6.12.117-1~deb12u1"
+	"6.1|arm64|bookworm|linux-image-6.1.0-50-arm64|6.1.176-1"
+	"6.12|arm64|bookworm-security|linux-image-6.12.117+deb12-arm64|6.12.117-1~deb12u1"
 )
+# The root filesystem of a guest that is not of the host's architecture
+# (host programs would not run there): these Debian packages and what they
+# depend on, for the programs tests run (sh, sleep, python3, iptables, ip).
+ROOTFS_SUITE=bookworm
+ROOTFS_PACKAGES=(base-files base-passwd dash bash coreutils util-linux procps kmod iproute2 iptables python3-minimal)
+# Kernel parameters of --cgroup2: the unified hierarchy alone, no v1
+# controllers (what systemd's unified mode and kubelet >= 1.35 expect).
+CGROUP2_CMDLINE="cgroup_no_v1=all systemd.unified_cgroup_hierarchy=1"
 DEBIAN_MIRROR=${DRAIND_VM_MIRROR:-http://deb.debian.org/debian}
 DEBIAN_SECURITY_MIRROR=${DRAIND_VM_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 DEBIAN_KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
@@ -33,19 +43,25 @@ usage() {
 	sed -n '2,11s/^# \{0,1\}//p' "$0"
 	echo
 	echo "Pinned kernels:"
+	local pin alias parch suite pkg ver
 	for pin in "${KERNEL_PINS[@]}"; do
-		IFS='|' read -r alias suite pkg ver <<<"$pin"
-		printf '  %-5s %s=%s (%s)\n' "$alias" "$pkg" "$ver" "$suite"
+		IFS='|' read -r alias parch suite pkg ver <<<"$pin"
+		printf '  %-5s %-5s %s=%s (%s)\n' "$alias" "$parch" "$pkg" "$ver" "$suite"
 	done
 }
 
 kernels="5.10 6.1 6.12"
+host_arch=$(dpkg --print-architecture)
+arch=$host_arch append=""
 verbose=0 fetch_only=0 run_regex="" test_timeout=10m
 pkgs=()
 while (($#)); do
 	case $1 in
 	--kernels) kernels=$2; shift 2 ;;
 	--kernels=*) kernels=${1#*=}; shift ;;
+	--arch) arch=$2; shift 2 ;;
+	--arch=*) arch=${1#*=}; shift ;;
+	--cgroup2) append=$CGROUP2_CMDLINE; shift ;;
 	--run) run_regex=$2; shift 2 ;;
 	--run=*) run_regex=${1#*=}; shift ;;
 	--timeout) test_timeout=$2; shift 2 ;;
@@ -58,6 +74,11 @@ while (($#)); do
 	*) pkgs+=("$1"); shift ;;
 	esac
 done
+case $arch in
+amd64) qemu=qemu-system-x86_64 qemu_pkg=qemu-system-x86 ;;
+arm64) qemu=qemu-system-aarch64 qemu_pkg=qemu-system-arm ;;
+*) echo "vmtest: --arch $arch: amd64 or arm64" >&2; exit 2 ;;
+esac
 if ((!fetch_only && ${#pkgs[@]} == 0)); then
 	echo "vmtest: no packages given" >&2
 	usage >&2
@@ -104,7 +125,7 @@ bg() {
 
 need_tools() {
 	local missing=() t
-	command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
+	command -v "$qemu" >/dev/null || missing+=("$qemu_pkg")
 	command -v depmod >/dev/null || missing+=(kmod)
 	command -v xz >/dev/null || missing+=(xz-utils)
 	command -v dpkg-deb >/dev/null || missing+=(dpkg)
@@ -120,31 +141,40 @@ need_tools() {
 		apt-get install -y -q --no-install-recommends "${missing[@]}" >>"$tmp/apt-install.log" 2>&1 ||
 			{ cat "$tmp/apt-install.log" >&2; exit 1; }
 	fi
-	for t in qemu-system-x86_64 depmod xz dpkg-deb; do
+	for t in "$qemu" depmod xz dpkg-deb; do
 		command -v "$t" >/dev/null || { echo "vmtest: $t still missing" >&2; exit 1; }
 	done
 }
 
 # --- Kernels -------------------------------------------------------------------
 
-pin_for() { # alias -> "suite|pkg|version", or nothing
+pin_for() { # alias arch -> "suite|pkg|version", or nothing
 	local pin alias rest
 	for pin in "${KERNEL_PINS[@]}"; do
 		alias=${pin%%|*} rest=${pin#*|}
-		[[ $alias == "$1" ]] && { echo "$rest"; return; }
+		[[ $alias == "$1" && ${rest%%|*} == "$2" ]] && { echo "${rest#*|}"; return; }
 	done
 }
 
+# cache_alias ALIAS: the name of a kernel in the cache (and vmexec's
+# --kernel): the alias for the host's architecture, ALIAS-ARCH for another.
+cache_alias() {
+	if [[ $arch == "$host_arch" ]]; then echo "$1"; else echo "$1-$arch"; fi
+}
+
 # private_apt SUITE ARGS...: apt-get with a sources list, lists and cache of
-# its own under the cache directory; the host's apt configuration and state
-# are left alone.
+# its own under the cache directory, for packages of $arch; the host's apt
+# configuration and state are left alone.
 private_apt() {
 	local suite=$1 dir="$CACHE/apt/$1" mirror=$DEBIAN_MIRROR
 	shift
+	[[ $arch == "$host_arch" ]] || dir+="-$arch"
 	[[ $suite == *-security ]] && mirror=$DEBIAN_SECURITY_MIRROR
 	mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial" "$dir/sources.list.d" "$dir/preferences.d"
-	echo "deb [signed-by=$DEBIAN_KEYRING] $mirror $suite main" >"$dir/sources.list"
+	echo "deb [arch=$arch signed-by=$DEBIAN_KEYRING] $mirror $suite main" >"$dir/sources.list"
 	apt-get -q \
+		-o APT::Architecture="$arch" \
+		-o APT::Architectures="$arch" \
 		-o Dir::Etc::SourceList="$dir/sources.list" \
 		-o Dir::Etc::SourceParts="$dir/sources.list.d" \
 		-o Dir::Etc::Preferences="$dir/preferences" \
@@ -163,7 +193,10 @@ private_apt() {
 # updating its lists when they lack the version.
 download_deb() {
 	local suite=$1 pkg=$2 ver=$3 dir=$4 log="$tmp/apt-download.log"
-	(cd "$dir" && apt-get -q -o APT::Sandbox::User=root download "$pkg=$ver") >"$log" 2>&1 && return
+	: >"$log"
+	if [[ $arch == "$host_arch" ]]; then
+		(cd "$dir" && apt-get -q -o APT::Sandbox::User=root download "$pkg=$ver") >"$log" 2>&1 && return
+	fi
 	(cd "$dir" && private_apt "$suite" download "$pkg=$ver") >>"$log" 2>&1 && return
 	echo "vmtest: updating the private apt lists for $suite" >&2
 	private_apt "$suite" update >>"$log" 2>&1 || { cat "$log" >&2; return 1; }
@@ -177,8 +210,8 @@ download_deb() {
 # depmod-ed package of the pinned version, downloading it if needed.
 fetch_kernel() {
 	local alias=$1 pin suite pkg ver name dest work deb release
-	pin=$(pin_for "$alias")
-	[[ -n $pin ]] || { echo "vmtest: no pinned kernel $alias (have: $(printf '%s ' "${KERNEL_PINS[@]%%|*}"))" >&2; return 1; }
+	pin=$(pin_for "$alias" "$arch")
+	[[ -n $pin ]] || { echo "vmtest: no pinned $arch kernel $alias (have: $(printf '%s ' "${KERNEL_PINS[@]%%|*}"))" >&2; return 1; }
 	IFS='|' read -r suite pkg ver <<<"$pin"
 	name="${pkg}_${ver}"
 	dest="$CACHE/kernels/$name"
@@ -201,7 +234,7 @@ fetch_kernel() {
 		mv "$work/root" "$dest"
 		rm -rf "$work"
 	fi
-	ln -sfn "$name" "$CACHE/kernels/$alias"
+	ln -sfn "$name" "$CACHE/kernels/$(cache_alias "$alias")"
 }
 
 # kernel_dir K: a pinned alias (fetched on demand) or a path to a kernel.
@@ -209,22 +242,53 @@ kernel_dir() {
 	if [[ -e $1 ]]; then
 		realpath "$1"
 	else
-		fetch_kernel "$1" >&2 && echo "$CACHE/kernels/$1"
+		fetch_kernel "$1" >&2 && echo "$CACHE/kernels/$(cache_alias "$1")"
 	fi
+}
+
+# fetch_rootfs: makes $CACHE/rootfs/$arch, the root filesystem vmexec gives
+# a guest of another architecture than the host's: ROOTFS_PACKAGES and their
+# dependencies, unpacked (no maintainer scripts run; none of the programs
+# tests use needs them), with the host's users and groups.
+fetch_rootfs() {
+	local dest="$CACHE/rootfs/$arch" want work deb log="$tmp/apt-rootfs.log"
+	want="$ROOTFS_SUITE ${ROOTFS_PACKAGES[*]}"
+	[[ -e $dest/.complete && $(cat "$dest/.complete") == "$want" ]] && return
+	echo "vmtest: building the $arch root filesystem ($want)" >&2
+	mkdir -p "$CACHE/rootfs"
+	work=$(mktemp -d "$CACHE/rootfs/.fetch.XXXXXX")
+	mkdir -p "$work/debs/partial" "$work/root"
+	# An empty dpkg status: apt resolves every dependency from scratch.
+	: >"$work/status"
+	private_apt "$ROOTFS_SUITE" update >"$log" 2>&1 || { cat "$log" >&2; rm -rf "$work"; return 1; }
+	private_apt "$ROOTFS_SUITE" -o Dir::State::status="$work/status" -o Dir::Cache::archives="$work/debs" \
+		-o Debug::NoLocking=1 install --download-only -y --no-install-recommends "${ROOTFS_PACKAGES[@]}" >>"$log" 2>&1 ||
+		{ cat "$log" >&2; rm -rf "$work"; return 1; }
+	for deb in "$work"/debs/*.deb; do dpkg-deb -x "$deb" "$work/root"; done
+	cp /etc/passwd /etc/group /etc/hosts "$work/root/etc/"
+	mkdir -p "$work/root/root"
+	echo "$want" >"$work/root/.complete"
+	rm -rf "$dest"
+	mv "$work/root" "$dest"
+	rm -rf "$work"
 }
 
 need_tools
 mkdir -p "$CACHE/kernels"
 exec 9>"$CACHE/.lock"
 flock 9 # one fetch at a time; runs only read the cache
-rm -rf "$CACHE"/kernels/.fetch.* # left by an interrupted fetch
+rm -rf "$CACHE"/kernels/.fetch.* "$CACHE"/rootfs/.fetch.* # left by an interrupted fetch
 declare -A kdir
 for k in $kernels; do
 	kdir[$k]=$(kernel_dir "$k") || exit 1
 done
+if [[ $arch != "$host_arch" ]]; then
+	fetch_rootfs || exit 1
+fi
 exec 9>&-
 if ((fetch_only)); then
-	for k in $kernels; do echo "$k -> ${kdir[$k]}"; done
+	for k in $kernels; do echo "$k $arch -> ${kdir[$k]}"; done
+	[[ $arch == "$host_arch" ]] || echo "root filesystem -> $CACHE/rootfs/$arch"
 	exit 0
 fi
 
@@ -232,10 +296,26 @@ fi
 
 mkdir -p "$tmp/bin" "$tmp/logs"
 CGO_ENABLED=0 bg go -C tools build -o "$tmp/vmexec" ./vmtest/vmexec
+# The guest's init: vmexec built for the guest, found beside the runner.
+if [[ $arch != "$host_arch" ]]; then
+	CGO_ENABLED=0 GOARCH=$arch bg go -C tools build -o "$tmp/vmexec-$arch" ./vmtest/vmexec
+fi
+# Test binaries are built for the guest; cgo is off when cross-compiling.
+export GOARCH=$arch
+# The label of a run: the kernel, its architecture when not the host's, and
+# the cgroup mode when cgroup v2 only.
+label() {
+	local l=$1
+	[[ $arch == "$host_arch" ]] || l+="/$arch"
+	[[ -z $append ]] || l+="/cg2"
+	echo "$l"
+}
+vmexec_args=()
+[[ -z $append ]] || vmexec_args+=(--append "$append")
 
 passed=0 failed=0 skipped=0 retried=0
 line() { # status kernel pkg detail
-	printf '%-4s  %-5s %-28s (%s)\n' "$1" "$2" "$3" "$4"
+	printf '%-5s %-14s %-28s (%s)\n' "$1" "$2" "$3" "$4"
 }
 show() { sed 's/^/    /' "$1"; }
 
@@ -282,7 +362,7 @@ for pkg in "${pkgs[@]}"; do
 		t0=$(date +%s)
 		# go test runs a test binary in its package directory; env -C does
 		# the same without a subshell, so that the runner is our direct child.
-		cmd=(env -C "$dir" VMTEST_EXPECT_KERNEL="$k" "$tmp/vmexec" --kernel "${kdir[$k]}" -- "$bin" "${args[@]}")
+		cmd=(env -C "$dir" VMTEST_EXPECT_KERNEL="$k" VMTEST_EXPECT_CMDLINE="$append" "$tmp/vmexec" --kernel "${kdir[$k]}" "${vmexec_args[@]}" -- "$bin" "${args[@]}")
 		for attempt in 1 2; do
 			rc=0
 			if ((verbose)); then
@@ -300,7 +380,7 @@ for pkg in "${pkgs[@]}"; do
 			if ((rc == 0 || rc == 130 || attempt == 2)) || ! grep -q 'Oops: int3' "$log"; then
 				break
 			fi
-			line RETRY "$k" "$pkg" "guest kernel oops \"int3\" (text patching under TCG); its log:"
+			line RETRY "$(label "$k")" "$pkg" "guest kernel oops \"int3\" (text patching under TCG); its log:"
 			show "$log"
 			retried=$((retried + 1))
 		done
@@ -309,10 +389,10 @@ for pkg in "${pkgs[@]}"; do
 			echo "vmtest: interrupted" >&2
 			exit 130
 		elif ((rc == 0)); then
-			line PASS "$k" "$pkg" "${secs}s"
+			line PASS "$(label "$k")" "$pkg" "${secs}s"
 			passed=$((passed + 1))
 		else
-			line FAIL "$k" "$pkg" "${secs}s, exit $rc"
+			line FAIL "$(label "$k")" "$pkg" "${secs}s, exit $rc"
 			((verbose)) || show "$log"
 			failed=$((failed + 1))
 		fi

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -45,6 +46,56 @@ func TestKernel(t *testing.T) {
 	}
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		t.Errorf("no kernel BTF: %v", err)
+	}
+}
+
+// TestArch: the guest runs the test binary's architecture natively (an arm64
+// binary on an arm64 kernel, not through some binfmt emulator).
+func TestArch(t *testing.T) {
+	inVM(t)
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		t.Fatal(err)
+	}
+	machine := unix.ByteSliceToString(uts.Machine[:])
+	want := map[string]string{"amd64": "x86_64", "arm64": "aarch64"}[runtime.GOARCH]
+	t.Logf("uname -m: %s, GOARCH %s", machine, runtime.GOARCH)
+	if machine != want {
+		t.Errorf("uname -m = %q, want %q for GOARCH %s", machine, want, runtime.GOARCH)
+	}
+}
+
+// TestCgroupV2Only: booted with cgroup_no_v1=all (tools/vmtest/vmtest.sh
+// --cgroup2), no controller is left to a v1 hierarchy, a v1 hierarchy
+// cannot be mounted, and the unified one offers cpu, memory and pids.
+func TestCgroupV2Only(t *testing.T) {
+	inVM(t)
+	cmdline, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2only := strings.Contains(string(cmdline), "cgroup_no_v1=all")
+	// tools/vmtest/vmtest.sh says what it asked for (empty: the default).
+	if expect, ok := os.LookupEnv("VMTEST_EXPECT_CMDLINE"); ok && v2only != strings.Contains(expect, "cgroup_no_v1=all") {
+		t.Fatalf("kernel command line %q, runner asked for %q", cmdline, expect)
+	}
+	if !v2only {
+		t.Skip("booted with cgroup v1 controllers available (no --cgroup2)")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("cgroup", dir, "cgroup", 0, "memory"); err == nil {
+		unix.Unmount(dir, 0)
+		t.Error("mounted a v1 memory hierarchy under cgroup_no_v1=all")
+	}
+	controllers, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cgroup2 controllers: %s", strings.TrimSpace(string(controllers)))
+	for _, c := range []string{"cpu", "memory", "pids"} {
+		if !strings.Contains(" "+string(controllers)+" ", " "+c+" ") {
+			t.Errorf("controller %s missing from the unified hierarchy: %q", c, controllers)
+		}
 	}
 }
 

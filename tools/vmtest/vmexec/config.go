@@ -40,7 +40,19 @@ type options struct {
 	Modules []string
 	Console bool
 	Keep    bool
-	QEMU    string
+	// QEMU is the qemu binary; empty means the one for the guest's
+	// architecture (guestArch.qemu).
+	QEMU string
+	// Root is the guest's root filesystem (a host directory, shared
+	// read-only under a tmpfs overlay); empty means the host's own root
+	// for a guest of the host's architecture, the cached root of
+	// tools/vmtest/vmtest.sh for another.
+	Root string
+	// Init is the guest's init, a static vmexec built for the guest's
+	// architecture; empty means this binary, or vmexec-ARCH beside it.
+	Init string
+	// Append is added to the kernel command line (cgroup_no_v1=all, ...).
+	Append string
 	// Args is the command to run in the VM: the test binary and its flags.
 	Args []string
 }
@@ -52,6 +64,7 @@ var vmFlags = map[string]bool{"vm.kernel": true, "vm.memory": true, "vm.smp": tr
 func parseOptions(args []string, getenv func(string) string, cwd string, stderr io.Writer) (*options, error) {
 	var (
 		kernel, memory, smp, modules, qemu, timeout string
+		root, init, cmdline                         string
 		console, keep                               bool
 	)
 	fs := flag.NewFlagSet("vmexec", flag.ContinueOnError)
@@ -71,7 +84,10 @@ func parseOptions(args []string, getenv func(string) string, cwd string, stderr 
 	fs.StringVar(&modules, "modules", "", "extra kernel modules to load at boot, comma-separated (env DRAIND_VM_MODULES)")
 	fs.BoolVar(&console, "console", false, "stream the kernel console to stderr (env DRAIND_VM_CONSOLE=1)")
 	fs.BoolVar(&keep, "keep", false, "keep the temporary directory (initramfs, console log)")
-	fs.StringVar(&qemu, "qemu", "qemu-system-x86_64", "qemu binary")
+	fs.StringVar(&qemu, "qemu", "", "qemu binary (default qemu-system-x86_64 or qemu-system-aarch64, after the test binary's architecture)")
+	fs.StringVar(&root, "root", "", "the guest's root filesystem, a host directory (env DRAIND_VM_ROOT; default / for a test binary of the host's architecture, the cache's rootfs/ARCH for another)")
+	fs.StringVar(&init, "init", "", "the guest's init: a static vmexec built for the guest's architecture (env DRAIND_VM_INIT; default this binary, or vmexec-ARCH beside it)")
+	fs.StringVar(&cmdline, "append", "", "added to the kernel command line, e.g. \"cgroup_no_v1=all\" (env DRAIND_VM_APPEND)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: vmexec [flags] [--] /path/to/pkg.test [test flags]")
 		fmt.Fprintln(fs.Output(), "Runs a test binary in a qemu VM; meant for go test -exec.")
@@ -104,6 +120,9 @@ func parseOptions(args []string, getenv func(string) string, cwd string, stderr 
 		Memory: pick(vm["vm.memory"], memory, cfg.Memory, defaultMemory),
 		SMP:    pick(vm["vm.smp"], smp, cfg.SMP, defaultSMP),
 		QEMU:   qemu,
+		Root:   pick(root, getenv("DRAIND_VM_ROOT")),
+		Init:   pick(init, getenv("DRAIND_VM_INIT")),
+		Append: pick(cmdline, getenv("DRAIND_VM_APPEND")),
 		Keep:   keep,
 		Args:   rest,
 	}

@@ -40,11 +40,13 @@ func cacheDir() string {
 	return filepath.Join(home, ".cache", "draind-vm")
 }
 
-var kernelAlias = regexp.MustCompile(`^[0-9]+\.[0-9]+$`)
+// kernelAlias names a kernel of the cache: "6.1" (amd64) or "6.1-arm64".
+var kernelAlias = regexp.MustCompile(`^[0-9]+\.[0-9]+(-arm64)?$`)
 
 // resolveKernel accepts a vmlinuz file, a directory laid out like an
 // extracted Debian linux-image package (boot/vmlinuz*, lib/modules/RELEASE),
-// or a version alias such as "6.1" naming a directory of the cache.
+// or a version alias such as "6.1" or "6.1-arm64" naming a directory of the
+// cache.
 func resolveKernel(spec string) (*kernelImage, error) {
 	if spec == "" {
 		return nil, errors.New("no kernel: pass --kernel (a directory, a vmlinuz, or an alias like 6.1 fetched by tools/vmtest/vmtest.sh)")

@@ -44,15 +44,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("find own executable: %w", err)
 	}
-	if err := checkStatic(self); err != nil {
-		return err
-	}
 	bin, err := exec.LookPath(opts.Args[0])
 	if err != nil {
 		return fmt.Errorf("find test binary: %w", err)
 	}
 	if bin, err = filepath.Abs(bin); err != nil {
 		return fmt.Errorf("find test binary: %w", err)
+	}
+	arch, err := archOf(bin)
+	if err != nil {
+		return err
+	}
+	init, err := guestInit(self, opts.Init, arch)
+	if err != nil {
+		return err
+	}
+	root, err := guestRoot(opts.Root, arch)
+	if err != nil {
+		return err
 	}
 
 	removeStaleTempDirs()
@@ -93,7 +102,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("encode job: %w", err)
 	}
 	files = append(files,
-		initramfsFile{Name: "/init", Perm: 0o755, From: self},
+		initramfsFile{Name: "/init", Perm: 0o755, From: init},
 		initramfsFile{Name: jobPath, Perm: 0o644, Data: raw},
 	)
 	initrd := filepath.Join(tmp, "initramfs.cpio")
@@ -103,6 +112,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	m := &machine{
 		opts:    opts,
+		arch:    arch,
+		root:    root,
 		kernel:  k,
 		initrd:  initrd,
 		dir:     tmp,
@@ -184,8 +195,8 @@ func planShares(binDir, workspace, hostModDir, guestModDir string) []share {
 	return shares
 }
 
-// checkStatic makes sure the runner can serve as the VM's init: the guest
-// has the host's root, but the init runs before it is mounted.
+// checkStatic makes sure a binary can serve as the VM's init: the guest has
+// its root filesystem only once the init has mounted it.
 func checkStatic(path string) error {
 	f, err := elf.Open(path)
 	if err != nil {
@@ -222,6 +233,8 @@ func removeStaleTempDirs() {
 // machine is one qemu process and its plumbing.
 type machine struct {
 	opts    *options
+	arch    *guestArch
+	root    string // host directory shared as the guest's root
 	kernel  *kernelImage
 	initrd  string
 	dir     string
@@ -237,23 +250,24 @@ const quitGrace = 15 * time.Second
 func qemuPath(p string) string { return strings.ReplaceAll(p, ",", ",,") }
 
 func (m *machine) qemuArgs(sockets map[string]string) []string {
-	cmdline := []string{
-		"console=ttyS0", "panic=-1", "rdinit=/init", "random.trust_cpu=on", "mitigations=off",
-		"8250.nr_uarts=1", "i8042.noaux", "i8042.nokbd",
+	cmdline := append(m.arch.cmdline[:len(m.arch.cmdline):len(m.arch.cmdline)],
+		"panic=-1", "rdinit=/init", "random.trust_cpu=on", "mitigations=off")
+	if m.opts.Append != "" {
+		cmdline = append(cmdline, m.opts.Append)
 	}
-	args := []string{
-		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-		"-accel", "tcg", "-cpu", "max",
+	args := []string{"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"}
+	args = append(args, m.arch.qemuMachine...)
+	args = append(args,
 		"-m", m.opts.Memory, "-smp", m.opts.SMP,
 		"-kernel", m.kernel.Vmlinuz, "-initrd", m.initrd,
 		"-append", strings.Join(cmdline, " "),
-		"-chardev", "socket,id=console,path=" + qemuPath(sockets["console"]),
+		"-chardev", "socket,id=console,path="+qemuPath(sockets["console"]),
 		"-serial", "chardev:console",
 		"-device", "virtio-serial-pci,id=vser0",
 		"-device", "virtio-rng-pci",
-		"-fsdev", "local,id=" + tagHostRoot + ",path=/,security_model=none,readonly=on,multidevs=remap",
-		"-device", "virtio-9p-pci,fsdev=" + tagHostRoot + ",mount_tag=" + tagHostRoot,
-	}
+		"-fsdev", "local,id="+tagHostRoot+",path="+qemuPath(m.root)+",security_model=none,readonly=on,multidevs=remap",
+		"-device", "virtio-9p-pci,fsdev="+tagHostRoot+",mount_tag="+tagHostRoot,
+	)
 	for _, p := range []string{portStdout, portStderr, portControl} {
 		id := strings.TrimPrefix(p, "draind.")
 		args = append(args,
@@ -300,7 +314,11 @@ func (m *machine) run(ctx context.Context) error {
 	}
 
 	var qemuOut bytes.Buffer
-	cmd := exec.Command(m.opts.QEMU, m.qemuArgs(sockets)...)
+	qemu := m.opts.QEMU
+	if qemu == "" {
+		qemu = m.arch.qemu
+	}
+	cmd := exec.Command(qemu, m.qemuArgs(sockets)...)
 	cmd.Stdout = &qemuOut
 	cmd.Stderr = &qemuOut
 	// Pdeathsig: qemu dies with the runner even when the runner is SIGKILLed.
