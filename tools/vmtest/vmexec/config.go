@@ -17,6 +17,10 @@ const (
 	defaultKernel = "6.1"
 	defaultMemory = "1536M"
 	defaultSMP    = "2"
+	// cgroup2Cmdline boots with the cgroup v2 unified hierarchy alone: no
+	// controller can be bound to a v1 hierarchy (what current
+	// distributions, systemd's unified mode and kubelet >= 1.35 expect).
+	cgroup2Cmdline = "cgroup_no_v1=all systemd.unified_cgroup_hierarchy=1"
 	// bootMargin is added to the test binary's own -test.timeout: boot,
 	// 9p start-up and power-off under TCG.
 	bootMargin     = 2 * time.Minute
@@ -53,6 +57,9 @@ type options struct {
 	Init string
 	// Append is added to the kernel command line (cgroup_no_v1=all, ...).
 	Append string
+	// Tmpfs are guest directories given a tmpfs of their own, for what
+	// cannot live on the overlay root (containerd's overlayfs snapshots).
+	Tmpfs []string
 	// Args is the command to run in the VM: the test binary and its flags.
 	Args []string
 }
@@ -64,8 +71,8 @@ var vmFlags = map[string]bool{"vm.kernel": true, "vm.memory": true, "vm.smp": tr
 func parseOptions(args []string, getenv func(string) string, cwd string, stderr io.Writer) (*options, error) {
 	var (
 		kernel, memory, smp, modules, qemu, timeout string
-		root, init, cmdline                         string
-		console, keep                               bool
+		root, init, cmdline, tmpfs                  string
+		console, keep, cgroup2                      bool
 	)
 	fs := flag.NewFlagSet("vmexec", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -87,6 +94,8 @@ func parseOptions(args []string, getenv func(string) string, cwd string, stderr 
 	fs.StringVar(&qemu, "qemu", "", "qemu binary (default qemu-system-x86_64 or qemu-system-aarch64, after the test binary's architecture)")
 	fs.StringVar(&root, "root", "", "the guest's root filesystem, a host directory (env DRAIND_VM_ROOT; default / for a test binary of the host's architecture, the cache's rootfs/ARCH for another)")
 	fs.StringVar(&init, "init", "", "the guest's init: a static vmexec built for the guest's architecture (env DRAIND_VM_INIT; default this binary, or vmexec-ARCH beside it)")
+	fs.StringVar(&tmpfs, "tmpfs", "", "guest directories to mount a tmpfs on, comma-separated (env DRAIND_VM_TMPFS), e.g. containerd's root: overlayfs cannot stack on the overlay root")
+	fs.BoolVar(&cgroup2, "cgroup2", false, "cgroup v2 only: boot with "+cgroup2Cmdline+" (env DRAIND_VM_CGROUP2=1)")
 	fs.StringVar(&cmdline, "append", "", "added to the kernel command line, e.g. \"cgroup_no_v1=all\" (env DRAIND_VM_APPEND)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: vmexec [flags] [--] /path/to/pkg.test [test flags]")
@@ -127,10 +136,21 @@ func parseOptions(args []string, getenv func(string) string, cwd string, stderr 
 		Args:   rest,
 	}
 	o.Console = console || getenv("DRAIND_VM_CONSOLE") == "1"
+	if cgroup2 || getenv("DRAIND_VM_CGROUP2") == "1" {
+		o.Append = strings.TrimSpace(cgroup2Cmdline + " " + o.Append)
+	}
 	o.Modules = append([]string{}, defaultModules...)
 	for _, m := range strings.Split(pick(modules, getenv("DRAIND_VM_MODULES")), ",") {
 		if m = strings.TrimSpace(m); m != "" {
 			o.Modules = append(o.Modules, m)
+		}
+	}
+	for _, d := range strings.Split(pick(tmpfs, getenv("DRAIND_VM_TMPFS")), ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			if !filepath.IsAbs(d) {
+				return nil, fmt.Errorf("--tmpfs %s: not an absolute path", d)
+			}
+			o.Tmpfs = append(o.Tmpfs, filepath.Clean(d))
 		}
 	}
 	if t := pick(vm["vm.timeout"], timeout, getenv("DRAIND_VM_TIMEOUT")); t != "" {

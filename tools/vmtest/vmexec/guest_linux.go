@@ -148,6 +148,11 @@ func (g *guest) boot() (*job, error) {
 			return nil, fmt.Errorf("mount share %s on %s: %w", s.Tag, s.GuestPath, err)
 		}
 	}
+	for _, d := range j.Tmpfs {
+		if err := mountAll([]mountPoint{{"tmpfs", d, "tmpfs", "mode=0755", unix.MS_NOSUID | unix.MS_NODEV, true}}); err != nil {
+			return nil, err
+		}
+	}
 	if j.Hostname != "" {
 		if err := unix.Sethostname([]byte(j.Hostname)); err != nil {
 			return nil, fmt.Errorf("set hostname: %w", err)

@@ -37,6 +37,8 @@ type job struct {
 	// ModulesDir, when set, is where the kernel's module tree is mounted
 	// (/lib/modules/RELEASE) so that modprobe works inside the VM.
 	ModulesDir string `json:"modulesDir,omitempty"`
+	// Tmpfs are directories given a tmpfs each, after the shares.
+	Tmpfs []string `json:"tmpfs,omitempty"`
 	// Hostname of the VM.
 	Hostname string `json:"hostname"`
 }

@@ -84,6 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Env:      guestEnviron(os.Environ(), k.Release),
 		Dir:      cwd,
 		Hostname: "draind-vm",
+		Tmpfs:    opts.Tmpfs,
 	}
 	for _, f := range files {
 		j.Modules = append(j.Modules, f.Name)
