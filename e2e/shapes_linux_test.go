@@ -32,6 +32,7 @@ func TestNativeSidecar(t *testing.T) {
 	p := newPod(t)
 	p.startApp("--on-term", "graceful", "--linger", "1s", "--outbound-count", "10", "--outbound-pause", "250ms")
 	p.startDraind([]string{"--min-drain", "1s", "--tracker", "ebpf", "--app-procs", "ebpf"})
+	p.wantSources("ebpf", "ebpf")
 	type answer struct {
 		resp *http.Response
 		err  error
@@ -101,6 +102,7 @@ func TestJobExitWithApp(t *testing.T) {
 			p := newPod(t)
 			p.startApp("--run-for", "2s", "--exit-code", tc.code)
 			p.startDraind([]string{"--exit-with-app", tc.mode, "--app-procs", "ebpf"})
+			p.wantSources("", "ebpf")
 			if !p.app.wait(10 * time.Second) {
 				t.Fatal("the app did not finish")
 			}
