@@ -19,6 +19,7 @@ build: ## build draind and envoysim into ./bin
 
 tools: ## build the developer tools (tools/: vmexec, benchsnap, demo) into ./bin
 	CGO_ENABLED=0 $(GO) -C tools build -o $(abspath $(BIN))/ ./vmtest/vmexec ./bench/benchsnap ./demo
+	CGO_ENABLED=0 GOARCH=arm64 $(GO) -C tools build -o $(abspath $(BIN))/vmexec-arm64 ./vmtest/vmexec
 
 test: ## run every test of the product (as root for the kernel tests)
 	$(GO) test -count=1 -p 1 -timeout 20m $(PKGS)
@@ -40,14 +41,22 @@ bench: ## run the benchmarks (see docs/benchmarks.md)
 generate: ## regenerate the eBPF objects (needs clang, llvm, libbpf-dev, bpftool)
 	$(GO) generate ./...
 
-vmtest: ## run the kernel-facing packages and the key e2e tests in VMs: make vmtest KERNELS="6.1"
-	bash tools/vmtest/vmtest.sh --kernels "$(KERNELS)" $(VMPKGS)
-	bash tools/vmtest/vmtest.sh --kernels "$(KERNELS)" --run '$(VME2E)' ./e2e
+# ARCH=arm64: arm64 kernels under qemu-system-aarch64; CGROUP2=1: cgroup v2 only.
+VMFLAGS   = --kernels "$(KERNELS)" $(if $(ARCH),--arch $(ARCH)) $(if $(CGROUP2),--cgroup2)
+vmtest: ## run the kernel-facing packages and the key e2e tests in VMs: make vmtest KERNELS="6.1" [ARCH=arm64] [CGROUP2=1]
+	bash tools/vmtest/vmtest.sh $(VMFLAGS) $(VMPKGS)
+	bash tools/vmtest/vmtest.sh $(VMFLAGS) --run '$(VME2E)' ./e2e
+# The arm64 key e2e tests on 6.1 and the cgroup-v2-only ones on 6.12 (docs/vmtest.md).
+VMKEYE2E ?= TestAppShutdownInItsOwnContainer|TestNativeSidecar|TestJobExitWithApp
+vmtest-arm64: ## arm64 (6.1, emulated): the kernel-facing packages and the key e2e tests
+	$(MAKE) vmtest ARCH=arm64 KERNELS="6.1" VME2E='$(VMKEYE2E)'
+vmtest-cgroup2: ## cgroup v2 only (6.12): the key e2e tests
+	bash tools/vmtest/vmtest.sh --kernels 6.12 --cgroup2 --run '$(VMKEYE2E)' ./e2e
 
 demo: build ## a self-contained drain on this machine, as root
 	$(GO) -C tools run ./demo --bin $(abspath $(BIN))
 
-.PHONY: help build tools test test-tools vet peers bench generate vmtest demo
+.PHONY: help build tools test test-tools vet peers bench generate vmtest vmtest-arm64 vmtest-cgroup2 demo
 
 # ---- e2e-kubelet: draind under a real kubelet (e2e/kubelet, docs/kubernetes.md) ----
 KUBELET_VERSION ?= v1.34.2
@@ -56,12 +65,16 @@ e2e-kubelet: ## draind in pods under a real kubelet + containerd, as root (docs/
 # The acceptance scenarios only (CI): the classic sidecar both ways, the
 # native sidecar, a Job either way, the restarted sidecar, eBPF and
 # sock_diag under the documented securityContexts, the static checks.
+KUBELET_SHORT_RUN  = ^(TestDockerfile|TestDeployManifests|TestClassicSidecarUnderLoad|TestNativeSidecar|TestTrackerModeBySecurityContext|TestJobExitWithApp|TestSidecarRestartedWhileAppRuns)/^(shareProcessNamespace=.*|p-documented|p-none|job|job-any-failed|classic|native|istio|node-debug)$$
+KUBELET_SHORT_SKIP = ^TestSidecarRestartedWhileAppRuns$$/^shareProcessNamespace=true$$
 e2e-kubelet-short: ## the same, the acceptance scenarios only (about half the time)
-	KUBELET_VERSION=$(KUBELET_VERSION) \
-	RUN='^(TestDockerfile|TestDeployManifests|TestClassicSidecarUnderLoad|TestNativeSidecar|TestTrackerModeBySecurityContext|TestJobExitWithApp|TestSidecarRestartedWhileAppRuns)/^(shareProcessNamespace=.*|p-documented|p-none|job|job-any-failed|classic|native|istio|node-debug)$$' \
-	SKIP='^TestSidecarRestartedWhileAppRuns$$/^shareProcessNamespace=true$$' \
+	KUBELET_VERSION=$(KUBELET_VERSION) RUN='$(KUBELET_SHORT_RUN)' SKIP='$(KUBELET_SHORT_SKIP)' \
 	bash e2e/kubelet/hack/e2e.sh
-.PHONY: e2e-kubelet e2e-kubelet-short
+# The short suite on cgroup v2 alone, in a VM on 6.12 (about 20 min under TCG).
+e2e-kubelet-vm: ## e2e-kubelet-short in a cgroup-v2-only VM (docs/kubernetes.md)
+	KUBELET_VERSION=$(KUBELET_VERSION) RUN='$(KUBELET_SHORT_RUN)' SKIP='$(KUBELET_SHORT_SKIP)' \
+	bash e2e/kubelet/hack/vm.sh
+.PHONY: e2e-kubelet e2e-kubelet-short e2e-kubelet-vm
 # ---- end e2e-kubelet ----
 
 # ---- fuzz: each fuzz target for FUZZTIME (CI runs a short one) ----

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -331,10 +332,31 @@ func tail(path string) string {
 	return strings.Join(lines, "\n")
 }
 
-// makeCgroupRoot creates the kubelet's cgroup root in every cgroup v1
+// cgroupMount is where the node's cgroups are.
+const cgroupMount = "/sys/fs/cgroup"
+
+// unifiedOnly reports a node on the cgroup v2 unified hierarchy alone
+// (cgroup2 mounted at /sys/fs/cgroup, as on systemd's unified mode), not
+// the v1 hierarchies under a tmpfs there.
+func unifiedOnly() bool {
+	const cgroup2SuperMagic = 0x63677270
+	var st syscall.Statfs_t
+	return syscall.Statfs(cgroupMount, &st) == nil && st.Type == cgroup2SuperMagic
+}
+
+// v2Controllers are the controllers the kubelet's cgroupfs driver uses on
+// the unified hierarchy; they must be enabled down to the cgroup root.
+var v2Controllers = []string{"cpuset", "cpu", "io", "memory", "hugetlb", "pids"}
+
+// makeCgroupRoot creates the kubelet's cgroup root. On cgroup v1, in every
 // hierarchy (the kubelet checks they all exist); cpuset's needs its
-// parent's cpus and mems before a task can join it or its children.
+// parent's cpus and mems before a task can join it or its children. On
+// cgroup v2, once, with the controllers enabled from the top down to it
+// (a controller a cgroup's parent does not delegate is absent from it).
 func makeCgroupRoot(root string) error {
+	if unifiedOnly() {
+		return makeCgroupRootV2(root)
+	}
 	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
 	for _, h := range hier {
 		if filepath.Base(h) == "unified" {
@@ -354,6 +376,30 @@ func makeCgroupRoot(root string) error {
 					return fmt.Errorf("cgroup root %s: %w", f, err)
 				}
 			}
+		}
+	}
+	return nil
+}
+
+func makeCgroupRootV2(root string) error {
+	dir := cgroupMount
+	for _, elem := range strings.Split(strings.Trim(root, "/"), "/") {
+		available, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+		if err != nil {
+			return fmt.Errorf("cgroup root: %w", err)
+		}
+		var enable []string
+		for _, c := range v2Controllers {
+			if slices.Contains(strings.Fields(string(available)), c) {
+				enable = append(enable, "+"+c)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte(strings.Join(enable, " ")), 0o644); err != nil {
+			return fmt.Errorf("cgroup root: enable %v in %s: %w", enable, dir, err)
+		}
+		dir = filepath.Join(dir, elem)
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("cgroup root: %w", err)
 		}
 	}
 	return nil

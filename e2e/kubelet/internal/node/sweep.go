@@ -111,13 +111,18 @@ func killShims(socket string) {
 	}
 }
 
-// killCgroupProcs kills every process left in our cgroup tree (pids
-// hierarchy): containers whose shim and runc state are gone.
+// killCgroupProcs kills every process left in our cgroup tree (the pids
+// hierarchy on cgroup v1, the unified one on v2): containers whose shim and
+// runc state are gone.
 func killCgroupProcs(root string) {
 	if root == "" || root == "/" {
 		return
 	}
-	filepath.WalkDir(filepath.Join("/sys/fs/cgroup/pids", root), func(p string, d os.DirEntry, err error) error {
+	top := filepath.Join(cgroupMount, "pids", root)
+	if unifiedOnly() {
+		top = filepath.Join(cgroupMount, root)
+	}
+	filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
 			return nil
 		}
