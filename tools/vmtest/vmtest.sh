@@ -26,7 +26,7 @@ KERNEL_PINS=(
 # (host programs would not run there): these Debian packages and what they
 # depend on, for the programs tests run (sh, sleep, python3, iptables, ip).
 ROOTFS_SUITE=bookworm
-ROOTFS_PACKAGES=(base-files base-passwd dash bash coreutils util-linux procps kmod iproute2 iptables python3-minimal)
+ROOTFS_PACKAGES=(base-files base-passwd dash bash coreutils util-linux procps kmod iproute2 iptables python3 nginx-light)
 
 DEBIAN_MIRROR=${DRAIND_VM_MIRROR:-http://deb.debian.org/debian}
 DEBIAN_SECURITY_MIRROR=${DRAIND_VM_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
