@@ -100,9 +100,12 @@ func TestJobExitWithApp(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPod(t)
-			p.startApp("--run-for", "2s", "--exit-code", tc.code)
+			// draind first: its start-up (3.5 s on arm64 under qemu)
+			// must not outlast the app's 2 s of work, or it never sees
+			// the app at all.
 			p.startDraind([]string{"--exit-with-app", tc.mode, "--app-procs", "ebpf"})
 			p.wantSources("", "ebpf")
+			p.startApp("--run-for", "2s", "--exit-code", tc.code)
 			if !p.app.wait(10 * time.Second) {
 				t.Fatal("the app did not finish")
 			}
