@@ -26,6 +26,7 @@ KERNEL_PINS=(
 # (host programs would not run there): these Debian packages and what they
 # depend on, for the programs tests run (sh, sleep, python3, iptables, ip).
 ROOTFS_SUITE=bookworm
+ROOTFS_LAYOUT=2 # bump when fetch_rootfs changes what it makes: the cache is rebuilt
 ROOTFS_PACKAGES=(base-files base-passwd dash bash coreutils util-linux procps kmod iproute2 iptables python3 nginx-light)
 
 DEBIAN_MIRROR=${DRAIND_VM_MIRROR:-http://deb.debian.org/debian}
@@ -250,7 +251,7 @@ kernel_dir() {
 # tests use needs them), with the host's users and groups.
 fetch_rootfs() {
 	local dest="$CACHE/rootfs/$arch" want work deb log="$tmp/apt-rootfs.log"
-	want="$ROOTFS_SUITE ${ROOTFS_PACKAGES[*]}"
+	want="layout $ROOTFS_LAYOUT: $ROOTFS_SUITE ${ROOTFS_PACKAGES[*]}"
 	[[ -e $dest/.complete && $(cat "$dest/.complete") == "$want" ]] && return
 	echo "vmtest: building the $arch root filesystem ($want)" >&2
 	mkdir -p "$CACHE/rootfs"
@@ -263,6 +264,11 @@ fetch_rootfs() {
 		-o Debug::NoLocking=1 install --download-only -y --no-install-recommends "${ROOTFS_PACKAGES[@]}" >>"$log" 2>&1 ||
 		{ cat "$log" >&2; rm -rf "$work"; return 1; }
 	for deb in "$work"/debs/*.deb; do dpkg-deb -x "$deb" "$work/root"; done
+	# What iptables' postinst does through update-alternatives: the nft variant.
+	local t
+	for t in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
+		ln -sfn xtables-nft-multi "$work/root/usr/sbin/$t"
+	done
 	cp /etc/passwd /etc/group /etc/hosts "$work/root/etc/"
 	mkdir -p "$work/root/root"
 	echo "$want" >"$work/root/.complete"

@@ -57,7 +57,8 @@ func (c Config) healthzURL() string {
 }
 
 // containerdConfig is containerd 1.6's config (version 2): the CRI plugin
-// with runc under the cgroupfs driver (this machine mounts cgroup v1), the
+// with runc under the cgroupfs driver (cgroup v1 here, v2 in make
+// e2e-kubelet-vm: runc picks the hierarchy it finds), the
 // local pause image, and CNI from a private conf dir.
 func (c Config) containerdConfig() string {
 	return fmt.Sprintf(`version = 2
@@ -129,7 +130,8 @@ func (c Config) cniConfig() string {
 }
 
 // kubeletConfig is a standalone kubelet: static pods from a directory, no
-// API server, anonymous access on loopback, cgroupfs on cgroup v1, no
+// API server, anonymous access on loopback, cgroupfs (on cgroup v1, or the
+// unified hierarchy of make e2e-kubelet-vm), no
 // swap check, no image GC or disk eviction that could remove the
 // imported images.
 func (c Config) kubeletConfig() string {
