@@ -32,9 +32,26 @@ func Sweep(cfg Config) error {
 	errs = append(errs, removeBridge(cfg.Bridge))
 	errs = append(errs, removeCgroups(cfg.CgroupRoot))
 	for _, d := range []string{cfg.StateDir, cfg.DataDir} {
-		if err := os.RemoveAll(d); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, removeDir(d))
+	}
+	return errors.Join(errs...)
+}
+
+// removeDir removes d, or only what is in it when d is a mount point of its
+// own: make e2e-kubelet-vm gives DataDir a tmpfs, since containerd's
+// overlayfs snapshots cannot stack on the VM's overlay root.
+func removeDir(d string) error {
+	var st, parent syscall.Stat_t
+	if syscall.Stat(d, &st) != nil || syscall.Stat(filepath.Dir(d), &parent) != nil || st.Dev == parent.Dev {
+		return os.RemoveAll(d)
+	}
+	entries, err := os.ReadDir(d)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		errs = append(errs, os.RemoveAll(filepath.Join(d, e.Name())))
 	}
 	return errors.Join(errs...)
 }
@@ -137,7 +154,8 @@ func killCgroupProcs(root string) {
 }
 
 // unmountUnder detaches every mount point under the given directories
-// (containerd's rootfs and shm mounts, the kubelet's volumes), deepest first.
+// (containerd's rootfs and shm mounts, the kubelet's volumes), deepest
+// first; a directory that is a mount point itself stays (removeDir).
 func unmountUnder(dirs ...string) error {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
@@ -153,7 +171,7 @@ func unmountUnder(dirs ...string) error {
 		}
 		mp := unescapeMount(fields[4])
 		for _, d := range dirs {
-			if mp == d || strings.HasPrefix(mp, d+"/") {
+			if strings.HasPrefix(mp, d+"/") {
 				points = append(points, mp)
 			}
 		}
