@@ -260,7 +260,7 @@ func (o *termination) checkProtected(t *testing.T, proxyAfterApp time.Duration) 
 	if d := o.proxyExit.Sub(o.appExit); d < 0 || d > proxyAfterApp {
 		t.Errorf("the proxy container exited %s after the app's, want within [0, %s]", fmtDur(d), proxyAfterApp)
 	}
-	if o.notReadyCode != http.StatusServiceUnavailable || o.notReady.Sub(o.start()) > time.Second || !o.notReady.Before(o.appExit) {
+	if o.notReadyCode != http.StatusServiceUnavailable || o.notReady.Sub(o.start()) > scaled(time.Second) || !o.notReady.Before(o.appExit) {
 		t.Errorf("/healthz/ready: first %d %s after termination started (the app exited %s after): want 503 at once",
 			o.notReadyCode, fmtDur(o.notReady.Sub(o.start())), fmtDur(o.appExit.Sub(o.start())))
 	}

@@ -96,7 +96,7 @@ func TestJobExitWithApp(t *testing.T) {
 func runJob(t *testing.T, r jobRow) {
 	pd := startPod(t, "classic.yaml", podParams{
 		Name: r.name, RestartPolicy: r.restart, ShareProcessNamespace: r.share, SecurityContext: r.sc,
-		AppArgs: append([]string{"--job", "--job-delay", "2s", "--calls", "10", "--result", "/work/app.result"}, r.appArgs...),
+		AppArgs: append([]string{"--job", "--job-delay", scaled(2 * time.Second).String(), "--calls", "10", "--result", "/work/app.result"}, r.appArgs...),
 		// As deploy/job-exit-with-app.yaml: no --min-drain (no endpoint
 		// to leave), the mode from the environment.
 		DraindCommand: draindCommand(nil),
@@ -104,7 +104,7 @@ func runJob(t *testing.T, r jobRow) {
 		NoServer:      true,
 		NoWait:        r.wantRefusal != "",
 	})
-	startUpstream(t, pd.n.Config().Gateway) // the bridge exists now; the task calls out after 2 s
+	startUpstream(t, pd.n.Config().Gateway) // the bridge exists now; the task calls out after 2 s (scaled)
 	phase := ""
 	var appDone time.Time
 	for end := time.Now().Add(45 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {

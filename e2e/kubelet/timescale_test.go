@@ -1,0 +1,25 @@
+package kubelet_test
+
+import (
+	"os"
+	"strconv"
+	"time"
+)
+
+// timeScaleVar stretches the few wall-clock bounds of these tests on a
+// node that runs everything several times slower than hardware: make
+// e2e-kubelet-vm sets it to 3 (qemu's software emulation, where draind's
+// start-up takes 2.7 s instead of 0.3 s and a runc exec about a second).
+// Unset, or anything but a number above 1, means 1.
+const timeScaleVar = "DRAIND_E2E_TIME_SCALE"
+
+// scaled is d stretched by timeScaleVar: only for how long the test waits
+// for something the node does (the app's head start before its calls,
+// "at once"), never for what draind decides.
+func scaled(d time.Duration) time.Duration {
+	f, err := strconv.ParseFloat(os.Getenv(timeScaleVar), 64)
+	if err != nil || f <= 1 {
+		return d
+	}
+	return time.Duration(float64(d) * f)
+}
