@@ -8,8 +8,8 @@ import (
 
 // timeScaleVar stretches the few wall-clock bounds of these tests on a
 // node that runs everything several times slower than hardware: make
-// e2e-kubelet-vm sets it to 3 (qemu's software emulation, where draind's
-// start-up takes 2.7 s instead of 0.3 s and a runc exec about a second).
+// e2e-kubelet-vm sets it to 5 (qemu's software emulation, where draind's
+// start-up took 2.7 to 6.4 s instead of 0.3 s and a runc exec about a second).
 // Unset, or anything but a number above 1, means 1.
 const timeScaleVar = "DRAIND_E2E_TIME_SCALE"
 
