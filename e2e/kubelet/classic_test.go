@@ -137,7 +137,7 @@ func (o *termination) start() time.Time {
 // pollReadiness polls draind's readiness as the kubelet's probe would (an
 // HTTP GET to the pod's address) until it fails or stop closes.
 func pollReadiness(pd *pod, stop <-chan struct{}) (at time.Time, code int) {
-	c := &http.Client{Timeout: 500 * time.Millisecond, Transport: &http.Transport{DisableKeepAlives: true}}
+	c := &http.Client{Timeout: scaled(500 * time.Millisecond), Transport: &http.Transport{DisableKeepAlives: true}}
 	url := fmt.Sprintf("http://%s:%d/healthz/ready", pd.ip, statusPort)
 	for {
 		code := 0

@@ -15,7 +15,7 @@ const timeScaleVar = "DRAIND_E2E_TIME_SCALE"
 
 // scaled is d stretched by timeScaleVar: only for how long the test waits
 // for something the node does (the app's head start before its calls,
-// "at once"), never for what draind decides.
+// "at once", a readiness poll's answer), never for what draind decides.
 func scaled(d time.Duration) time.Duration {
 	f, err := strconv.ParseFloat(os.Getenv(timeScaleVar), 64)
 	if err != nil || f <= 1 {
