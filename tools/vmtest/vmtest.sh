@@ -363,7 +363,7 @@ for pkg in "${pkgs[@]}"; do
 	((verbose)) && args+=(-test.v)
 	[[ -n $run_regex ]] && args+=(-test.run="$run_regex")
 	for k in $kernels; do
-		log="$tmp/logs/$name-$k.log"
+		log="$tmp/logs/$name-${k//\//_}.log" # k may be a path
 		t0=$(date +%s)
 		# go test runs a test binary in its package directory; env -C does
 		# the same without a subshell, so that the runner is our direct child.
