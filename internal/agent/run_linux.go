@@ -348,6 +348,15 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 		return
 	}
 	a.procs = src
+	for _, c := range src.Containers() {
+		// What the container rule leaves out of the app (an init wrapper,
+		// hooks, exec sessions): said once, so that a surprise shows.
+		procs := make([]string, len(c.Processes))
+		for i, p := range c.Processes {
+			procs[i] = fmt.Sprintf("%d %s uid %d", p.PID, p.Comm, p.UID)
+		}
+		a.log.Info("own container: its processes are never the app", zap.Stringer("whose", c.Class), zap.Uint64("mnt_ns", c.MountNS), zap.Strings("processes", procs))
+	}
 	cov := src.Coverage()
 	a.log.Info("app liveness", zap.String("source", src.Kind()), zap.String("reason", reason), zap.Int("app_processes", src.Count()),
 		zap.Bool("complete", cov.Complete), zap.String("coverage", cov.Reason), zap.Duration("took", time.Since(start)))

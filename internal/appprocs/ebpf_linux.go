@@ -9,6 +9,7 @@ import (
 
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
+	"golang.org/x/sys/unix"
 )
 
 // ebpfSource is the eBPF backend, over probes.Procs. Its programs are
@@ -41,6 +42,9 @@ func openEBPF(netnsInode uint64, rules Rules, o options) (Source, error) {
 			return nil, &UnavailableError{Reason: pu.Reason, Err: pu.Err}
 		}
 		return nil, err
+	}
+	if rules.SelfMountNS == 0 {
+		rules.SelfMountNS = ownMountNS("/proc/self/ns/mnt")
 	}
 	s := &ebpfSource{table: newTable(rules), probe: probe}
 	s.translate = probe.PIDNS() != namespace.InitialPIDInode
@@ -100,7 +104,7 @@ func walkCoverage(w probes.ProcWalk) Coverage {
 }
 
 func processOf(t probes.ProcTask) Process {
-	return Process{PID: t.PID, PPID: t.PPID, UID: t.UID, Comm: t.Comm, StartTime: t.StartTime}
+	return Process{PID: t.PID, PPID: t.PPID, UID: t.UID, Comm: t.Comm, StartTime: t.StartTime, MountNS: t.MountNS}
 }
 
 // Run applies ring buffer events until ctx ends, classifying again after
@@ -157,4 +161,14 @@ func applyEvent(t *table, ev *probes.ProcEvent) {
 	case probes.ProcExit:
 		t.exitedLocked(p, ExitStatus(ev.Status))
 	}
+}
+
+// ownMountNS is the inode of the mount namespace file at path (the
+// caller's own needs no privilege), 0 when unreadable.
+func ownMountNS(path string) uint64 {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil {
+		return 0
+	}
+	return st.Ino
 }

@@ -58,6 +58,9 @@ func openProc(netnsInode uint64, rules Rules, o options) (Source, error) {
 		return nil, &UnavailableError{Reason: "/proc: reading other processes' namespaces in the host PID namespace needs CAP_SYS_PTRACE"}
 	}
 
+	if rules.SelfMountNS == 0 {
+		rules.SelfMountNS = firstMountID(o.procRoot + "/" + selfLink)
+	}
 	s := &procSource{table: newTable(rules), netns: netnsInode, root: o.procRoot, period: o.pollPeriod, hostView: hostView}
 	s.self = selfPID
 	snap, err := s.scan()
@@ -232,7 +235,33 @@ func readProcFiles(dir string, pid int) (p Process, ok bool) {
 		UID:       uid,
 		Comm:      string(stat[open+1 : closing]),
 		StartTime: start * (1e9 / userHZ),
+		MountNS:   firstMountID(dir),
 	}, true
+}
+
+// firstMountID identifies the mount namespace of the process at dir: the id
+// of the first mount its mountinfo lists, which no other mount namespace
+// holds (mount ids are unique among the node's mounts, and each namespace
+// has mounts of its own). 0 when unreadable (a process gone, hidepid). mountinfo needs no ptrace
+// access, where ns/mnt does: draind without capabilities reads it for
+// processes of other uids (a root init wrapper, the kubelet's hooks).
+func firstMountID(dir string) uint64 {
+	f, err := os.Open(dir + "/mountinfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	var buf [32]byte
+	n, _ := f.Read(buf[:])
+	field, _, ok := strings.Cut(string(buf[:n]), " ")
+	if !ok {
+		return 0
+	}
+	id, err := strconv.ParseUint(field, 10, 64)
+	if err != nil {
+		return 0
+	}
+	return id // 0 is the initial rootfs, which no process's mountinfo lists
 }
 
 // statusUID returns the real uid from /proc/PID/status ("Uid:\tR\tE\tS\tF").

@@ -46,6 +46,10 @@ type Source interface {
 	// hostNetwork pod's when they are equal. eBPF reads it from init_task
 	// at every snapshot; /proc knows it only in the host's PID namespace.
 	HostNetNS() (inode uint64, ok bool)
+	// Containers are the containers the container rule excludes (see
+	// Classify): draind's own and the proxy's, each with the processes it
+	// has now. For the log: what draind took as its own container.
+	Containers() []Container
 	// Lost counts the events the kernel could not deliver (eBPF; 0 for
 	// /proc); each loss was followed by a resynchronising snapshot.
 	Lost() uint64
@@ -56,6 +60,16 @@ type Source interface {
 	// Close releases what the source holds. Call it after Run returned;
 	// safe to call twice.
 	Close() error
+}
+
+// Container is a container of the pod as the container rule sees it.
+type Container struct {
+	// MountNS is its mount namespace (Process.MountNS).
+	MountNS uint64 `json:"mnt_ns"`
+	// Class is whose it is: ClassSelf (draind's) or ClassProxy.
+	Class Class `json:"class"`
+	// Processes are its processes now, by PID.
+	Processes []Process `json:"processes"`
 }
 
 // Coverage says whether a source sees every process of its namespace.

@@ -97,6 +97,25 @@ func (t *table) HostNetNS() (inode uint64, ok bool) {
 	return t.hostNetNS, t.hostNetNS != 0
 }
 
+// Containers returns draind's and the proxy's containers (see Source).
+func (t *table) Containers() []Container {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	all := t.listLocked()
+	var out []Container
+	for mnt, class := range Containers(all, t.rulesLocked()) {
+		c := Container{MountNS: mnt, Class: class}
+		for _, p := range all {
+			if p.MountNS == mnt {
+				c.Processes = append(c.Processes, p)
+			}
+		}
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b Container) int { return int(a.Class) - int(b.Class) })
+	return out
+}
+
 // Exits returns how the app's processes that left ended, oldest first.
 func (t *table) Exits() []Exit {
 	t.mu.Lock()
@@ -206,7 +225,11 @@ func (t *table) bornLocked(p Process, ns nsPIDs) {
 // known yet (its birth missed) is learnt.
 func (t *table) execLocked(p Process, ns nsPIDs) {
 	if old, ok := t.procs[p.PID]; ok && old.StartTime == p.StartTime {
+		// runc's exec joins the container's namespaces before it execs.
 		old.Comm, old.UID = p.Comm, p.UID
+		if p.MountNS != 0 {
+			old.MountNS = p.MountNS
+		}
 		t.procs[p.PID] = old
 		return
 	}

@@ -17,7 +17,7 @@ type ProcOptions struct {
 	// MaxProcWalk, means MaxProcWalk.
 	WalkCap int
 	// WalkOut is how many processes of the namespace one snapshot's walk
-	// can return (the walk_out map, 72 bytes each). 0 means
+	// can return (the walk_out map, 80 bytes each). 0 means
 	// DefaultProcWalkOut.
 	WalkOut int
 	// BTFCache, when set, decodes the kernel's BTF once for every load that
@@ -27,8 +27,8 @@ type ProcOptions struct {
 	BTFCache *btf.Cache
 }
 
-// DefaultProcRingSize is the procs ring buffer's default size: 3276 events
-// of 72 bytes (+8 of header), far more than a pod forks between two reads.
+// DefaultProcRingSize is the procs ring buffer's default size: 2978 events
+// of 80 bytes (+8 of header), far more than a pod forks between two reads.
 const DefaultProcRingSize = 256 << 10
 
 // MaxProcWalk is the most processes of the node a snapshot's walk can
@@ -69,6 +69,9 @@ type ProcTask struct {
 	// NSPID and NSPPID are PID and PPID as the loader's PID namespace
 	// (Procs.PIDNS) numbers them; 0 when it does not see the process.
 	NSPID, NSPPID int
+	// MountNS is the inode of its mount namespace (as /proc/PID/ns/mnt
+	// shows it): every container of a pod has its own.
+	MountNS uint64
 }
 
 // ProcEventKind says what a ProcEvent reports.

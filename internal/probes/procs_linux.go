@@ -55,7 +55,7 @@ type procsLoaded struct {
 }
 
 // procEventSize is sizeof(struct proc_event) in bpf/procs.c.
-const procEventSize = 72
+const procEventSize = 80
 
 // Offsets in struct proc_event (little-endian).
 const (
@@ -72,6 +72,7 @@ const (
 	peStatus = 48
 	peNetNS  = 52
 	peComm   = 56
+	peMntNS  = 72
 )
 
 // The iterator's kinds of record (the events' are ProcEventKind).
@@ -308,5 +309,6 @@ func decodeProcTask(b []byte) ProcTask {
 		StartTime: le.Uint64(b[peStart:]),
 		NSPID:     int(le.Uint32(b[peNSPid:])),
 		NSPPID:    int(le.Uint32(b[peNSPpid:])),
+		MountNS:   uint64(le.Uint32(b[peMntNS:])),
 	}
 }
