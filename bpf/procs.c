@@ -16,7 +16,9 @@
  *
  * The namespace is a load-time constant (target_netns, the ns.inum of the
  * namespace, which is the inode of /proc/PID/ns/net). No PID namespace is
- * needed: pids are the kernel's global ones.
+ * needed: pids are the kernel's global ones. The three tp_btf programs run
+ * for every fork, exec and exit of the node while attached: each compares
+ * the namespace first and returns for another before any other work.
  *
  * Loaded by internal/probes/procs_linux.go. Compiled by bpf2go with
  * procs.h only (no vmlinux.h): see the comment there.
@@ -483,11 +485,11 @@ int procs_iter(struct bpf_iter__task *ctx)
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(procs_fork, struct task_struct *parent, struct task_struct *child)
 {
-	/* A new thread is not a new process. */
-	if (BPF_CORE_READ(child, pid) != BPF_CORE_READ(child, tgid))
-		return 0;
 	/* The child's own namespace: clone(CLONE_NEWNET) puts it elsewhere. */
 	if (!in_target(child))
+		return 0;
+	/* A new thread is not a new process. */
+	if (BPF_CORE_READ(child, pid) != BPF_CORE_READ(child, tgid))
 		return 0;
 	emit(child, PROC_EV_FORK, 0);
 	return 0;
@@ -511,10 +513,10 @@ int BPF_PROG(procs_exec, struct task_struct *p, pid_t old_pid, struct linux_binp
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(procs_exit, struct task_struct *p)
 {
+	if (!in_target(p))
+		return 0;
 	/* A thread's exit is not the process's: only the last one counts. */
 	if (BPF_CORE_READ(p, signal, live.counter) != 0)
-		return 0;
-	if (!in_target(p))
 		return 0;
 	emit(p, PROC_EV_EXIT, wait_status(p));
 	return 0;

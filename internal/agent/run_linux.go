@@ -43,8 +43,6 @@ type agent struct {
 	proxy      *proxy.Process
 	machine    *drain.Machine
 	metrics    *metrics
-	// appPorts must be listened on by the app for readiness.
-	appPorts map[uint16]bool
 	// hostNet: the pod shares the node's network namespace.
 	hostNet bool
 	// early: drain requests before the machine is built; the status
@@ -72,7 +70,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if warn := cfg.Drain.GraceWarning(); warn != "" {
 		log.Warn(warn)
 	}
-	a := &agent{cfg: cfg, log: log, appPorts: portSet(cfg.AppPorts)}
+	a := &agent{cfg: cfg, log: log}
 	if os.Getenv("GOGC") == "" {
 		// The heap is mostly the flow table, which makes no garbage once
 		// built: a collection at 50 % growth instead of 100 % costs little
@@ -186,7 +184,9 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	var loads sync.WaitGroup
 	loads.Go(func() {
 		background()
-		a.tracker, trErr = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: policy, Logger: log, RingSize: cfg.RingSize, BTFCache: cache})
+		// Dormant: loaded and verified now, attached at the drain trigger
+		// (docs/design.md, "Track only while draining").
+		a.tracker, trErr = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: policy, Logger: log, RingSize: cfg.RingSize, BTFCache: cache, Dormant: true})
 	})
 	loads.Go(func() {
 		background()
@@ -226,24 +226,17 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	fv := newFlowView(a.tracker, nonTraffic, appOnly, cfg.Drain.IdleTimeout)
 	fv.portFlows = a.hostNet
 	defer fv.Close()
-	parts := drain.Parts{Flows: fv, Admin: a.admin, Proxy: a.proxy, Log: log, Begun: begun}
+	tracking := &liveViews{a: a, ctx: runCtx, wg: &wg}
+	parts := drain.Parts{Flows: fv, Admin: a.admin, Proxy: a.proxy, Log: log, Begun: begun, Tracking: tracking}
 	if a.procs != nil {
 		parts.Apps = appView{a.procs}
 	}
 	a.machine = drain.New(cfg.Drain, parts)
 	a.metrics = newMetrics(a)
-
-	wg.Go(func() {
-		if err := a.tracker.Run(runCtx); err != nil {
-			log.Error("tracker stopped", zap.Error(err))
-		}
-	})
-	if a.procs != nil {
-		wg.Go(func() {
-			if err := a.procs.Run(runCtx); err != nil {
-				log.Error("app process source stopped", zap.Error(err))
-			}
-		})
+	// What follows while Ready: the app's processes under --exit-with-app
+	// (its completion is a trigger); nothing else until the trigger.
+	if a.procs != nil && a.procs.Live() {
+		tracking.run("app process source", a.procs.Run)
 	}
 	a.early.attach(a.machine, promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
 	return a.machine.Run(ctx), nil
@@ -313,6 +306,9 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 		mode = appprocs.ModeProc
 	}
 	opts := []appprocs.Option{appprocs.WithBTFCache(cache)}
+	if !a.watchesAppWhileReady() {
+		opts = append(opts, appprocs.WithDormant())
+	}
 	if a.cfg.ProcRingSize > 0 {
 		opts = append(opts, appprocs.WithRingSize(a.cfg.ProcRingSize))
 	}
@@ -360,6 +356,50 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 	cov := src.Coverage()
 	a.log.Info("app liveness", zap.String("source", src.Kind()), zap.String("reason", reason), zap.Int("app_processes", src.Count()),
 		zap.Bool("complete", cov.Complete), zap.String("coverage", cov.Reason), zap.Duration("took", time.Since(start)))
+}
+
+// watchesAppWhileReady: --exit-with-app ends the drain-free life of the
+// pod on the app's completion, which only a live process source sees.
+func (a *agent) watchesAppWhileReady() bool {
+	m := a.cfg.Drain.ExitWithApp
+	return m == drain.ExitWithAppSuccess || m == drain.ExitWithAppAny
+}
+
+// liveViews is drain.Tracking: at the drain trigger it makes the flow
+// tracker and the app's process source live (each attaches, then takes
+// its snapshot and walk), at once, and runs them until Run's end.
+type liveViews struct {
+	a   *agent
+	ctx context.Context
+	wg  *sync.WaitGroup // agent.Run's: waited for before it returns
+}
+
+func (v *liveViews) Start() error {
+	a := v.a
+	var trErr, prErr error
+	var starts sync.WaitGroup
+	starts.Go(func() { trErr = a.tracker.Start() })
+	if a.procs != nil && !a.procs.Live() {
+		starts.Go(func() {
+			if prErr = a.procs.Start(); prErr == nil {
+				v.run("app process source", a.procs.Run)
+			}
+		})
+	}
+	starts.Wait()
+	if trErr == nil {
+		v.run("tracker", a.tracker.Run)
+	}
+	return errors.Join(trErr, prErr)
+}
+
+// run runs part until agent.Run's end, logging how it stopped.
+func (v *liveViews) run(part string, run func(context.Context) error) {
+	v.wg.Go(func() {
+		if err := run(v.ctx); err != nil {
+			v.a.log.Error(part+" stopped", zap.Error(err))
+		}
+	})
 }
 
 // exitWithAppRefused says why --exit-with-app cannot work here ("": it
@@ -436,16 +476,19 @@ func (a *agent) readiness(ctx context.Context) (bool, string) {
 	if ok, why := a.probeAdmin.Live(ctx); !ok {
 		return false, why
 	}
-	if len(a.appPorts) == 0 {
+	if len(a.cfg.AppPorts) == 0 {
 		return true, ""
 	}
 	if m == nil {
 		return false, "starting: the tracker is not open yet (--app-ports)"
 	}
-	for p := range a.appPorts {
-		if !a.tracker.Listens(flows.OwnerApp, p) {
-			return false, fmt.Sprintf("app not listening on port %d", p)
-		}
+	// While Ready, one LISTEN dump the kernel filters to these ports.
+	missing, err := a.tracker.Listening(flows.OwnerApp, a.cfg.AppPorts)
+	switch {
+	case err != nil:
+		return false, "app listeners: " + err.Error()
+	case len(missing) > 0:
+		return false, fmt.Sprintf("app not listening on port %d", missing[0])
 	}
 	return true, ""
 }

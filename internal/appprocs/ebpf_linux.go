@@ -65,7 +65,29 @@ func openEBPF(netnsInode uint64, rules Rules, o options) (Source, error) {
 	s.installSnapshotLocked(&snap)
 	s.recomputeLocked()
 	s.mu.Unlock()
+	s.refresh = s.resync
+	s.dormant.Store(o.dormant)
 	return s, nil
+}
+
+// Start attaches the programs of a dormant source, then takes the
+// snapshot that events are applied after.
+func (s *ebpfSource) Start() error { return s.start(s.probe.Attach) }
+
+// resync takes a snapshot and installs it: events older than it are
+// skipped by Run, losses counted before it are accounted for.
+func (s *ebpfSource) resync() error {
+	lost := s.probe.Lost()
+	snap, err := s.snapshot()
+	if err != nil {
+		return err
+	}
+	s.seenLost = lost
+	if snap.Walk.Complete() {
+		s.since = snap.Since()
+	}
+	s.update(func() { s.installSnapshotLocked(&snap) })
+	return nil
 }
 
 func (s *ebpfSource) Kind() string { return string(ModeEBPF) }
@@ -110,6 +132,9 @@ func processOf(t probes.ProcTask) Process {
 // Run applies ring buffer events until ctx ends, classifying again after
 // each batch, and takes a snapshot when the kernel dropped events.
 func (s *ebpfSource) Run(ctx context.Context) error {
+	if s.dormant.Load() {
+		return errors.New("app process source: Run before Start")
+	}
 	pending := 0
 	err := probes.ReadUntil(ctx, s.probe, func(ev *probes.ProcEvent) error {
 		if ev.Time >= s.since {

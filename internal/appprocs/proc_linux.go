@@ -2,6 +2,7 @@ package appprocs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -75,6 +76,8 @@ func openProc(netnsInode uint64, rules Rules, o options) (Source, error) {
 		s.hostNetNS = st.Ino
 	}
 	s.recomputeLocked()
+	s.refresh = s.rescan
+	s.dormant.Store(o.dormant)
 	if !hostView {
 		// Only draind's own processes in sight: the PID namespace is not
 		// the app's (no shareProcessNamespace). The pod's pause process,
@@ -105,8 +108,24 @@ func haveCapSysPtrace() bool {
 	return data[0].Effective&(1<<unix.CAP_SYS_PTRACE) != 0
 }
 
+// Start makes a dormant source poll: it scans now; Run polls after.
+func (s *procSource) Start() error { return s.start(nil) }
+
+// rescan scans /proc and installs what it found.
+func (s *procSource) rescan() error {
+	snap, err := s.scan()
+	if err != nil {
+		return err
+	}
+	s.update(func() { s.installLocked(snap, nil, true) })
+	return nil
+}
+
 // Run scans /proc every period until ctx ends.
 func (s *procSource) Run(ctx context.Context) error {
+	if s.dormant.Load() {
+		return errors.New("app process source: Run before Start")
+	}
 	tk := time.NewTicker(s.period)
 	defer tk.Stop()
 	for {

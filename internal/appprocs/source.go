@@ -20,8 +20,17 @@ type Source interface {
 	// Run follows changes until ctx ends (nil) or the source fails (the
 	// error, also in Err, with Changed signalled). The caller owns the
 	// goroutine that runs it, once; without Run the source stays at its
-	// first snapshot.
+	// first snapshot. A source opened WithDormant runs only after Start.
 	Run(ctx context.Context) error
+	// Start makes a source opened WithDormant follow changes: eBPF attaches
+	// its programs, then takes a snapshot (a process that changed in
+	// between is in one or the other); /proc scans now. Call Run after
+	// it. Idempotent; a source opened live is started.
+	Start() error
+	// Live reports whether the source follows changes (started, or opened
+	// live). A dormant source's Count, Processes and Containers read the
+	// kernel when asked.
+	Live() bool
 	// Processes returns the app's processes, by PID.
 	Processes() []Process
 	// Count is len(Processes()).
@@ -180,6 +189,7 @@ type options struct {
 	pollPeriod time.Duration
 	procRoot   string
 	probe      probes.ProcOptions
+	dormant    bool
 }
 
 // DefaultPollPeriod is the /proc backend's polling period.
@@ -220,6 +230,16 @@ func WithRingSize(n int) Option {
 // visits (at most, and by default, probes.MaxProcWalk).
 func WithWalkCap(n int) Option {
 	return func(o *options) { o.probe.WalkCap = n }
+}
+
+// WithDormant opens a source that follows nothing until Start: the eBPF
+// backend loads its programs (the first snapshot taken, the backend
+// decided) without attaching fork, exec and exit; the /proc backend does
+// not poll. Count, Processes and Containers take a snapshot when asked.
+// Nothing of it runs while the pod serves (docs/design.md, "Track only
+// while draining").
+func WithDormant() Option {
+	return func(o *options) { o.dormant = true; o.probe.Detached = true }
 }
 
 // WithBTFCache makes the eBPF backend decode the kernel's BTF through c,

@@ -876,3 +876,50 @@ func TestContainerRule(t *testing.T) {
 		})
 	}
 }
+
+// A dormant source follows nothing while the pod serves (eBPF: fork, exec
+// and exit not attached; /proc: no polling), and answers Count from a
+// snapshot taken when asked. Start attaches, then snapshots: the app
+// started while it slept is there, and from then on exits come as events
+// (eBPF: with their status).
+func TestDormantSource(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, mode := range []Mode{ModeEBPF, ModeProc} {
+		t.Run(string(mode), func(t *testing.T) {
+			if mode == ModeEBPF {
+				testutil.RequireBTF(t)
+			}
+			ns := testutil.NewNetNS(t)
+			parkThread(t, ns)
+			src, _, err := Open(ns.Inode, Rules{ProxyUID: istioUID, NoPauseRule: true}, mode, WithDormant(), WithPollPeriod(50*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { src.Close() })
+			if src.Live() {
+				t.Fatal("a dormant source is live")
+			}
+			if e, ok := src.(*ebpfSource); ok && e.probe.Attached() {
+				t.Fatal("a dormant eBPF source has its programs attached")
+			}
+			if err := src.Run(context.Background()); err == nil {
+				t.Fatal("Run before Start returned nil")
+			}
+			app, _ := spawnDetached(t, ns, -1, "sleep", "infinity")
+			if got := appPIDs(src); !slices.Equal(got, []int{app.pid}) {
+				t.Fatalf("dormant, asked: app %v, want [%d]", got, app.pid)
+			}
+			if err := src.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if !src.Live() {
+				t.Fatal("started source not live")
+			}
+			runSource(t, src)
+			second, _ := spawnDetached(t, ns, -1, "sleep", "infinity")
+			waitApp(t, src, sortedPIDs(app, second), "second app process")
+			signalProc(t, second, unix.SIGKILL)
+			waitApp(t, src, []int{app.pid}, "second killed")
+		})
+	}
+}

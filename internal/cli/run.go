@@ -12,6 +12,7 @@ import (
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/privs"
+	"github.com/draind/draind/internal/probes"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -102,7 +103,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	fs.Var(procs, "app-procs", "how the app's processes are followed: auto|ebpf|proc|off (off: by its sockets)")
 	logFormat := &oneOf{val: "json", words: []string{"json", "console"}}
 	fs.Var(logFormat, "log-format", "json|console")
-	fs.IntVar(&cfg.RingSize, "debug-ring-size", 0, "debugging: the eBPF ring buffer of TCP state events, in bytes (a power of two; 0: 8 MiB)")
+	fs.IntVar(&cfg.RingSize, "debug-ring-size", 0, fmt.Sprintf("debugging: the eBPF ring buffer of TCP state events, in bytes (a power of two; 0: %d KiB)", probes.DefaultTCPRingSize>>10))
 	fs.IntVar(&cfg.ProcRingSize, "debug-proc-ring-size", 0, "debugging: the eBPF ring buffer of the app's process events, in bytes (a power of two; 0: the default)")
 	fs.Func("proxy-caps", "capabilities the proxy gets, and no other (ambient), e.g. NET_ADMIN for TPROXY; draind must hold them", func(v string) error { // privs
 		var err error

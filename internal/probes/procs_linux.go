@@ -123,20 +123,13 @@ func (p *Procs) load(netnsInode uint64, o ProcOptions) (err error) {
 	if p.walkOut, err = unix.Mmap(p.objs.WalkOut.FD(), 0, size, unix.PROT_READ, unix.MAP_SHARED); err != nil {
 		return fmt.Errorf("mmap walk_out: %w", err)
 	}
-	for _, tp := range []struct {
-		name string
-		prog *ebpf.Program
-	}{
-		{"sched_process_exit", p.objs.ProcsExit},
-		{"sched_process_fork", p.objs.ProcsFork},
-		{"sched_process_exec", p.objs.ProcsExec},
-	} {
-		l, err := link.AttachTracing(link.TracingOptions{Program: tp.prog, AttachType: ebpf.AttachTraceRawTp})
-		if err != nil {
-			return fmt.Errorf("attach tp_btf/%s: %w", tp.name, err)
+	p.hooks = []hook{{"sched_process_exit", p.objs.ProcsExit}, {"sched_process_fork", p.objs.ProcsFork}, {"sched_process_exec", p.objs.ProcsExec}}
+	if !o.Detached {
+		if err := p.attach(); err != nil {
+			return err
 		}
-		p.links = append(p.links, l)
 	}
+	// The iterator's link runs nothing until a snapshot reads it.
 	if p.iter, err = link.AttachIter(link.IterOptions{Program: p.objs.ProcsIter}); err != nil {
 		return fmt.Errorf("attach iter/task: %w", err)
 	}
@@ -159,6 +152,19 @@ func setProcsConstants(spec *ebpf.CollectionSpec, netns, pidns uint64, walkCap u
 	}
 	return spec.Variables[procsVarReaderPidns].Set(pidns)
 }
+
+// Attach attaches the fork, exec and exit programs of a probe opened
+// Detached (see TCPState.Attach). Snapshots work either way: the iterator
+// runs only when read.
+func (p *Procs) Attach() error {
+	if err := p.attach(); err != nil {
+		return unavailable(err)
+	}
+	return nil
+}
+
+// Attached reports whether the fork, exec and exit programs run.
+func (p *Procs) Attached() bool { return p.isAttached() }
 
 // PIDNS is the inode of the PID namespace the NSPID fields are in: the
 // loader's (0 when it could not be read: then they are all 0).
