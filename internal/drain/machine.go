@@ -135,7 +135,7 @@ type Parts struct {
 	// Tracking, when set, starts the live views Flows and Apps read, at
 	// the trigger: nothing of them runs while the pod is Ready.
 	Tracking Tracking
-	Log   *zap.Logger
+	Log      *zap.Logger
 	// Begun is when the process began (for the ready line's since_start).
 	Begun time.Time
 }

@@ -53,7 +53,6 @@ type TrackerConfig struct {
 	Dormant bool
 }
 
-
 // DefaultPollPeriod is sockdiag mode's polling period: a LISTEN-and-flows
 // dump of a pod's namespace costs well under a millisecond.
 const DefaultPollPeriod = 100 * time.Millisecond
