@@ -181,9 +181,11 @@ func loadProbe(netnsInode uint64, ringSize uint32, useCookie, detached bool, cac
 }
 
 // Attach attaches the programs of a probe opened Detached: events flow
-// from the moment it returns. It needs no capability on kernels that check
-// them only at load (5.19+; before, CAP_BPF, which draind keeps there: see
-// privs.Needs). Idempotent; safe from any goroutine.
+// from the moment it returns. It needs no capability where the kernel
+// checks them only when a program or map is made (6.18: draind attaches
+// with none left); a kernel that checks every bpf() call while
+// kernel.unprivileged_bpf_disabled is set needs CAP_BPF, which draind keeps
+// there (privs.Needs). Idempotent; safe from any goroutine.
 func (p *TCPState) Attach() error {
 	if err := p.attach(); err != nil {
 		return unavailable(err)
