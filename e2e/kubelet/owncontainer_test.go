@@ -66,15 +66,37 @@ func rootEBPF() *corev1.SecurityContext {
 	return securityContext(0, true, "BPF", "PERFMON", "SETUID", "SETGID", "KILL", "SETPCAP")
 }
 
-// stoppedAfter is when draind's log says it told the proxy to quit, and
-// why, relative to at (the app container's exit in the CRI).
+// stoppedAfter is when draind told the proxy to quit (its log's
+// quit_sent_unix_ns), and why, relative to at.
 func stoppedAfter(logs []map[string]any, at time.Time) (d time.Duration, why string, ok bool) {
 	r := findLogWith(logs, "phase", "phase", "stopping")
 	if r == nil {
 		return 0, "", false
 	}
 	why, _ = r["why"].(string)
-	return logTime(r).Sub(at), why, true
+	sent := logTime(r)
+	if ns, ok := r["quit_sent_unix_ns"].(float64); ok {
+		sent = time.Unix(0, int64(ns))
+	}
+	return sent.Sub(at), why, true
+}
+
+// appExitStamp is the app's own "exit UNIXNANO CODE" line in its result
+// file, written right before it exits: the process's exit, which the CRI's
+// container exit follows by a few ms, and by 100–250 ms in a shared PID
+// namespace (containerd's shim then kills what is left of the container
+// before it reports the exit).
+func appExitStamp(pd *pod) time.Time {
+	b, _ := os.ReadFile(filepath.Join(pd.dir, "app.result"))
+	at := time.Time{}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "exit" {
+			if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				at = time.Unix(0, ns)
+			}
+		}
+	}
+	return at
 }
 
 // ownContainer is what draind logged as its own container's processes.
@@ -125,17 +147,16 @@ func TestInitWrapperEntrypoint(t *testing.T) {
 			o.log(t, name)
 			logs := pd.draindLog(-1)
 			own := ownContainer(logs)
-			quit, why, stopped := stoppedAfter(logs, o.appExit)
-			t.Logf("%s: own container as draind logged it: %q; the proxy told to quit %s after the app container's exit (target 0–50 ms): %s; wrapper's container exit %d",
-				name, own, fmtDur(quit), why, o.proxyCode)
+			appExit := appExitStamp(pd)
+			quit, why, stopped := stoppedAfter(logs, appExit)
+			t.Logf("%s: own container as draind logged it: %q; the proxy told to quit %s after the app's exit (target 0–50 ms; the app's container exit in the CRI: %s after the app's): %s; wrapper's container exit %d",
+				name, own, fmtDur(quit), fmtDur(o.appExit.Sub(appExit)), why, o.proxyCode)
 			report.add("scenario", name+": app exit → proxy told to quit", fmtDur(quit)+" (target 0–50 ms); own container "+strings.Join(own, ", "))
 			o.checkProtected(t, 2*time.Second)
 			if !hasComm(own, "tini") {
 				t.Errorf("draind's own container, as logged, has no tini: %q", own)
 			}
-			// The log's milliseconds and the CRI's exit (containerd's,
-			// after the kernel's) may put draind's stop a hair before it.
-			if !stopped || quit < -20*time.Millisecond || quit > 2*time.Second || strings.Contains(why, "deadline") {
+			if appExit.IsZero() || !stopped || quit < 0 || quit > 2*time.Second || strings.Contains(why, "deadline") {
 				t.Errorf("the proxy told to quit %s after the app's exit (%q, seen %v): want soon after, not at the deadline", fmtDur(quit), why, stopped)
 			}
 			if o.trigger != "signal" {
@@ -172,7 +193,8 @@ func hookStamps(path string) (waitReturned time.Time, waitCode int, hookDone tim
 
 // A Job (restartPolicy Never) whose proxy container runs as root (the
 // proxy as 1337), listed before the app, with the postStart hook
-// `draind wait` and a bare --exit-with-app (success). The hook is posthook:
+// `draind wait` and --exit-with-app success (given bare with separate PID
+// namespaces, as DRAIND_EXIT_WITH_APP=success with a shared one). The hook is posthook:
 // draind wait, then 3 s more in the proxy's container, so the kubelet
 // starts the app's container 3 s after draind wait returned with no app
 // process alive meanwhile, while root processes of the proxy's container
@@ -185,15 +207,19 @@ func TestJobRootProxyPostStartHook(t *testing.T) {
 		name := fmt.Sprintf("job-root-hook-share-%v", share)
 		t.Run(fmt.Sprintf("shareProcessNamespace=%v", share), func(t *testing.T) {
 			stampPath := "/work/hook.stamp"
+			// The mode both ways: --exit-with-app bare (right before
+			// "--"), and its environment twin.
+			flags, env := []string{"--run-proxy-as", "1337", "--exit-with-app"}, []corev1.EnvVar{{Name: "DRAIND_MIN_DRAIN", Value: "0s"}}
+			if share {
+				flags, env = flags[:2], append(env, corev1.EnvVar{Name: "DRAIND_EXIT_WITH_APP", Value: "success"})
+			}
 			pd := startPod(t, "owncontainer.yaml", podParams{
 				Name: name, RestartPolicy: "Never", ShareProcessNamespace: share,
 				DraindImage: imgDraindTini, SecurityContext: rootEBPF(),
-				// --exit-with-app bare, right before "--".
-				DraindCommand: draindCommand([]string{"--run-proxy-as", "1337", "--exit-with-app"}),
-				DraindEnv:     []corev1.EnvVar{{Name: "DRAIND_MIN_DRAIN", Value: "0s"}},
-				PostStart:     []string{"/usr/local/bin/posthook", "--then", "3s", "--stamp", stampPath, "--", "/usr/local/bin/draind", "wait", "--period", "100ms"},
-				AppArgs:       []string{"--job", "--job-delay", "1s", "--calls", "10", "--result", "/work/app.result"},
-				NoServer:      true,
+				DraindCommand: draindCommand(flags), DraindEnv: env,
+				PostStart: []string{"/usr/local/bin/posthook", "--then", "3s", "--stamp", stampPath, "--", "/usr/local/bin/draind", "wait", "--period", "100ms"},
+				AppArgs:   []string{"--job", "--job-delay", "1s", "--calls", "10", "--result", "/work/app.result"},
+				NoServer:  true,
 			})
 			startUpstream(t, pd.n.Config().Gateway) // the task calls out 1 s after it starts
 			phase := ""
@@ -218,17 +244,18 @@ func TestJobRootProxyPostStartHook(t *testing.T) {
 			if r := findLogWith(logs, "phase", "phase", "draining"); r != nil {
 				trigger, drainAt = fmt.Sprint(r["trigger"]), logTime(r)
 			}
-			quit, why, stopped := stoppedAfter(logs, app.finished)
-			t.Logf("%s: draind wait returned (exit %d), the hook %s later, the app container started %s after draind wait returned; app exit %d, %d/%d calls ok/failed; exit-with-app %s, drain trigger %q at app exit %+v; proxy told to quit %s after the app's exit (%s); draind exit %d %s after the app's; pod %s",
+			appExit := appExitStamp(pd)
+			quit, why, stopped := stoppedAfter(logs, appExit)
+			t.Logf("%s: draind wait returned (exit %d), the hook %s later, the app container started %s after draind wait returned; app exit %d, %d/%d calls ok/failed; exit-with-app %s, drain trigger %q %s after the app's exit; proxy told to quit %s after it (%s); containers' exits in the CRI: the app's %s after its exit, draind's (exit %d) %s after the app's; pod %s",
 				name, waitCode, fmtDur(hookDone.Sub(waitReturned)), fmtDur(app.started.Sub(waitReturned)), app.exitCode, calls.ok, calls.fail,
-				mode, trigger, drainAt.Sub(app.finished).Round(time.Millisecond), fmtDur(quit), why, px.exitCode, fmtDur(px.finished.Sub(app.finished)), phase)
-			report.add("job", name, fmt.Sprintf("wait→app start %s; app exit 0 → proxy told to quit %s, → draind exit %d %s; calls %d/%d-failed; phase %s",
+				mode, trigger, fmtDur(drainAt.Sub(appExit)), fmtDur(quit), why, fmtDur(app.finished.Sub(appExit)), px.exitCode, fmtDur(px.finished.Sub(app.finished)), phase)
+			report.add("job", name, fmt.Sprintf("draind wait→app start %s; app exit 0 → proxy told to quit %s; app container exit → draind's (exit %d) %s; calls %d/%d-failed; phase %s",
 				fmtDur(app.started.Sub(waitReturned)), fmtDur(quit), px.exitCode, fmtDur(px.finished.Sub(app.finished)), calls.ok, calls.fail, phase))
 			if phase != "Succeeded" {
 				t.Errorf("pod phase %q, want Succeeded", phase)
 			}
 			if mode != "success" {
-				t.Errorf("bare --exit-with-app: mode %q, want success", mode)
+				t.Errorf("--exit-with-app: mode %q, want success", mode)
 			}
 			if waitReturned.IsZero() || waitCode != 0 || hookDone.IsZero() {
 				t.Fatalf("the postStart hook did not run to completion: draind wait returned %v (exit %d), the hook done %v", waitReturned, waitCode, hookDone)
@@ -243,10 +270,10 @@ func TestJobRootProxyPostStartHook(t *testing.T) {
 			if app.exitCode != 0 || calls.ok != 10 || calls.fail != 0 {
 				t.Errorf("the task: exit %d, %d calls ok, %d failed; want 0, 10, 0", app.exitCode, calls.ok, calls.fail)
 			}
-			if trigger != "app-done" || px.exitCode != 0 || px.finished.IsZero() || px.finished.Before(app.finished) {
-				t.Errorf("drain trigger %q, draind exit %d at %v, the app's at %v: want app-done, 0, after the app", trigger, px.exitCode, px.finished, app.finished)
+			if trigger != "app-done" || px.exitCode != 0 || px.finished.IsZero() || px.finished.Before(appExit) {
+				t.Errorf("drain trigger %q, draind exit %d at %v, the app's at %v: want app-done, 0, after the app", trigger, px.exitCode, px.finished, appExit)
 			}
-			if !stopped || quit < -20*time.Millisecond || quit > 2*time.Second {
+			if appExit.IsZero() || !stopped || quit < 0 || quit > 2*time.Second {
 				t.Errorf("the proxy told to quit %s after the app's exit (%q, seen %v): want soon after", fmtDur(quit), why, stopped)
 			}
 		})
