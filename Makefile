@@ -55,11 +55,12 @@ e2e-kubelet: ## draind in pods under a real kubelet + containerd, as root (docs/
 	KUBELET_VERSION=$(KUBELET_VERSION) bash e2e/kubelet/hack/e2e.sh
 # The acceptance scenarios only (CI): the classic sidecar both ways, the
 # native sidecar, a Job either way, the restarted sidecar, eBPF and
-# sock_diag under the documented securityContexts, the static checks.
+# sock_diag under the documented securityContexts, the static checks, the
+# proxy's own container (tini as its entrypoint; a root Job's postStart hook).
 e2e-kubelet-short: ## the same, the acceptance scenarios only (about half the time)
 	KUBELET_VERSION=$(KUBELET_VERSION) \
-	RUN='^(TestDockerfile|TestDeployManifests|TestClassicSidecarUnderLoad|TestNativeSidecar|TestTrackerModeBySecurityContext|TestJobExitWithApp|TestSidecarRestartedWhileAppRuns)/^(shareProcessNamespace=.*|p-documented|p-none|job|job-any-failed|classic|native|istio|node-debug)$$' \
-	SKIP='^TestSidecarRestartedWhileAppRuns$$/^shareProcessNamespace=true$$' \
+	RUN='^(TestDockerfile|TestDeployManifests|TestClassicSidecarUnderLoad|TestNativeSidecar|TestTrackerModeBySecurityContext|TestJobExitWithApp|TestSidecarRestartedWhileAppRuns|TestInitWrapperEntrypoint|TestJobRootProxyPostStartHook)/^(shareProcessNamespace=.*|p-documented|p-none|job|job-any-failed|classic|native|istio|node-debug)$$' \
+	SKIP='^(TestSidecarRestartedWhileAppRuns|TestInitWrapperEntrypoint)$$/^shareProcessNamespace=true$$' \
 	bash e2e/kubelet/hack/e2e.sh
 .PHONY: e2e-kubelet e2e-kubelet-short
 # ---- end e2e-kubelet ----
