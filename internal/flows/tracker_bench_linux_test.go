@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/namespace"
+	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -100,8 +101,9 @@ func BenchmarkTrackerNotify(b *testing.B) {
 // not queue (lost) and the resyncs they caused.
 // Run: go test -run '^$' -bench TrackerThroughput -benchtime 50000x ./internal/flows
 func BenchmarkTrackerThroughput(b *testing.B) {
-	for _, ring := range []int{1 << 20, 2 << 20, 4 << 20, 8 << 20} {
-		b.Run(fmt.Sprintf("ring-%dMiB", ring>>20), func(b *testing.B) {
+	// The default (probes.DefaultTCPRingSize, held while Ready) and larger.
+	for _, ring := range []int{probes.DefaultTCPRingSize, 1 << 20, 2 << 20, 8 << 20} {
+		b.Run(fmt.Sprintf("ring-%dKiB", ring>>10), func(b *testing.B) {
 			testutil.RequireBTF(b)
 			ns := testutil.NewNetNS(b)
 			h, err := namespace.Open(ns.Path())
