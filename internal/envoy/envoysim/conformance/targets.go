@@ -30,7 +30,7 @@ func (simTarget) Name() string { return "envoysim" }
 func (simTarget) Start(t *testing.T, s Setup) Instance {
 	t.Helper()
 	cfg := envoysim.Config{
-		DrainTime:     s.DrainTime,
+		DrainTime:       s.DrainTime,
 		DrainStrategy:   s.DrainStrategy,
 		StatsMatcher:    s.StatsMatcher,
 		DrainGeneration: s.DrainGeneration,
@@ -322,7 +322,7 @@ func Bootstrap(s Setup) ([]byte, error) {
 	if s.DrainGeneration == envoysim.Drain139 {
 		// A newer Envoy drains as 1.39 did with its runtime guards off.
 		boot["layered_runtime"] = m{"layers": []any{m{"name": "static", "static_layer": m{
-			"envoy.reloadable_features.use_connection_event_drain":               false,
+			"envoy.reloadable_features.use_connection_event_drain":              false,
 			"envoy.reloadable_features.non_graceful_drain_notifies_connections": false,
 		}}}}
 	}
