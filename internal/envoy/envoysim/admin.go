@@ -105,6 +105,9 @@ func (s *Sim) serveAdmin(w http.ResponseWriter, r *http.Request) {
 		panic(http.ErrAbortHandler) // stopping: drop the connection, no answer
 	}
 	defer s.leave()
+	if s.cfg.LogAdminRequests {
+		s.logf("admin %s %s", r.Method, r.URL.RequestURI())
+	}
 	s.admin.rqTotal.inc()
 	s.admin.rqActive.inc()
 	defer s.admin.rqActive.dec()

@@ -97,6 +97,9 @@ type Config struct {
 	Fault Fault
 	// Log, when set, receives a few Envoy-like log lines.
 	Log io.Writer
+	// LogAdminRequests logs every admin request ("admin GET /stats?...")
+	// to Log: tests count the calls draind makes.
+	LogAdminRequests bool
 	// ConfigPath is only reported (server_info's config_path).
 	ConfigPath string
 	// OnCrash, when set, is called by a crash before the sim stops, if the
@@ -429,6 +432,7 @@ type fileConfig struct {
 	DrainTimeS           *float64        `json:"drain_time_s"`
 	DrainStrategy        string          `json:"drain_strategy"`
 	DrainGeneration      string          `json:"drain_generation"`
+	LogAdminRequests     bool            `json:"log_admin_requests"`
 	ParentShutdownTimeS  float64         `json:"parent_shutdown_time_s"`
 	StartupDelayMs       float64         `json:"startup_delay_ms"`
 	StatsFlushIntervalMs float64         `json:"stats_flush_interval_ms"`
@@ -510,6 +514,7 @@ func ParseConfig(b []byte) (Config, error) {
 		Concurrency:      fc.Concurrency,
 		DrainStrategy:    fc.DrainStrategy,
 		DrainGeneration:  fc.DrainGeneration,
+		LogAdminRequests: fc.LogAdminRequests,
 		StatsMatcher:     fc.StatsMatcher,
 		StatsInclusion:   fc.StatsInclusion,
 	}
