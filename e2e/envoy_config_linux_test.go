@@ -228,7 +228,7 @@ func TestNoTrafficDirection(t *testing.T) {
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	c.Close() // as told
+	c.Close()                           // as told
 	time.Sleep(1200 * time.Millisecond) // past the drain time: skip_exit keeps the listeners
 	var dialErr error
 	p.ns.Do(t, func() {

@@ -183,6 +183,10 @@ type adminShared struct {
 	// readyFallback: server.state or workers_started is absent (a
 	// stats_matcher rejects it): readiness asks GET /ready instead.
 	readyFallback atomic.Bool
+	// liveSeen: Live once said LIVE with the workers started, from the
+	// stats. Workers never stop: from then on readiness asks GET /ready,
+	// which costs Envoy nothing, where /stats walks every stat it has.
+	liveSeen atomic.Bool
 	// drainAll: no listener has traffic_direction INBOUND, so an
 	// inbound-only drain would drain nothing; every listener is drained
 	// instead, without ever stopping them (graceful&skip_exit).
@@ -191,11 +195,11 @@ type adminShared struct {
 	flows *flowView
 }
 
-// Live: server.state LIVE and workers started, from /stats; when a
-// stats_matcher rejects either stat, Envoy's own GET /ready, which reads
-// no stat (said once).
+// Live: server.state LIVE and workers started, from /stats, until that is
+// so once; then, or when a stats_matcher rejects either stat (said once),
+// Envoy's own GET /ready, which reads no stat.
 func (a adminView) Live(ctx context.Context) (bool, string) {
-	if a.sh.readyFallback.Load() {
+	if a.sh.readyFallback.Load() || a.sh.liveSeen.Load() {
 		return a.ready(ctx)
 	}
 	l, err := a.c.Live(ctx)
@@ -213,6 +217,7 @@ func (a adminView) Live(ctx context.Context) (bool, string) {
 	case !l.WorkersStarted:
 		return false, "envoy workers not started"
 	}
+	a.sh.liveSeen.Store(true)
 	return true, ""
 }
 
