@@ -460,6 +460,14 @@ func TestStatsCallsPerDrain(t *testing.T) {
 			p.startApp("--on-term", "graceful", "--linger", "1s")
 			p.startDraind([]string{"--min-drain", "200ms", "--tracker", "ebpf", "--app-procs", "ebpf"})
 			p.wantSources("ebpf", "ebpf")
+			probesFrom := len(p.draindLog.String())
+			for range 5 { // the kubelet's readiness probes while Ready
+				if got := p.readyStatus(); got != 200 {
+					t.Fatalf("readiness %d", got)
+				}
+			}
+			time.Sleep(100 * time.Millisecond) // the proxy's log lines come through a pipe
+			probeCalls, _ := adminCalls(p.draindLog.String()[probesFrom:])
 			before := len(p.draindLog.String())
 			done := make(chan struct{})
 			if tc.inFlight {
@@ -479,26 +487,33 @@ func TestStatsCallsPerDrain(t *testing.T) {
 			p.terminate()
 			<-done
 			code, took := p.waitExit(15 * time.Second)
-			calls, total := map[string]int{}, 0
-			for line := range strings.SplitSeq(p.draindLog.String()[before:], "\n") {
-				_, call, ok := strings.Cut(line, "[envoysim] admin ")
-				if !ok {
-					continue
-				}
-				path, _, _ := strings.Cut(call, "?")
-				calls[path]++
-				total++
-			}
-			row := fmt.Sprintf("%-40s | GET /stats %d | POST /drain_listeners %d | POST /quitquitquit %d | other %d | drain %s (exit %d)",
-				tc.name, calls["GET /stats"], calls["POST /drain_listeners"], calls["POST /quitquitquit"],
+			calls, total := adminCalls(p.draindLog.String()[before:])
+			row := fmt.Sprintf("%-40s | 5 readiness probes: GET /stats %d, GET /ready %d | drain: GET /stats %d | POST /drain_listeners %d | POST /quitquitquit %d | other %d | drain %s (exit %d)",
+				tc.name, probeCalls["GET /stats"], probeCalls["GET /ready"], calls["GET /stats"], calls["POST /drain_listeners"], calls["POST /quitquitquit"],
 				total-calls["GET /stats"]-calls["POST /drain_listeners"]-calls["POST /quitquitquit"],
 				took.Round(time.Millisecond), code)
 			t.Log(row)
 			rows = append(rows, row)
-			if code != 0 || calls["POST /drain_listeners"] != 1 || calls["POST /quitquitquit"] != 1 {
+			if code != 0 || calls["POST /drain_listeners"] != 1 || calls["POST /quitquitquit"] != 1 || calls["GET /stats"] > 1 || probeCalls["GET /stats"] > 0 {
 				t.Errorf("calls %v, exit %d", calls, code)
 			}
 		})
 	}
 	t.Logf("admin calls per drain:\n%s", strings.Join(rows, "\n"))
+}
+
+// adminCalls counts envoysim's logged admin requests in a stretch of
+// draind's output (the proxy's stderr is draind's), by method and path.
+func adminCalls(out string) (map[string]int, int) {
+	calls, total := map[string]int{}, 0
+	for line := range strings.SplitSeq(out, "\n") {
+		_, call, ok := strings.Cut(line, "[envoysim] admin ")
+		if !ok {
+			continue
+		}
+		path, _, _ := strings.Cut(call, "?")
+		calls[path]++
+		total++
+	}
+	return calls, total
 }

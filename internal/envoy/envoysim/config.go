@@ -125,13 +125,15 @@ type StatsInclusion struct {
 // reporter=, cluster_manager, listener_manager, server, cluster.xds-grpc,
 // wasm, component and istio; the suffixes rbac.allowed, rbac.denied,
 // shadow_allowed and shadow_denied, plus downstream_cx_active when
-// EXIT_ON_ZERO_ACTIVE_CONNECTIONS is set; and the regex vhost\.*\.route\.*.
+// EXIT_ON_ZERO_ACTIVE_CONNECTIONS is set; and the regex vhost\..*\.route\..*
+// (as fixed by istio#51640: the older vhost\.*\.route\.* matched no route
+// stat).
 // Without that suffix no listener.*, http.* or admin gauge is kept.
 func IstioStatsInclusion(exitOnZeroActiveConnections bool) StatsInclusion {
 	in := StatsInclusion{
 		Prefixes: []string{"reporter=", "cluster_manager", "listener_manager", "server", "cluster.xds-grpc", "wasm", "component", "istio"},
 		Suffixes: []string{"rbac.allowed", "rbac.denied", "shadow_allowed", "shadow_denied"},
-		Regexes:  []string{`vhost\.*\.route\.*`},
+		Regexes:  []string{`vhost\..*\.route\..*`},
 	}
 	if exitOnZeroActiveConnections {
 		in.Suffixes = append(in.Suffixes, "downstream_cx_active")
