@@ -17,6 +17,7 @@ import (
 
 	"github.com/draind/draind/internal/envoy/envoysim"
 	"github.com/draind/draind/internal/envoy/envoysim/conformance"
+	"github.com/draind/draind/internal/testutil/mesh"
 )
 
 // Issue 23: Envoy as users configure it. Each test runs envoysim with a
@@ -364,6 +365,26 @@ func TestRScenarioDrainGenerations(t *testing.T) {
 		})
 	}
 	t.Logf("R-style scenario by drain generation:\n%s", strings.Join(rows, "\n"))
+}
+
+// meshDrainGeneration, when set, is the drain generation of the mesh
+// pods' envoysim (meshEnvoyConfig).
+var meshDrainGeneration string
+
+// Acceptance 4, issue 13's R scenario itself (mesh_linux_test.go: Istio's
+// REDIRECT interception, gauges kept, Istio's 45 s immediate drain) under
+// both drain generations.
+func TestMeshRScenarioDrainGenerations(t *testing.T) {
+	var rows []string
+	for _, gen := range []string{envoysim.Drain139, envoysim.DrainConnectionEvent} {
+		t.Run(gen, func(t *testing.T) {
+			meshDrainGeneration = gen
+			defer func() { meshDrainGeneration = "" }()
+			row := runMeshR(t, mesh.Redirect, gaugesPresent)
+			rows = append(rows, gen+": "+row.String())
+		})
+	}
+	t.Logf("R scenario by drain generation:\n%s", strings.Join(rows, "\n"))
 }
 
 func later(a, b time.Time) time.Time {
