@@ -12,7 +12,6 @@ import (
 
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/envoy"
-	"go.uber.org/zap"
 )
 
 // The parts a machine needs to run a drain to its end: no flows, a live
@@ -121,7 +120,7 @@ func TestReadinessBeforeTheMachine(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			live = tc.stats
-			a := &agent{probeAdmin: adminView{c: client, sh: &adminShared{log: zap.NewNop()}}, appPorts: tc.appPorts}
+			a := &agent{probeAdmin: adminView{c: client}, appPorts: tc.appPorts}
 			if tc.asked {
 				a.early.trigger(drain.CauseSignal)
 			}

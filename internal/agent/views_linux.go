@@ -174,6 +174,15 @@ type adminView struct {
 	sh *adminShared
 }
 
+// shared returns the view's shared state; a view built without one (a
+// zero adminView) gets a fresh one, which learns nothing for long.
+func (a adminView) shared() *adminShared {
+	if a.sh == nil {
+		return &adminShared{log: zap.NewNop()}
+	}
+	return a.sh
+}
+
 // adminShared is what draind learns about Envoy once and keeps.
 type adminShared struct {
 	log *zap.Logger
@@ -199,14 +208,15 @@ type adminShared struct {
 // so once; then, or when a stats_matcher rejects either stat (said once),
 // Envoy's own GET /ready, which reads no stat.
 func (a adminView) Live(ctx context.Context) (bool, string) {
-	if a.sh.readyFallback.Load() || a.sh.liveSeen.Load() {
+	sh := a.shared()
+	if sh.readyFallback.Load() || sh.liveSeen.Load() {
 		return a.ready(ctx)
 	}
 	l, err := a.c.Live(ctx)
 	switch {
 	case errors.Is(err, envoy.ErrStatAbsent):
-		if a.sh.readyFallback.CompareAndSwap(false, true) {
-			a.sh.log.Warn("readiness comes from Envoy's GET /ready from now on: its stats lack server.state or listener_manager.workers_started (a stats_matcher rejects them); /ready says LIVE when Envoy's init is done, an event-loop turn before its workers start",
+		if sh.readyFallback.CompareAndSwap(false, true) {
+			sh.log.Warn("readiness comes from Envoy's GET /ready from now on: its stats lack server.state or listener_manager.workers_started (a stats_matcher rejects them); /ready says LIVE when Envoy's init is done, an event-loop turn before its workers start",
 				zap.Error(err))
 		}
 		return a.ready(ctx)
@@ -217,7 +227,7 @@ func (a adminView) Live(ctx context.Context) (bool, string) {
 	case !l.WorkersStarted:
 		return false, "envoy workers not started"
 	}
-	a.sh.liveSeen.Store(true)
+	sh.liveSeen.Store(true)
 	return true, ""
 }
 
@@ -237,24 +247,25 @@ func (a adminView) ready(ctx context.Context) (bool, string) {
 // and stat scopes for the admin sum; and a sidecar's inbound-only drain is
 // checked against the listeners' traffic_direction.
 func (a adminView) AtLive(ctx context.Context) {
+	sh := a.shared()
 	ls, err := a.c.Listeners(ctx)
 	if err != nil {
-		a.sh.log.Warn("could not read Envoy's listeners (/listeners, /config_dump): --exclude-listeners names match stat names only, and traffic_direction is not checked", zap.Error(err))
+		sh.log.Warn("could not read Envoy's listeners (/listeners, /config_dump): --exclude-listeners names match stat names only, and traffic_direction is not checked", zap.Error(err))
 		return
 	}
 	ex := a.c.Exclude()
 	if len(ex.Names) > 0 {
 		resolved, unmatched := ex.Resolve(ls)
 		a.c.SetExclude(resolved)
-		if a.sh.flows != nil {
-			a.sh.flows.setExcluded(resolved.Ports)
+		if sh.flows != nil {
+			sh.flows.setExcluded(resolved.Ports)
 		}
-		a.sh.log.Info("listeners excluded from the drain", zap.Strings("names", ex.Names), zap.Stringer("resolved", resolved))
+		sh.log.Info("listeners excluded from the drain", zap.Strings("names", ex.Names), zap.Stringer("resolved", resolved))
 		if len(unmatched) > 0 {
-			a.sh.log.Warn("--exclude-listeners names no listener of Envoy's (its listener names and stat scopes); kept as stat names", zap.Strings("names", unmatched))
+			sh.log.Warn("--exclude-listeners names no listener of Envoy's (its listener names and stat scopes); kept as stat names", zap.Strings("names", unmatched))
 		}
 	}
-	if !a.sh.inboundOnly || len(ls) == 0 {
+	if !sh.inboundOnly || len(ls) == 0 {
 		return
 	}
 	var names []string
@@ -264,8 +275,8 @@ func (a adminView) AtLive(ctx context.Context) {
 		}
 		names = append(names, fmt.Sprintf("%s (%s)", l.Name, directionName(l.Direction)))
 	}
-	a.sh.drainAll.Store(true)
-	a.sh.log.Warn("no Envoy listener has traffic_direction INBOUND: POST /drain_listeners?inboundonly&graceful would drain nothing (no Connection: close, no GOAWAY); draind drains every listener instead, without stopping any (graceful&skip_exit)",
+	sh.drainAll.Store(true)
+	sh.log.Warn("no Envoy listener has traffic_direction INBOUND: POST /drain_listeners?inboundonly&graceful would drain nothing (no Connection: close, no GOAWAY); draind drains every listener instead, without stopping any (graceful&skip_exit)",
 		zap.Strings("listeners", names))
 }
 
@@ -279,7 +290,7 @@ func directionName(d string) string {
 // DrainListeners: inbound only, unless asked for all or no listener is
 // inbound (see AtLive); then every listener, never stopped.
 func (a adminView) DrainListeners(ctx context.Context, inboundOnly bool) error {
-	if inboundOnly && a.sh.drainAll.Load() {
+	if inboundOnly && a.shared().drainAll.Load() {
 		return a.c.DrainListeners(ctx, envoy.DrainOptions{Graceful: true, SkipExit: true})
 	}
 	return a.c.DrainListeners(ctx, envoy.DrainOptions{InboundOnly: inboundOnly, Graceful: true})
