@@ -116,15 +116,16 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		ControlPorts:     append(slices.Clone(cfg.ExcludePorts), adminPort, statusPort),
 		IdleTimeout:      cfg.Drain.IdleTimeout,
 	}
-	client := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second), envoy.WithExclude(envoy.ExcludeSet{Ports: cfg.ExcludePorts}))
+	client := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second), envoy.WithExclude(envoy.ExcludeSet{Ports: cfg.ExcludePorts, Names: cfg.ExcludeListeners}))
 	closers = append(closers, func() error { client.CloseIdleConnections(); return nil })
-	a.admin = adminView{c: client}
+	shared := &adminShared{log: log, inboundOnly: !cfg.Drain.Gateway}
+	a.admin = adminView{c: client, sh: shared}
 	// The probes' own client makes one attempt: a probe wants the answer
 	// now (the kubelet asks again), not after the drain client's backoff
 	// on an admin API that is not listening yet.
 	probe := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second), envoy.WithRetries(0))
 	closers = append(closers, func() error { probe.CloseIdleConnections(); return nil })
-	a.probeAdmin = adminView{c: probe}
+	a.probeAdmin = adminView{c: probe, sh: shared}
 
 	// The proxy first: its start-up (Envoy's takes long) overlaps with
 	// draind's. Sockets it opens before the tracker's first snapshot are
@@ -225,6 +226,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	}
 	fv := newFlowView(a.tracker, nonTraffic, appOnly, cfg.Drain.IdleTimeout)
 	fv.portFlows = a.hostNet
+	shared.flows = fv
 	defer fv.Close()
 	tracking := &liveViews{a: a, ctx: runCtx, wg: &wg}
 	parts := drain.Parts{Flows: fv, Admin: a.admin, Proxy: a.proxy, Log: log, Begun: begun, Tracking: tracking}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/draind/draind/internal/agent"
@@ -81,6 +82,8 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	fs.Var(&appPorts, "app-ports", "ports the app must listen on before the pod is ready (comma-separated)")
 	exclude := portList(append([]uint16(nil), agent.DefaultExcludePorts...))
 	fs.Var(&exclude, "exclude-ports", "Envoy listener ports that carry no traffic (status, metrics)")
+	var excludeNames nameList
+	fs.Var(&excludeNames, "exclude-listeners", "Envoy listeners that carry no traffic, by name: a listener's name or its stat_prefix (comma-separated); mapped to their ports once Envoy is LIVE")
 	d := &cfg.Drain
 	fs.durationVar(&d.MinDrain, "min-drain", d.MinDrain, "wait this long after draining starts (endpoint propagation)")
 	fs.durationVar(&d.Settle, "settle", 0, "the gate must stay open this long before the proxy is stopped")
@@ -130,6 +133,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	cfg.DeadlineSet = fs.isSet("drain-deadline")
 	cfg.AppPorts = appPorts
 	cfg.ExcludePorts = exclude
+	cfg.ExcludeListeners = excludeNames
 	cfg.Tracker = tracker.val
 	cfg.AppProcs = procs.val
 	cfg.HostNetwork = hostNet.val
@@ -137,6 +141,27 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	cfg.Command = fs.Args()
 	cfg.Proxy.ReapAll = os.Getpid() == 1
 	return cfg, logFormat.val, nil
+}
+
+// nameList is a comma-separated list of listener names, as Envoy's stat
+// names have them: no spaces, quotes or control characters.
+type nameList []string
+
+func (n *nameList) String() string { return strings.Join(*n, ",") }
+
+func (n *nameList) Set(v string) error {
+	*n = (*n)[:0]
+	for f := range strings.SplitSeq(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if strings.ContainsFunc(f, func(r rune) bool { return r <= ' ' || r == 0x7f || r == '"' }) {
+			return fmt.Errorf("%q is not a listener name (no spaces, quotes or control characters)", f)
+		}
+		*n = append(*n, f)
+	}
+	return nil
 }
 
 // newLogger builds the zap logger: JSON lines by default, or console.

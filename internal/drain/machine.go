@@ -95,6 +95,14 @@ type Admin interface {
 	Quit(ctx context.Context) error
 }
 
+// LiveHook is an Admin with work to do once, when Envoy is first LIVE,
+// before the machine asks whether it keeps the listener gauges: learning
+// its listeners (names to ports) and checking its configuration. It
+// returns by its context's end.
+type LiveHook interface {
+	AtLive(ctx context.Context)
+}
+
 // ErrNoGauges means Envoy exposes no downstream_cx_active listener gauges
 // (Istio's stats matcher hides them unless EXIT_ON_ZERO_ACTIVE_CONNECTIONS
 // is set): the kernel's view of Envoy's sockets decides alone.
@@ -403,6 +411,11 @@ func (m *Machine) onLive(ctx context.Context) {
 		} else {
 			m.enter(Ready, zap.Duration("since_start", time.Since(m.Begun)))
 		}
+	}
+	if h, ok := m.Admin.(LiveHook); ok {
+		hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		h.AtLive(hctx)
+		cancel()
 	}
 	m.checkGauges(ctx)
 }
