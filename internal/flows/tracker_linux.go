@@ -499,6 +499,12 @@ func (t *Tracker) runEBPF(ctx context.Context) error {
 				}
 			case <-timer:
 				timer = nil
+				if t.probe.Queued() > 0 {
+					// The reader is behind: a resync now would stall it.
+					// Look again once it has read on.
+					timer = time.After(lostCheckAfter)
+					continue
+				}
 				t.resyncIfLost()
 			case <-reconcile:
 				if err := t.Resync(); err == nil {
@@ -520,7 +526,11 @@ func (t *Tracker) runEBPF(ctx context.Context) error {
 			}
 		}
 		t.mu.Unlock()
-		if n++; n%4096 == 0 {
+		// A resync holds the table, and the reader with it: never while
+		// events wait in the ring (the kernel would drop more), only once
+		// caught up. Past a loss every event is stale anyway until it.
+		if n++; n >= 4096 && !ev.More {
+			n = 0
 			t.resyncIfLost()
 		}
 		select {

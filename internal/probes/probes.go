@@ -118,6 +118,9 @@ type TCPEvent struct {
 	Local    netip.AddrPort
 	Remote   netip.AddrPort
 	UID      uint32
+	// More: other events were queued behind this one when it was read:
+	// the reader has not caught up with the kernel.
+	More bool
 }
 
 // EventReader is a probe's stream of events (TCPState, Procs).

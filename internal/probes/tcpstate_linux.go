@@ -220,8 +220,18 @@ func cookieRefusedLog(log []string) bool {
 // and the events already in the ring have been read, and an error wrapping
 // os.ErrClosed (== ringbuf.ErrClosed) after Close. It allocates nothing.
 func (p *TCPState) ReadEvent(ev *TCPEvent) error {
-	return p.ring.read("tcpstate event", func(b []byte, _ bool) error { return decodeEvent(b, ev) })
+	return p.ring.read("tcpstate event", func(b []byte, more bool) error {
+		if err := decodeEvent(b, ev); err != nil {
+			return err
+		}
+		ev.More = more
+		return nil
+	})
 }
+
+// Queued is how many bytes of events wait in the ring: 0 when the reader
+// has caught up with the kernel.
+func (p *TCPState) Queued() int { return p.ring.rd.AvailableBytes() }
 
 // SetDeadline sets when a blocked or future ReadEvent gives up with
 // os.ErrDeadlineExceeded; the zero time removes the deadline. It may be
