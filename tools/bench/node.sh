@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s build >/dev/null
 go -C tools build -o "$PWD/bin/footprint" ./bench/footprint
-tmp=$(mktemp -d)
+tmp=$(mktemp -d); chmod 755 "$tmp" # the proxy runs as uid 1337
 trap 'rm -rf "$tmp"' EXIT
 # A PID namespace of its own: however the benchmark ends, the kernel ends
 # every process it started, and with them the network namespaces they hold.

@@ -78,8 +78,8 @@ func nodeLoad(args []string) error {
 
 // tcpLoad connects to its own loopback listener, accepts, and closes both
 // ends: 3 state changes for the handshake and 5 or so for the close, per
-// operation. The client closes first (its side lingers in TIME_WAIT, which
-// tcp_tw_reuse=2, the default, reuses on loopback).
+// operation. The client closes first (`footprint node` sets its
+// namespace's tcp_max_tw_buckets to 0: no TIME_WAIT to fill up).
 type tcpLoad struct {
 	ln   int
 	addr unix.SockaddrInet4
