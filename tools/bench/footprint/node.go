@@ -532,7 +532,9 @@ type bpfObject struct {
 }
 
 func bpftool(what string) (map[uint32]bpfObject, error) {
-	out, err := exec.Command("bpftool", "-j", what, "show").Output()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "bpftool", "-j", what, "show").Output()
 	if err != nil {
 		return nil, fmt.Errorf("bpftool %s show: %w", what, err)
 	}
