@@ -64,3 +64,24 @@ func TestNodeFlags(t *testing.T) {
 		}
 	}
 }
+
+// The hook for drain trigger → tracking live: the field on a JSON line
+// after the SIGTERM, as a zap duration or a number of milliseconds.
+func TestTrackingLiveField(t *testing.T) {
+	for _, c := range []struct {
+		line string
+		want time.Duration
+	}{
+		{`{"msg":"tracking","tracking_live":"12.5ms"}`, 12500 * time.Microsecond},
+		{`{"msg":"tracking","tracking_live_ms":3.25}`, 3250 * time.Microsecond},
+		{`{"msg":"phase","phase":"draining"}`, -1},
+	} {
+		p := &nodePod{agent: &agentProc{lines: []line{
+			{at: time.Second, text: `{"msg":"tracking","tracking_live":"99ms"}`}, // before the trigger
+			{at: 3 * time.Second, text: c.line},
+		}}, sigAt: 2 * time.Second}
+		if got := p.trackingLive(); got != c.want {
+			t.Errorf("%s: %v, want %v", c.line, got, c.want)
+		}
+	}
+}
