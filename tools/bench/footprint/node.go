@@ -90,6 +90,7 @@ type nodeBench struct {
 
 type nodeRow struct {
 	label               string
+	load                string // the 1-minute load average as the rung began
 	pods, draining      int
 	tcp, fork           load
 	idleCores, loadCore float64 // draind's CPU, all pods together
@@ -397,6 +398,7 @@ func (b *nodeBench) step(ctx context.Context, label string) error {
 		}
 	}
 	fmt.Fprintf(os.Stderr, "footprint node: %s (load %s)\n", label, loadavg())
+	r.load = strings.Fields(loadavg())[0]
 	pids := b.draindPids()
 	t0, err := cpuTicks(pids)
 	if err != nil {
@@ -708,7 +710,7 @@ func (b *nodeBench) print(w io.Writer, loadStart, loadEnd string, took time.Dura
 	base := nodeRow{tcp: load{max(first.tcp.wall, last.tcp.wall), max(first.tcp.cpu, last.tcp.cpu)},
 		fork: load{max(first.fork.wall, last.fork.wall), max(first.fork.cpu, last.fork.cpu)}}
 	fmt.Fprintf(w, "Ratios are to the better of the two rungs without draind (first and last); each rate is the best of %d runs of %s.\n\n", b.cfg.repeat, b.cfg.loadFor)
-	fmt.Fprintf(w, "| pods | TCP connect+close /s | ratio | per CPU-s ratio | fork+exec /s | ratio | per CPU-s ratio | draind CPU idle (%s, all pods) | draind CPU under the workload | BPF map memory / pod | programs / pod | draind VmRSS median (max) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n", b.cfg.idleFor)
+	fmt.Fprintf(w, "| pods | TCP connect+close /s | ratio | per CPU-s ratio | fork+exec /s | ratio | per CPU-s ratio | draind CPU idle (%s, all pods) | draind CPU under the workload | BPF map memory / pod | programs / pod | draind VmRSS median (max) | load |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", b.cfg.idleFor)
 	for _, r := range b.rows {
 		mem, progs, rss := "-", "-", "-"
 		if r.pods > 0 {
@@ -716,9 +718,9 @@ func (b *nodeBench) print(w io.Writer, loadStart, loadEnd string, took time.Dura
 			progs = strconv.FormatFloat(r.progsPerPod, 'f', 1, 64)
 			rss = fmt.Sprintf("%s (%s)", mib(r.rssMedKB), mib(r.rssMaxKB))
 		}
-		fmt.Fprintf(w, "| %s | %.0f | %.2f× | %.2f× | %.0f | %.2f× | %.2f× | %.3f cores | %.3f cores | %s | %s | %s |\n", r.label,
+		fmt.Fprintf(w, "| %s | %.0f | %.2f× | %.2f× | %.0f | %.2f× | %.2f× | %.3f cores | %.3f cores | %s | %s | %s | %s |\n", r.label,
 			r.tcp.wall, r.tcp.wall/base.tcp.wall, r.tcp.cpu/base.tcp.cpu, r.fork.wall, r.fork.wall/base.fork.wall, r.fork.cpu/base.fork.cpu,
-			r.idleCores, r.loadCore, mem, progs, rss)
+			r.idleCores, r.loadCore, mem, progs, rss, r.load)
 	}
 	fmt.Fprintf(w, "\nLargest maps of one pod:")
 	for _, r := range b.rows {
