@@ -37,6 +37,10 @@ peers: ## build the test peers the tests use (Istio's pilot-agent; cached)
 bench: ## run the benchmarks (see docs/benchmarks.md)
 	bash tools/bench/bench.sh
 
+NODEARGS ?=
+bench-node: ## a node full of idle draind pods: its neighbours' TCP and fork rates, as root (NODEARGS="--pods 10,40")
+	bash tools/bench/node.sh $(NODEARGS)
+
 generate: ## regenerate the eBPF objects (needs clang, llvm, libbpf-dev, bpftool)
 	$(GO) generate ./...
 
@@ -47,7 +51,7 @@ vmtest: ## run the kernel-facing packages and the key e2e tests in VMs: make vmt
 demo: build ## a self-contained drain on this machine, as root
 	$(GO) -C tools run ./demo --bin $(abspath $(BIN))
 
-.PHONY: help build tools test test-tools vet peers bench generate vmtest demo
+.PHONY: help build tools test test-tools vet peers bench bench-node generate vmtest demo
 
 # ---- e2e-kubelet: draind under a real kubelet (e2e/kubelet, docs/kubernetes.md) ----
 KUBELET_VERSION ?= v1.34.2
