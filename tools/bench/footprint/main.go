@@ -69,6 +69,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	pilot := fs.String("pilot-agent", "", "startup: Istio's pilot-agent binary, measured the same way (empty: skip)")
 	podRungs := fs.String("pods", "10,40,110", "node: Ready pods in eBPF mode, rung by rung (comma-separated, ascending)")
 	sockdiagRungs := fs.String("sockdiag-pods", "110", "node: the same in sock_diag mode (empty: none)")
+	jobRungs := fs.String("job-pods", "110", "node: the same as Jobs, --exit-with-app (empty: none)")
 	draining := fs.Int("draining", 10, "node: pods put into drain at the top eBPF rung (0: none)")
 	loadFor := fs.Duration("load-for", 2*time.Second, "node: each workload's run")
 	repeat := fs.Int("repeat", 3, "node: runs of each workload per rung, alternating (the best counts)")
@@ -107,6 +108,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			return err
 		}
 		if cfg.sockdiagPods, err = podList("sockdiag-pods", *sockdiagRungs); err != nil {
+			return err
+		}
+		if cfg.jobPods, err = podList("job-pods", *jobRungs); err != nil {
 			return err
 		}
 		for _, d := range []struct {

@@ -37,6 +37,7 @@ type nodeConfig struct {
 	self         string        // this binary: the workloads (footprint nodeload)
 	pods         []int         // the rungs of Ready pods in eBPF mode, ascending
 	sockdiagPods []int         // the same in sock_diag mode (no eBPF at all)
+	jobPods      []int         // the same as Jobs (--exit-with-app: the process programs attached while Ready)
 	draining     int           // pods draining at the top eBPF rung
 	loadFor      time.Duration // each workload's run, repeat times, alternating
 	repeat       int
@@ -53,6 +54,9 @@ type nodeConfig struct {
 var nodeModes = map[string][]string{
 	"ebpf":     {"--tracker", "ebpf"},
 	"sockdiag": {"--tracker", "sockdiag", "--app-procs", "proc"},
+	// A Job's draind follows the app's processes while Ready: their
+	// completion is its trigger.
+	"job": {"--tracker", "ebpf", "--app-procs", "ebpf", "--exit-with-app", "success"},
 }
 
 // Log fields of `draind run` the benchmark reads (JSON log lines).
@@ -152,10 +156,13 @@ func nodeTable(ctx context.Context, w io.Writer, cfg nodeConfig) (err error) {
 	if err := b.step(ctx, "no draind"); err != nil {
 		return err
 	}
-	for _, mode := range []string{"ebpf", "sockdiag"} {
+	for _, mode := range []string{"ebpf", "job", "sockdiag"} {
 		rungs := cfg.pods
-		if mode == "sockdiag" {
+		switch mode {
+		case "sockdiag":
 			rungs = cfg.sockdiagPods
+		case "job":
+			rungs = cfg.jobPods
 		}
 		for _, n := range rungs {
 			if err := b.startPods(ctx, mode, n-len(b.pods)); err != nil {
