@@ -160,12 +160,19 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 			User:       "1337",
 		}
 	}
+	istio, err := istioProxyImage(dir)
+	if err != nil {
+		return nil, err
+	}
 	specs := []ociimage.Spec{
 		draindImage(imgDraind, imageFileCaps),
 		draindImage(imgDraindEP, oldFileCaps),
 		draindImage(imgDraindNoCaps, ""),
 		{Ref: imgApp, Files: []ociimage.File{{Src: bin("testapp"), Dst: "/usr/local/bin/testapp"}}, Dirs: []string{"/tmp"}, Entrypoint: []string{"/usr/local/bin/testapp"}, User: "1000"},
 		{Ref: imgPause, Files: []ociimage.File{{Src: bin("pause"), Dst: "/pause"}}, Entrypoint: []string{"/pause"}, User: "65535"},
+	}
+	if istio != nil { // istio_test.go: only with the pilot-agent peer built
+		specs = append(specs, *istio)
 	}
 	var archives []string
 	for i, s := range specs {
