@@ -34,6 +34,18 @@ func startSupervisor(t *testing.T, opts Options) (*Process, int) {
 		t.Fatalf("child pid: %q %v %v", line, err, cerr)
 	}
 	t.Cleanup(func() { unix.Kill(child, syscall.SIGKILL); p.Signal(syscall.SIGKILL); <-p.Exited() })
+	// Until the child has exec'd sleep it is a fork of the shell, whose
+	// trap would swallow a SIGTERM that comes now.
+	for end := time.Now().Add(5 * time.Second); ; {
+		comm, _ := os.ReadFile("/proc/" + strconv.Itoa(child) + "/comm")
+		if strings.TrimSpace(string(comm)) == "sleep" {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the child never became sleep: %q", comm)
+		}
+		time.Sleep(time.Millisecond)
+	}
 	return p, child
 }
 
@@ -70,7 +82,8 @@ func TestSignalPIDOnly(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if alive(child) {
-		t.Error("group: the child survived the group's SIGTERM")
+		st, _ := os.ReadFile("/proc/" + strconv.Itoa(child) + "/status")
+		t.Errorf("group: the child survived the group's SIGTERM: %s", st)
 	}
 
 	// SIGKILL, the last step, goes to the whole group even PID-only.
