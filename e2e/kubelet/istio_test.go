@@ -15,6 +15,8 @@ import (
 
 	"github.com/draind/draind/e2e/kubelet/internal/node"
 	"github.com/draind/draind/e2e/kubelet/internal/ociimage"
+	"github.com/moby/buildkit/frontend/dockerfile/instructions"
+	"github.com/moby/buildkit/frontend/dockerfile/parser"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -272,4 +274,39 @@ func appExitLine(t *testing.T, pd *pod) time.Time {
 	}
 	t.Errorf("no exit line in the app's results")
 	return time.Time{}
+}
+
+// deploy/istio/Dockerfile.proxyv2, checked statically with BuildKit's
+// parser (no builder here): its last stage is the proxyv2 given, it keeps
+// proxyv2's entrypoint (istio-init runs the same image with
+// `istio-iptables` args), and draind is copied with its extended
+// attributes (the +p file capabilities the kubelet suite's images carry).
+func TestIstioDockerfileProxyv2(t *testing.T) {
+	f, err := os.Open(filepath.Join(repoRoot, "deploy/istio/Dockerfile.proxyv2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	res, err := parser.Parse(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range res.Warnings {
+		t.Errorf("parser warning: %s", w.Short)
+	}
+	stages, _, err := instructions.Parse(res.AST, nil)
+	if err != nil || len(stages) == 0 {
+		t.Fatalf("%d stages, %v", len(stages), err)
+	}
+	last := &stages[len(stages)-1]
+	if last.BaseName != "${PROXYV2}" {
+		t.Errorf("the final stage is FROM %s, want ${PROXYV2}", last.BaseName)
+	}
+	if n := len(commandsOf[*instructions.EntrypointCommand](last)) + len(commandsOf[*instructions.CmdCommand](last)) + len(commandsOf[*instructions.UserCommand](last)); n != 0 {
+		t.Errorf("the final stage sets ENTRYPOINT, CMD or USER (%d): proxyv2's must stay (istio-init runs this image)", n)
+	}
+	runs := commandsOf[*instructions.RunCommand](last)
+	if len(runs) != 1 || !slices.Contains(runs[0].CmdLine, "--preserve=mode,xattr") || !slices.Contains(runs[0].CmdLine, "/usr/local/bin/draind") {
+		t.Errorf("want one RUN copying draind to /usr/local/bin/draind with --preserve=mode,xattr; got %d: %v", len(runs), runs)
+	}
 }
