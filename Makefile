@@ -31,8 +31,9 @@ vet: ## go vet the product, the tools and the kubelet tests
 	$(GO) -C tools vet ./...
 	$(GO) -C e2e/kubelet vet ./...
 
-peers: ## build the test peers the tests use (Istio's pilot-agent; cached)
+peers: ## build the test peers the tests use (Istio's pilot-agent and istioctl; cached)
 	bash tools/peers/pilot-agent.sh
+	bash tools/peers/istioctl.sh
 
 bench: ## run the benchmarks (see docs/benchmarks.md)
 	bash tools/bench/bench.sh
