@@ -30,7 +30,7 @@ func TestReadIstio(t *testing.T) {
 			want: IstioSettings{ProxyConfig: true, TerminationDrain: 500 * time.Millisecond, TerminationDrainFrom: "PROXY_CONFIG", StatusPort: 15031, StatusPortFrom: "PROXY_CONFIG", AdminPort: 15000}},
 		{name: "annotations win", proxyConfig: `{"terminationDrainDuration":"40s"}`,
 			annotations: "app=\"web\"\nproxy.istio.io/config=\"terminationDrainDuration: 50s\\n\"\nstatus.sidecar.istio.io/port=\"15040\"\n",
-			want: IstioSettings{ProxyConfig: true, TerminationDrain: 50 * time.Second, TerminationDrainFrom: "annotation proxy.istio.io/config", StatusPort: 15040, StatusPortFrom: "annotation status.sidecar.istio.io/port", AdminPort: 15000}},
+			want:        IstioSettings{ProxyConfig: true, TerminationDrain: 50 * time.Second, TerminationDrainFrom: "annotation proxy.istio.io/config", StatusPort: 15040, StatusPortFrom: "annotation status.sidecar.istio.io/port", AdminPort: 15000}},
 		{name: "bad duration", proxyConfig: `{"terminationDrainDuration":"1m"}`, err: `PROXY_CONFIG: terminationDrainDuration: 1m is not a protobuf duration`},
 		{name: "bad port", proxyConfig: "statusPort: 70000", err: "PROXY_CONFIG: statusPort: 70000 is not a port"},
 		{name: "not YAML", proxyConfig: "{", err: "PROXY_CONFIG: not YAML or JSON"},
