@@ -224,8 +224,8 @@ func (c *Config) resolveIstio() (istioResolved, error) {
 	default:
 		r.deadlineFrom = "default"
 	}
-	if v, ok := lookup(ExitOnZeroEnv); ok && v != "" && v != "false" {
-		r.exitOnZero = true
+	if v, ok := lookup(ExitOnZeroEnv); ok {
+		r.exitOnZero, _ = strconv.ParseBool(v) // as Istio reads it; a bad value is Istio's to refuse
 	}
 	if !c.pilotAgent() {
 		return r, nil
