@@ -301,8 +301,11 @@ func (p *istioPod) report(t *testing.T, a answer, code int, took time.Duration, 
 		}
 	}
 	readyAfter := map[int]int{}
-	for _, r := range ready { // from the drain's start to draind's exit
-		if r.at.After(draining.Add(5*time.Millisecond)) && r.at.Before(p.draind.exitedAt) {
+	// From the drain's start until draind logs its end (its status
+	// server closes right after: a probe then finds nothing listening).
+	ended := p.phaseTime("exited")
+	for _, r := range ready {
+		if r.at.After(draining.Add(5*time.Millisecond)) && r.at.Before(ended) {
 			readyAfter[r.code]++
 		}
 	}
