@@ -36,6 +36,8 @@ type podParams struct {
 	AppImage, DraindImage string
 	AppArgs               []string
 	DraindCommand         []string
+	DraindArgs            []string // owncontainer.yaml: args to the image's entrypoint, when DraindCommand is empty
+	PostStart             []string // owncontainer.yaml: the proxy container's postStart exec hook
 	DraindEnv             []corev1.EnvVar
 	SecurityContext       *corev1.SecurityContext
 	NoWait                bool // do not wait for readiness (a container expected not to start)

@@ -45,6 +45,10 @@ type Config struct {
 	// ExcludePorts are Envoy listeners that do not carry traffic (status,
 	// metrics): their connections never hold the drain.
 	ExcludePorts []uint16
+	// ExcludeListeners names such listeners: a listener's name or its stat
+	// scope (stat_prefix, or address as in stats). Mapped to ports once
+	// Envoy is LIVE, so that both views leave them out.
+	ExcludeListeners []string
 	// Drain is the drain machine's part; DeadlineSet says whether the
 	// deadline was given explicitly (drain.Config.Reconcile).
 	Drain       drain.Config
