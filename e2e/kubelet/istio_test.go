@@ -16,7 +16,6 @@ import (
 	"github.com/draind/draind/e2e/kubelet/internal/node"
 	"github.com/draind/draind/e2e/kubelet/internal/ociimage"
 	"github.com/moby/buildkit/frontend/dockerfile/instructions"
-	"github.com/moby/buildkit/frontend/dockerfile/parser"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -282,21 +281,9 @@ func appExitLine(t *testing.T, pd *pod) time.Time {
 // `istio-iptables` args), and draind is copied with its extended
 // attributes (the +p file capabilities the kubelet suite's images carry).
 func TestIstioDockerfileProxyv2(t *testing.T) {
-	f, err := os.Open(filepath.Join(repoRoot, "deploy/istio/Dockerfile.proxyv2"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	res, err := parser.Parse(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range res.Warnings {
-		t.Errorf("parser warning: %s", w.Short)
-	}
-	stages, _, err := instructions.Parse(res.AST, nil)
-	if err != nil || len(stages) == 0 {
-		t.Fatalf("%d stages, %v", len(stages), err)
+	stages := parseDockerfileAt(t, "deploy/istio/Dockerfile.proxyv2").stages
+	if len(stages) == 0 {
+		t.Fatal("no stages")
 	}
 	last := &stages[len(stages)-1]
 	if last.BaseName != "${PROXYV2}" {
