@@ -427,3 +427,25 @@ func TestIstioTerminationDrainDuration(t *testing.T) {
 		}
 	})
 }
+
+// Istio's Job recipe: the app ends its sidecar with POST
+// localhost:15020/quitquitquit, pilot-agent's. pilot-agent ends Envoy and
+// exits 0; draind keeps that 0 (pilot-agent's exit code is its own), as
+// the container exited without draind.
+func TestIstioPilotAgentQuitquitquit(t *testing.T) {
+	p := newIstioPod(t, nil)
+	p.start()
+	c := &http.Client{Transport: &http.Transport{DialContext: p.ns.Dialer()}, Timeout: 5 * time.Second}
+	resp, err := c.Post("http://127.0.0.1:"+istioStatusPort+"/quitquitquit", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	p.drainedAt = time.Now()
+	code, took := p.waitExit(20 * time.Second)
+	exited := p.waitLog(time.Second, "phase", map[string]any{"phase": "exited"})
+	t.Logf("pilot-agent's /quitquitquit: %d; draind exit %d %s later (%v: %v, %v)", resp.StatusCode, code, took, exited["why"], exited["how"], exited["when"])
+	if resp.StatusCode != 200 || code != 0 {
+		t.Errorf("quit answered %d, draind exit %d; want 200 and 0; log:\n%s", resp.StatusCode, code, p.draindLog.String())
+	}
+}

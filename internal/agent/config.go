@@ -235,6 +235,9 @@ func (c *Config) resolveIstio() (istioResolved, error) {
 		return r, nil
 	}
 	c.Proxy.SignalPIDOnly = true
+	// pilot-agent's exit code is its own, as without draind: 0 after its
+	// /quitquitquit (Istio's Job recipe) is no failure.
+	c.Drain.ProxyExitStands = true
 	if !c.AdminAddrSet && ist.AdminPortSet {
 		c.AdminAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(ist.AdminPort)))
 	}
