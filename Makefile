@@ -64,7 +64,7 @@ e2e-kubelet: ## draind in pods under a real kubelet + containerd, as root (docs/
 # proxy's own container (tini as its entrypoint; a root Job's postStart hook).
 e2e-kubelet-short: ## the same, the acceptance scenarios only (about half the time)
 	KUBELET_VERSION=$(KUBELET_VERSION) \
-	RUN='^(TestDockerfile|TestDeployManifests|TestClassicSidecarUnderLoad|TestNativeSidecar|TestTrackerModeBySecurityContext|TestJobExitWithApp|TestSidecarRestartedWhileAppRuns|TestInitWrapperEntrypoint|TestJobRootProxyPostStartHook)/^(shareProcessNamespace=.*|p-documented|p-none|job|job-any-failed|classic|native|istio|node-debug)$$' \
+	RUN='^(TestDockerfile|TestDeployManifests|TestClassicSidecarUnderLoad|TestNativeSidecar|TestTrackerModeBySecurityContext|TestJobExitWithApp|TestSidecarRestartedWhileAppRuns|TestInitWrapperEntrypoint|TestJobRootProxyPostStartHook|TestIstioInjectedUnderLoad|TestIstioDockerfileProxyv2)/^(shareProcessNamespace=.*|p-documented|p-none|job|job-any-failed|classic|native|istio|istio-classic|istio-native|node-debug)$$' \
 	SKIP='^(TestSidecarRestartedWhileAppRuns|TestInitWrapperEntrypoint)$$/^shareProcessNamespace=true$$' \
 	bash e2e/kubelet/hack/e2e.sh
 .PHONY: e2e-kubelet e2e-kubelet-short
