@@ -61,7 +61,8 @@ e2e-kubelet: ## draind in pods under a real kubelet + containerd, as root (docs/
 # The acceptance scenarios only (CI): the classic sidecar both ways, the
 # native sidecar, a Job either way, the restarted sidecar, eBPF and
 # sock_diag under the documented securityContexts, the static checks, the
-# proxy's own container (tini as its entrypoint; a root Job's postStart hook).
+# proxy's own container (tini as its entrypoint; a root Job's postStart hook),
+# the Istio pods istioctl kube-inject made from deploy/istio.
 e2e-kubelet-short: ## the same, the acceptance scenarios only (about half the time)
 	KUBELET_VERSION=$(KUBELET_VERSION) \
 	RUN='^(TestDockerfile|TestDeployManifests|TestClassicSidecarUnderLoad|TestNativeSidecar|TestTrackerModeBySecurityContext|TestJobExitWithApp|TestSidecarRestartedWhileAppRuns|TestInitWrapperEntrypoint|TestJobRootProxyPostStartHook|TestIstioInjectedUnderLoad|TestIstioDockerfileProxyv2)/^(shareProcessNamespace=.*|p-documented|p-none|job|job-any-failed|classic|native|istio|istio-classic|istio-native|node-debug)$$' \
