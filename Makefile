@@ -31,8 +31,9 @@ vet: ## go vet the product, the tools and the kubelet tests
 	$(GO) -C tools vet ./...
 	$(GO) -C e2e/kubelet vet ./...
 
-peers: ## build the test peers the tests use (Istio's pilot-agent; cached)
+peers: ## build the test peers the tests use (Istio's pilot-agent and istioctl; cached)
 	bash tools/peers/pilot-agent.sh
+	bash tools/peers/istioctl.sh
 
 bench: ## run the benchmarks (see docs/benchmarks.md)
 	bash tools/bench/bench.sh
@@ -60,10 +61,11 @@ e2e-kubelet: ## draind in pods under a real kubelet + containerd, as root (docs/
 # The acceptance scenarios only (CI): the classic sidecar both ways, the
 # native sidecar, a Job either way, the restarted sidecar, eBPF and
 # sock_diag under the documented securityContexts, the static checks, the
-# proxy's own container (tini as its entrypoint; a root Job's postStart hook).
+# proxy's own container (tini as its entrypoint; a root Job's postStart hook),
+# the Istio pods istioctl kube-inject made from deploy/istio.
 e2e-kubelet-short: ## the same, the acceptance scenarios only (about half the time)
 	KUBELET_VERSION=$(KUBELET_VERSION) \
-	RUN='^(TestDockerfile|TestDeployManifests|TestClassicSidecarUnderLoad|TestNativeSidecar|TestTrackerModeBySecurityContext|TestJobExitWithApp|TestSidecarRestartedWhileAppRuns|TestInitWrapperEntrypoint|TestJobRootProxyPostStartHook)/^(shareProcessNamespace=.*|p-documented|p-none|job|job-any-failed|classic|native|istio|node-debug)$$' \
+	RUN='^(TestDockerfile|TestDeployManifests|TestClassicSidecarUnderLoad|TestNativeSidecar|TestTrackerModeBySecurityContext|TestJobExitWithApp|TestSidecarRestartedWhileAppRuns|TestInitWrapperEntrypoint|TestJobRootProxyPostStartHook|TestIstioInjectedUnderLoad|TestIstioDockerfileProxyv2)/^(shareProcessNamespace=.*|p-documented|p-none|job|job-any-failed|classic|native|istio|istio-classic|istio-native|node-debug)$$' \
 	SKIP='^(TestSidecarRestartedWhileAppRuns|TestInitWrapperEntrypoint)$$/^shareProcessNamespace=true$$' \
 	bash e2e/kubelet/hack/e2e.sh
 .PHONY: e2e-kubelet e2e-kubelet-short

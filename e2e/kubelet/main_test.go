@@ -162,6 +162,10 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 			User:       "1337",
 		}
 	}
+	istio, err := istioProxyImage(dir)
+	if err != nil {
+		return nil, err
+	}
 	specs := []ociimage.Spec{
 		draindImage(imgDraind, imageFileCaps),
 		draindImage(imgDraindEP, oldFileCaps),
@@ -171,6 +175,9 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 	}
 	if tini, ok := tiniImage(bin); ok {
 		specs = append(specs, tini)
+	}
+	if istio != nil { // istio_test.go: only with the pilot-agent peer built
+		specs = append(specs, *istio)
 	}
 	var archives []string
 	for i, s := range specs {

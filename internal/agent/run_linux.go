@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -45,6 +46,8 @@ type agent struct {
 	metrics    *metrics
 	// hostNet: the pod shares the node's network namespace.
 	hostNet bool
+	// pilotAgent asks pilot-agent's readiness (nil: the proxy is Envoy).
+	pilotAgent *pilotAgentReadiness
 	// early: drain requests before the machine is built; the status
 	// server reads the fields above only once it is attached.
 	early earlyControls
@@ -63,10 +66,15 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	ist, err := cfg.resolveIstio()
+	if err != nil {
+		return Result{}, err
+	}
 	if d, warn := cfg.Drain.Reconcile(cfg.DeadlineSet); warn != "" {
 		cfg.Drain = d
 		log.Warn(warn)
 	}
+	logIstio(log, &cfg, ist)
 	if warn := cfg.Drain.GraceWarning(); warn != "" {
 		log.Warn(warn)
 	}
@@ -109,10 +117,17 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		return Result{}, err
 	}
 	closers = append(closers, a.ns.Close)
+	remote := []uint16{adminPort, statusPort}
+	if cfg.pilotAgent() {
+		// draind's readiness asks pilot-agent's over loopback.
+		remote = append(remote, ist.settings.StatusPort)
+		a.pilotAgent = newPilotAgentReadiness(ist.settings.StatusPort)
+		closers = append(closers, a.pilotAgent.Close)
+	}
 	policy := flows.Policy{
 		ProxyUID:         cfg.ProxyUID,
 		ProxyPorts:       append(slices.Clone(cfg.ProxyPorts), statusPort),
-		ProxyRemotePorts: []uint16{adminPort, statusPort},
+		ProxyRemotePorts: remote,
 		ControlPorts:     append(slices.Clone(cfg.ExcludePorts), adminPort, statusPort),
 		IdleTimeout:      cfg.Drain.IdleTimeout,
 	}
@@ -242,6 +257,24 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	}
 	a.early.attach(a.machine, promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
 	return a.machine.Run(ctx), nil
+}
+
+// logIstio says what Istio's settings decided: the drain deadline and
+// which setting gave it, the warnings, and under pilot-agent the ports.
+func logIstio(log *zap.Logger, cfg *Config, ist istioResolved) {
+	for _, w := range ist.warnings {
+		log.Warn(w)
+	}
+	log.Info("drain deadline", zap.Duration("deadline", cfg.Drain.Deadline), zap.String("decided_by", ist.deadlineFrom))
+	if ist.exitOnZero {
+		log.Info(ExitOnZeroEnv+" is subsumed: draind always waits for the drained connections to close, and for the app's work (it reads the kernel, not Envoy's downstream_cx_active)",
+			zap.Duration("min_drain", cfg.Drain.MinDrain), zap.Duration("deadline", cfg.Drain.Deadline))
+	}
+	if cfg.pilotAgent() {
+		log.Info("proxy is pilot-agent: it keeps its status port; draind signals its PID alone and stops Envoy through Envoy's admin API",
+			zap.Uint16("pilot_agent_status_port", ist.settings.StatusPort), zap.String("status_port_from", cmp.Or(ist.settings.StatusPortFrom, "default")),
+			zap.String("status_addr", cfg.StatusAddr), zap.String("admin_addr", cfg.AdminAddr))
+	}
 }
 
 // defaultGCPercent is draind run's GOGC unless the environment sets one.
@@ -477,6 +510,11 @@ func (a *agent) readiness(ctx context.Context) (bool, string) {
 	}
 	if ok, why := a.probeAdmin.Live(ctx); !ok {
 		return false, why
+	}
+	if a.pilotAgent != nil {
+		if ok, why := a.pilotAgent.ready(ctx); !ok {
+			return false, why
+		}
 	}
 	if len(a.cfg.AppPorts) == 0 {
 		return true, ""

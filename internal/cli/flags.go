@@ -21,6 +21,7 @@ type flagSet struct {
 	*flag.FlagSet
 	aliases    map[string][]envAlias // flag name → other variables that set it
 	set        map[string]bool       // flags given, on the command line or by env
+	source     map[string]string     // flag name → what gave it: "--name" or a variable
 	bare       map[string]*oneOf     // flags that may stand without a value (see optionalValue)
 	stdout     io.Writer
 	printUsage func()
@@ -89,9 +90,9 @@ func (fs *flagSet) parse(args []string) error {
 		}
 		return usageErr("%s: %s (see draind %s -h)", fs.Name(), escapeControl(err.Error()), fs.Name())
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	fs.set = set
+	set, source := map[string]bool{}, map[string]string{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name], source[f.Name] = true, "--"+f.Name })
+	fs.set, fs.source = set, source
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		if set[f.Name] || err != nil || len(f.Name) == 1 {
@@ -113,7 +114,7 @@ func (fs *flagSet) parse(args []string) error {
 			if e != nil {
 				err = usageErr("%s: %s=%q (for --%s): %v", fs.Name(), env.name, v, f.Name, e)
 			}
-			set[f.Name] = true
+			set[f.Name], source[f.Name] = true, env.name
 			return
 		}
 	})
@@ -158,6 +159,10 @@ func (fs *flagSet) withBareValues(args []string) []string {
 // isSet reports whether a flag was given on the command line or through
 // one of its environment variables (after parse).
 func (fs *flagSet) isSet(name string) bool { return fs.set[name] }
+
+// sourceOf names what set a flag (after parse): "--name", the variable,
+// or "" when it kept its default.
+func (fs *flagSet) sourceOf(name string) string { return fs.source[name] }
 
 // portList is a comma-separated list of TCP ports.
 type portList []uint16

@@ -22,12 +22,13 @@ import (
 // with Istio's syntax (README.md, "Configuration"): flag name → variable.
 // A flag beats its DRAIND_ twin, which beats Istio's variable.
 var istioAliases = map[string]envAlias{
-	// A Go duration ("5s"), as pilot-agent reads it.
+	// A Go duration ("5s"), as pilot-agent reads it (a ProxyConfig
+	// proxyMetadata entry reaches the container as this variable).
 	"min-drain": {name: "MINIMUM_DRAIN_DURATION"},
-	// Whole seconds ("45"): the longest a drain may take. pilot-agent waits
-	// exactly this long (without EXIT_ON_ZERO_ACTIVE_CONNECTIONS); draind
-	// ends earlier when the app is done and Envoy is drained.
-	"drain-deadline": {name: "TERMINATION_DRAIN_DURATION_SECONDS", convert: wholeSeconds},
+	// Whole seconds ("45"): Istio removed it in 1.10 for ProxyConfig
+	// terminationDrainDuration (agent.Config.resolveIstio reads that from
+	// PROXY_CONFIG); kept as a deprecated alias, with a warning.
+	"drain-deadline": {name: agent.TerminationDrainEnv, convert: wholeSeconds},
 }
 
 // wholeSeconds reads an integer number of seconds.
@@ -75,7 +76,9 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 		fs.alias(name, a)
 	}
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "Envoy's admin API address")
-	fs.StringVar(&cfg.StatusAddr, "status-addr", cfg.StatusAddr, "address of draind's status server (/healthz/ready, /metrics)")
+	fs.StringVar(&cfg.StatusAddr, "status-addr", cfg.StatusAddr, "address of draind's status server (/healthz/ready, /metrics); under pilot-agent: the first free port from 15022 Istio does not use")
+	proxyKind := &oneOf{val: agent.ProxyAuto, words: []string{agent.ProxyAuto, agent.ProxyEnvoy, agent.ProxyPilotAgent}}
+	fs.Var(proxyKind, "proxy", "what the proxy command is: envoy, or Istio's pilot-agent (auto: pilot-agent when the command is named so)")
 	var nf nsFlags
 	nf.register(fs, false)
 	appPorts := portList{}
@@ -131,6 +134,9 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	d.IdleTimeout = nf.idleTimeout
 	d.AppExit = drain.AppExit(appExit.val)
 	cfg.DeadlineSet = fs.isSet("drain-deadline")
+	cfg.DeadlineSource = fs.sourceOf("drain-deadline")
+	cfg.StatusAddrSet, cfg.AdminAddrSet = fs.isSet("status-addr"), fs.isSet("admin-addr")
+	cfg.ProxyKind = proxyKind.val
 	cfg.AppPorts = appPorts
 	cfg.ExcludePorts = exclude
 	cfg.ExcludeListeners = excludeNames

@@ -785,7 +785,7 @@ func (m *Machine) deadline() Result {
 func (m *Machine) proxyDied() Result {
 	m.stopDrainListeners()
 	code := m.Proxy.ExitCode()
-	if code == 0 {
+	if code == 0 && !m.cfg.ProxyExitStands {
 		code = 1
 	}
 	when := "during the drain"

@@ -666,6 +666,12 @@ func TestProxyExitsInEachPhase(t *testing.T) {
 		r.proxy.exit(0)
 		r.wantResult(r.result(), 1, false, "before any drain")
 	})
+	t.Run("exit 0 stands for a supervisor that decides it", func(t *testing.T) {
+		r := newRig(t, withConfig(func(c *Config) { c.ProxyExitStands = true }))
+		r.waitPhase(Ready)
+		r.proxy.exit(0)
+		r.wantResult(r.result(), 0, false, "proxy exited with code 0 before any drain")
+	})
 	t.Run("stopping", func(t *testing.T) {
 		r := newRig(t, setup(func(r *rig) {
 			r.admin.quitErr = errors.New("admin: 500")

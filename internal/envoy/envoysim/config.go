@@ -91,6 +91,12 @@ type Config struct {
 	// StatsInclusion, when set, is an inclusion list of its own (it wins
 	// over StatsMatcher): a stat exists only if it matches one pattern.
 	StatsInclusion *StatsInclusion
+	// XDS says the listeners and clusters came from a control plane, as
+	// under Istio: cluster_manager.cds.update_success and
+	// listener_manager.lds.update_success turn 1 when the workers start
+	// (pilot-agent's readiness waits for both), their _rejected twins stay
+	// 0. Without it, as an Envoy with a static bootstrap, they do not exist.
+	XDS bool
 	// Listeners are the proxy's listeners.
 	Listeners []ListenerConfig
 	// Fault is the fault the sim starts with (see [Sim.SetFault]).
@@ -440,6 +446,7 @@ type fileConfig struct {
 	StatsFlushIntervalMs float64         `json:"stats_flush_interval_ms"`
 	StatsMatcher         string          `json:"stats_matcher"`
 	StatsInclusion       *StatsInclusion `json:"stats_inclusion"`
+	XDS                  bool            `json:"xds"`
 	Listeners            []fileListener  `json:"listeners"`
 	Fault                *fileFault      `json:"fault"`
 }
@@ -519,6 +526,7 @@ func ParseConfig(b []byte) (Config, error) {
 		LogAdminRequests: fc.LogAdminRequests,
 		StatsMatcher:     fc.StatsMatcher,
 		StatsInclusion:   fc.StatsInclusion,
+		XDS:              fc.XDS,
 	}
 	var err error
 	if fc.DrainTimeS != nil {
