@@ -144,6 +144,23 @@ static __always_inline bool in_target(const struct task_struct *t)
 }
 
 /*
+ * in_target for the tp_btf programs, whose task arguments are BTF-typed:
+ * direct loads (fault-safe, made so by the verifier) instead of
+ * bpf_probe_read_kernel calls. They run for every fork, exec and exit of
+ * the node while attached, and for another pod's this is all they do.
+ */
+static __always_inline bool hook_in_target(const struct task_struct *t)
+{
+	if (t->flags & PF_KTHREAD)
+		return false;
+	const struct nsproxy *nsp = t->nsproxy;
+	/* NULL once exit_task_namespaces ran, and for zombies. */
+	if (!nsp)
+		return false;
+	return nsp->net_ns->ns.inum == target_netns;
+}
+
+/*
  * The number the reader's PID namespace gives thread-group leader t, 0 when t
  * is not in it (nor in one below it). draind and the app are in different
  * PID namespaces: this is how pids draind knows (its own, its proxy's) are
@@ -486,7 +503,7 @@ SEC("tp_btf/sched_process_fork")
 int BPF_PROG(procs_fork, struct task_struct *parent, struct task_struct *child)
 {
 	/* The child's own namespace: clone(CLONE_NEWNET) puts it elsewhere. */
-	if (!in_target(child))
+	if (!hook_in_target(child))
 		return 0;
 	/* A new thread is not a new process. */
 	if (BPF_CORE_READ(child, pid) != BPF_CORE_READ(child, tgid))
@@ -498,7 +515,7 @@ int BPF_PROG(procs_fork, struct task_struct *parent, struct task_struct *child)
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(procs_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
 {
-	if (!in_target(p))
+	if (!hook_in_target(p))
 		return 0;
 	emit(p, PROC_EV_EXEC, 0);
 	return 0;
@@ -513,7 +530,7 @@ int BPF_PROG(procs_exec, struct task_struct *p, pid_t old_pid, struct linux_binp
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(procs_exit, struct task_struct *p)
 {
-	if (!in_target(p))
+	if (!hook_in_target(p))
 		return 0;
 	/* A thread's exit is not the process's: only the last one counts. */
 	if (BPF_CORE_READ(p, signal, live.counter) != 0)

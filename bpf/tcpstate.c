@@ -136,11 +136,14 @@ static __always_inline __u64 sk_addr(unsigned long long *ctx)
 /*
  * Whether a change is one to report: a TCP socket (the tracepoint also
  * fires for SCTP and MPTCP) of the namespace. The namespace first: most
- * calls are another pod's.
+ * calls are another pod's. sk is the tracepoint's BTF-typed argument, so
+ * the namespace is read with direct loads (the verifier makes them
+ * fault-safe) rather than bpf_probe_read_kernel calls: for another pod's
+ * event this is the whole cost of the program.
  */
 static __always_inline bool wanted(const struct sock *sk)
 {
-	if (BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum) != target_netns)
+	if (sk->__sk_common.skc_net.net->ns.inum != target_netns)
 		return false;
 	return BPF_CORE_READ(sk, sk_protocol) == IPPROTO_TCP;
 }
