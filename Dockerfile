@@ -12,7 +12,7 @@
 
 # Envoy 1.39.1, distroless variant (no shell: draind needs none), pinned by
 # tag AND the multi-arch index digest. Envoy ≥ 1.34 is required: drain
-# semantics changed in 1.34 (NOTES-envoy.md). The digest is the one public
+# semantics changed in 1.34 (docs/envoysim.md, "Envoy's behaviour, from its source"). The digest is the one public
 # repositories pin for this tag (Envoy Gateway v1.9.x deployments and the
 # registry's answer they recorded: index sha256:eb2c01c1…, linux/arm64
 # sha256:62649e9c…); `docker buildx imagetools inspect` re-checks it.
@@ -74,4 +74,6 @@ EXPOSE 15020
 # draind run -- envoy ARGS: the arguments a pod gives (args:) are Envoy's;
 # draind takes its settings from DRAIND_* variables (README, Configuration).
 ENTRYPOINT ["/usr/local/bin/draind", "run", "--", "/usr/local/bin/envoy"]
-CMD ["-c", "/etc/envoy/envoy.yaml", "--drain-time-s", "45", "--drain-strategy", "immediate"]
+# --disable-hot-restart as pilot-agent passes it: draind restarts nothing, and
+# hot restart's shared memory would tie this Envoy to a base id.
+CMD ["-c", "/etc/envoy/envoy.yaml", "--drain-time-s", "45", "--drain-strategy", "immediate", "--disable-hot-restart"]

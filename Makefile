@@ -6,7 +6,7 @@ PKGS     ?= ./...
 VMPKGS   ?= ./internal/sockdiag ./internal/probes ./internal/flows ./internal/appprocs ./internal/testutil/mesh
 # The end-to-end tests each kernel must pass (the whole e2e/ takes ~10 min a
 # kernel under qemu's emulation; `make vmtest VME2E=.` runs it all).
-VME2E    ?= TestContainerIsolation|TestAppShutdownInItsOwnContainer|TestProcRingOverrun|TestHostNetworkPod|TestNativeSidecar|TestJobExitWithApp|TestSlowRequestIsNotIdle|TestEverythingStuck|TestMeshRScenario
+VME2E    ?= TestContainerIsolation|TestAppShutdownInItsOwnContainer|TestNothingAttachedWhileReady|TestJobPostStartHookInProxyContainer|TestProcRingOverrun|TestHostNetworkPod|TestNativeSidecar|TestJobExitWithApp|TestSlowRequestIsNotIdle|TestEverythingStuck|TestMeshRScenario
 
 .DEFAULT_GOAL := help
 
@@ -32,11 +32,16 @@ vet: ## go vet the product, the tools and the kubelet tests
 	$(GO) -C tools vet ./...
 	$(GO) -C e2e/kubelet vet ./...
 
-peers: ## build the test peers the tests use (Istio's pilot-agent; cached)
+peers: ## build the test peers the tests use (Istio's pilot-agent and istioctl; cached)
 	bash tools/peers/pilot-agent.sh
+	bash tools/peers/istioctl.sh
 
 bench: ## run the benchmarks (see docs/benchmarks.md)
 	bash tools/bench/bench.sh
+
+NODEARGS ?=
+bench-node: ## a node full of idle draind pods: its neighbours' TCP and fork rates, as root (NODEARGS="--pods 10,40")
+	bash tools/bench/node.sh $(NODEARGS)
 
 generate: ## regenerate the eBPF objects (needs clang, llvm, libbpf-dev, bpftool)
 	$(GO) generate ./...
@@ -57,7 +62,7 @@ vmtest-cgroup2: ## cgroup v2 only (6.12): the key e2e tests
 demo: build ## a self-contained drain on this machine, as root
 	$(GO) -C tools run ./demo --bin $(abspath $(BIN))
 
-.PHONY: help build tools test test-tools vet peers bench generate vmtest vmtest-arm64 vmtest-cgroup2 demo
+.PHONY: help build tools test test-tools vet peers bench bench-node generate vmtest vmtest-arm64 vmtest-cgroup2 demo
 
 # ---- e2e-kubelet: draind under a real kubelet (e2e/kubelet, docs/kubernetes.md) ----
 KUBELET_VERSION ?= v1.34.2
@@ -65,9 +70,11 @@ e2e-kubelet: ## draind in pods under a real kubelet + containerd, as root (docs/
 	KUBELET_VERSION=$(KUBELET_VERSION) bash e2e/kubelet/hack/e2e.sh
 # The acceptance scenarios only (CI): the classic sidecar both ways, the
 # native sidecar, a Job either way, the restarted sidecar, eBPF and
-# sock_diag under the documented securityContexts, the static checks.
-KUBELET_SHORT_RUN  = ^(TestDockerfile|TestDeployManifests|TestClassicSidecarUnderLoad|TestNativeSidecar|TestTrackerModeBySecurityContext|TestJobExitWithApp|TestSidecarRestartedWhileAppRuns)/^(shareProcessNamespace=.*|p-documented|p-none|job|job-any-failed|classic|native|istio|node-debug)$$
-KUBELET_SHORT_SKIP = ^TestSidecarRestartedWhileAppRuns$$/^shareProcessNamespace=true$$
+# sock_diag under the documented securityContexts, the static checks, the
+# proxy's own container (tini as its entrypoint; a root Job's postStart hook),
+# the Istio pods istioctl kube-inject made from deploy/istio.
+KUBELET_SHORT_RUN  = ^(TestDockerfile|TestDeployManifests|TestClassicSidecarUnderLoad|TestNativeSidecar|TestTrackerModeBySecurityContext|TestJobExitWithApp|TestSidecarRestartedWhileAppRuns|TestInitWrapperEntrypoint|TestJobRootProxyPostStartHook|TestIstioInjectedUnderLoad|TestIstioDockerfileProxyv2)/^(shareProcessNamespace=.*|p-documented|p-none|job|job-any-failed|classic|native|istio|istio-classic|istio-native|node-debug)$$
+KUBELET_SHORT_SKIP = ^(TestSidecarRestartedWhileAppRuns|TestInitWrapperEntrypoint)$$/^shareProcessNamespace=true$$
 e2e-kubelet-short: ## the same, the acceptance scenarios only (about half the time)
 	KUBELET_VERSION=$(KUBELET_VERSION) RUN='$(KUBELET_SHORT_RUN)' SKIP='$(KUBELET_SHORT_SKIP)' \
 	bash e2e/kubelet/hack/e2e.sh

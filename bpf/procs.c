@@ -16,9 +16,11 @@
  *
  * The namespace is a load-time constant (target_netns, the ns.inum of the
  * namespace, which is the inode of /proc/PID/ns/net). No PID namespace is
- * needed: pids are the kernel's global ones.
+ * needed: pids are the kernel's global ones. The three tp_btf programs run
+ * for every fork, exec and exit of the node while attached: each compares
+ * the namespace first and returns for another before any other work.
  *
- * Loaded by internal/conntrack/procs_linux.go. Compiled by bpf2go with
+ * Loaded by internal/probes/procs_linux.go. Compiled by bpf2go with
  * procs.h only (no vmlinux.h): see the comment there.
  *
  * Kernel requirements: BTF; BPF task iterator, bpf_seq_write and the BPF ring
@@ -35,9 +37,9 @@ char LICENSE[] SEC("license") = "GPL";
 
 /*
  * One record, from the iterator (bpf_seq_write), the walk (walk_out) or the
- * ring buffer. Fixed layout (72 bytes, little-endian on bpfel), decoded by
- * hand in procs_linux.go: change both together, and the size check in
- * procs_linux_test.go.
+ * ring buffer. Fixed layout (80 bytes, little-endian on bpfel), decoded by
+ * hand in internal/probes/procs_linux.go: change both together, and the
+ * offset checks in internal/probes/procs_linux_test.go.
  *
  * The END record reuses some fields for the walk's result: pid is the
  * number of processes visited, ppid the number of records in walk_out,
@@ -57,6 +59,8 @@ struct proc_event {
 	__u32 status;   /* EXIT: the wait(2) status the parent reads */
 	__u32 netns;    /* END: ns.inum of the initial network namespace */
 	char comm[16];  /* group leader's comm */
+	__u32 mntns;    /* ns.inum of the mount namespace: its container */
+	__u32 _pad;
 };
 
 enum {
@@ -140,6 +144,23 @@ static __always_inline bool in_target(const struct task_struct *t)
 }
 
 /*
+ * in_target for the tp_btf programs, whose task arguments are BTF-typed:
+ * direct loads (fault-safe, made so by the verifier) instead of
+ * bpf_probe_read_kernel calls. They run for every fork, exec and exit of
+ * the node while attached, and for another pod's this is all they do.
+ */
+static __always_inline bool hook_in_target(const struct task_struct *t)
+{
+	if (t->flags & PF_KTHREAD)
+		return false;
+	const struct nsproxy *nsp = t->nsproxy;
+	/* NULL once exit_task_namespaces ran, and for zombies. */
+	if (!nsp)
+		return false;
+	return nsp->net_ns->ns.inum == target_netns;
+}
+
+/*
  * The number the reader's PID namespace gives thread-group leader t, 0 when t
  * is not in it (nor in one below it). draind and the app are in different
  * PID namespaces: this is how pids draind knows (its own, its proxy's) are
@@ -184,6 +205,13 @@ static __always_inline void fill(struct proc_event *e, const struct task_struct 
 	e->nspid = reader_nr((__u64)leader);
 	e->nsppid = reader_nr((__u64)parent);
 	e->uid = BPF_CORE_READ(t, cred, uid.val);
+	/*
+	 * Every container has a mount namespace of its own, whatever else the
+	 * pod shares; hooks and `kubectl exec` join it. t's own: a leader that
+	 * exited before its threads has none left.
+	 */
+	e->mntns = BPF_CORE_READ(t, nsproxy, mnt_ns, ns.inum);
+	e->_pad = 0;
 	e->start_ns = BPF_CORE_READ(leader, start_boottime);
 	BPF_CORE_READ_INTO(&e->comm, leader, comm);
 }
@@ -474,11 +502,11 @@ int procs_iter(struct bpf_iter__task *ctx)
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(procs_fork, struct task_struct *parent, struct task_struct *child)
 {
+	/* The child's own namespace: clone(CLONE_NEWNET) puts it elsewhere. */
+	if (!hook_in_target(child))
+		return 0;
 	/* A new thread is not a new process. */
 	if (BPF_CORE_READ(child, pid) != BPF_CORE_READ(child, tgid))
-		return 0;
-	/* The child's own namespace: clone(CLONE_NEWNET) puts it elsewhere. */
-	if (!in_target(child))
 		return 0;
 	emit(child, PROC_EV_FORK, 0);
 	return 0;
@@ -487,7 +515,7 @@ int BPF_PROG(procs_fork, struct task_struct *parent, struct task_struct *child)
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(procs_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
 {
-	if (!in_target(p))
+	if (!hook_in_target(p))
 		return 0;
 	emit(p, PROC_EV_EXEC, 0);
 	return 0;
@@ -502,10 +530,10 @@ int BPF_PROG(procs_exec, struct task_struct *p, pid_t old_pid, struct linux_binp
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(procs_exit, struct task_struct *p)
 {
+	if (!hook_in_target(p))
+		return 0;
 	/* A thread's exit is not the process's: only the last one counts. */
 	if (BPF_CORE_READ(p, signal, live.counter) != 0)
-		return 0;
-	if (!in_target(p))
 		return 0;
 	emit(p, PROC_EV_EXIT, wait_status(p));
 	return 0;

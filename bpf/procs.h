@@ -27,7 +27,13 @@ struct net {
 	struct ns_common ns;
 };
 
+/* fs/mount.h: private to the kernel, but in its BTF. */
+struct mnt_namespace {
+	struct ns_common ns;
+};
+
 struct nsproxy {
+	struct mnt_namespace *mnt_ns;
 	struct net *net_ns;
 };
 

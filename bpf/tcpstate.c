@@ -3,8 +3,13 @@
  * tcpstate: every TCP state change (inet_sock_set_state) of one network
  * namespace, delivered to user space through a ring buffer.
  *
- * Loaded by internal/conntrack/probe_linux.go. Compiled by bpf2go with
+ * Loaded by internal/probes/tcpstate_linux.go. Compiled by bpf2go with
  * common.h only (no vmlinux.h): see the comment there.
+ *
+ * Both programs run for every TCP state change of the node, in every
+ * namespace, for as long as they are attached (draind attaches them only
+ * while it drains): each compares the namespace first and returns for
+ * another before touching a map.
  *
  * Kernel requirements: BTF and tp_btf (5.5), BPF ring buffer (5.8).
  * bpf_get_socket_cookie in tracing programs needs 5.12: on older kernels the
@@ -24,8 +29,8 @@ char LICENSE[] SEC("license") = "GPL";
 
 /*
  * One state change. Layout is fixed (72 bytes, little-endian on bpfel) and
- * decoded by hand in probe_linux.go: change both together, and the size
- * assertion in probe_linux_test.go.
+ * decoded by hand in internal/probes/tcpstate_linux.go: change both
+ * together, and the size assertion in internal/probes/tcpstate_linux_test.go.
  */
 struct event {
 	__u64 ts_ns;     /* bpf_ktime_get_ns() */
@@ -74,8 +79,8 @@ struct {
  * So a second program, on_set_state_backup, is attached after the first
  * one. The kernel calls them one after the other for each state change and
  * counts their nesting separately, so a change nested in one of them still
- * reaches the other. The primary records, per CPU, the last changes it saw
- * (whatever their namespace, before any filtering); the backup emits only
+ * reaches the other. The primary records, per CPU, the last changes of the
+ * namespace it saw (both filter alike, first); the backup emits only
  * the changes the primary did not see, and counts them in
  * backup_covered. A change is lost only if both were busy (three nested
  * levels: not seen in practice); user space counts those as the primary's
@@ -128,14 +133,23 @@ static __always_inline __u64 sk_addr(unsigned long long *ctx)
 	return addr;
 }
 
+/*
+ * Whether a change is one to report: a TCP socket (the tracepoint also
+ * fires for SCTP and MPTCP) of the namespace. The namespace first: most
+ * calls are another pod's. sk is the tracepoint's BTF-typed argument, so
+ * the namespace is read with direct loads (the verifier makes them
+ * fault-safe) rather than bpf_probe_read_kernel calls: for another pod's
+ * event this is the whole cost of the program.
+ */
+static __always_inline bool wanted(const struct sock *sk)
+{
+	if (sk->__sk_common.skc_net.net->ns.inum != target_netns)
+		return false;
+	return BPF_CORE_READ(sk, sk_protocol) == IPPROTO_TCP;
+}
+
 static __always_inline void emit(const struct sock *sk, __u64 skaddr, int oldstate, int newstate)
 {
-	/* The tracepoint also fires for SCTP and MPTCP. */
-	if (BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
-		return;
-	if (BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum) != target_netns)
-		return;
-
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		__u32 zero = 0;
@@ -190,6 +204,8 @@ static __always_inline void emit(const struct sock *sk, __u64 skaddr, int oldsta
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(on_set_state, const struct sock *sk, int oldstate, int newstate)
 {
+	if (!wanted(sk))
+		return 0;
 	__u64 skaddr = sk_addr(ctx);
 	__u32 zero = 0;
 	struct seen *seen = bpf_map_lookup_elem(&primary_seen, &zero);
@@ -205,6 +221,8 @@ int BPF_PROG(on_set_state, const struct sock *sk, int oldstate, int newstate)
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(on_set_state_backup, const struct sock *sk, int oldstate, int newstate)
 {
+	if (!wanted(sk))
+		return 0;
 	__u32 zero = 0;
 	struct seen *seen = bpf_map_lookup_elem(&primary_seen, &zero);
 	if (!seen)

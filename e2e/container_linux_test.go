@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"syscall"
 	"testing"
@@ -72,11 +73,25 @@ func (p *pod) runContainer(name string, uid int, out io.Writer, role string, arg
 		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS,
 		Pdeathsig:  syscall.SIGKILL,
 	}
+	start := cmd.Start
+	if p.sharePID && p.pause != nil {
+		// shareProcessNamespace: every container joins the sandbox's PID
+		// namespace (pause is its PID 1); each keeps a mount namespace of
+		// its own.
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNS
+		// No parent-death signal: Go's child checks getppid() after
+		// setting it, and a parent outside the child's PID namespace
+		// reads as 0 there, so the child would kill itself at once. The
+		// cleanup below kills it.
+		cmd.SysProcAttr.Pdeathsig = 0
+		cmd.Env = append(os.Environ(), sharedPIDEnv+"=1")
+		start = func() error { return inPIDNS(p.pause.Pid(), cmd.Start) }
+	}
 	var err error
 	if p.hostNetwork {
-		err = cmd.Start() // the test's own network namespace: the host's
+		err = start() // the test's own network namespace: the host's
 	} else {
-		p.ns.Do(p.t, func() { err = cmd.Start() })
+		p.ns.Do(p.t, func() { err = start() })
 	}
 	if err != nil {
 		p.t.Fatalf("start container %s: %v", name, err)
@@ -124,7 +139,7 @@ func containerInit(args []string) int {
 		fmt.Fprintln(os.Stderr, "container: uid:", err)
 		return 2
 	}
-	if os.Getpid() != 1 {
+	if os.Getpid() != 1 && os.Getenv(sharedPIDEnv) == "" {
 		fmt.Fprintln(os.Stderr, "container: not PID 1 of a new PID namespace")
 		return 2
 	}
@@ -169,6 +184,57 @@ func containerInit(args []string) int {
 	err = unix.Exec(argv[0], argv, os.Environ())
 	fmt.Fprintln(os.Stderr, "container: exec:", err)
 	return 1
+}
+
+// sharedPIDEnv tells a container's init that it joined the pod's shared PID
+// namespace (shareProcessNamespace), where pause is PID 1.
+const sharedPIDEnv = "DRAIND_E2E_SHARED_PID"
+
+// inPIDNS runs start (a fork) on a thread whose children are born in the
+// PID namespace of process pid, then puts the thread back: setns of a PID
+// namespace changes only where the thread's children go.
+func inPIDNS(pid int, start func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	own, err := unix.Open("/proc/self/ns/pid", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(own)
+	target, err := unix.Open(fmt.Sprintf("/proc/%d/ns/pid", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(target)
+	if err := unix.Setns(target, unix.CLONE_NEWPID); err != nil {
+		return fmt.Errorf("join PID namespace of %d: %w", pid, err)
+	}
+	err = start()
+	if rerr := unix.Setns(own, unix.CLONE_NEWPID); rerr != nil {
+		// The thread would fork into the pod's namespace: let it die
+		// with its goroutine rather than serve another.
+		runtime.LockOSThread()
+		return errors.Join(err, fmt.Errorf("back to our PID namespace: %w", rerr))
+	}
+	return err
+}
+
+// execIn runs argv in container c as root, as the runtime runs a hook, an
+// exec probe or `kubectl exec`: in the container's mount, PID and network
+// namespaces, its parent (the test, standing for the runtime's shim)
+// outside the pod. nsenter joins the mount namespace (a multithreaded Go
+// process cannot) and execs argv without forking.
+func (p *pod) execIn(c *container, out io.Writer, argv ...string) *exec.Cmd {
+	p.t.Helper()
+	cmd := exec.Command("nsenter", append([]string{fmt.Sprintf("--mount=/proc/%d/ns/mnt", c.Pid()), "--"}, argv...)...)
+	cmd.Stdout, cmd.Stderr = out, out
+	var err error
+	p.ns.Do(p.t, func() { err = inPIDNS(c.Pid(), cmd.Start) })
+	if err != nil {
+		p.t.Fatalf("exec %v in %s: %v", argv, c.name, err)
+	}
+	p.t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd
 }
 
 // pauseRole is the pod's infra process: it holds the namespaces and, as

@@ -92,6 +92,9 @@ func (p *pod) meshEnvoyConfig(mode mesh.Mode, statsMatcher string) string {
 				"transparent": transparent, "protocol": "http", "upstream": "original_dst"},
 		},
 	}
+	if meshDrainGeneration != "" { // envoy_config_linux_test.go
+		cfg["drain_generation"] = meshDrainGeneration
+	}
 	b, _ := json.Marshal(cfg)
 	path := filepath.Join(p.dir, "envoy-mesh.json")
 	if err := os.WriteFile(path, b, 0o644); err != nil {

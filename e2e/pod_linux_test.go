@@ -235,6 +235,12 @@ type pod struct {
 	// draindUnderInit runs draind as the child of a small init (role
 	// __init, reliability_linux_test.go) in its container, not as its PID 1.
 	draindUnderInit bool
+	// draindWrapper, when set, is the proxy container's entrypoint before
+	// draind (an init wrapper: tini, dumb-init), as its PID 1.
+	draindWrapper []string
+	// sharePID: the containers started after pause share its PID
+	// namespace (shareProcessNamespace: true).
+	sharePID bool
 }
 
 const (
@@ -327,8 +333,11 @@ func (p *pod) startDraindNoWait(draindArgs []string, envoyArgs ...string) {
 	args = append(append(append(args, "--"), proxy...), envoyArgs...)
 	p.draindLog = &syncBuffer{}
 	role := "__draind"
-	if p.draindUnderInit {
+	switch {
+	case p.draindUnderInit:
 		role, args = "__init", append([]string{"__draind"}, args...)
+	case p.draindWrapper != nil:
+		role, args = p.draindWrapper[0], append(append(slices.Clone(p.draindWrapper[1:]), p.bin, "__draind"), args...)
 	}
 	p.draind = p.runContainer("draind", -1, io.MultiWriter(p.draindLog, testWriter{p.t}), role, args...)
 }

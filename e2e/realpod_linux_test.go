@@ -241,15 +241,20 @@ func TestHostNetworkPod(t *testing.T) {
 }
 
 // A forced overrun of the process events' ring (one page, draind stopped
-// while the app forks 400 processes) during the app's life, draind and the
-// app in sibling PID namespaces: the loss is counted,
-// a resync follows, and the count is right after it; the app's shutdown is
-// then protected as ever.
+// while the app forks 400 processes) during a drain (the programs run only
+// then), draind and the app in sibling PID namespaces: the loss is
+// counted, a resync follows, and the count is right after it; the app's
+// shutdown is then protected as ever.
 func TestProcRingOverrun(t *testing.T) {
 	p := newPod(t)
 	p.startApp("--on-term", "graceful", "--outbound-count", "12", "--outbound-pause", "250ms")
 	p.startDraind([]string{"--min-drain", "200ms", "--tracker", "ebpf", "--app-procs", "ebpf", "--debug-proc-ring-size", "4096"})
 	p.wantSources("ebpf", "ebpf")
+	// The drain begins, the app lives on (SIGTERM to draind alone): the
+	// process programs attach.
+	p.drainedAt = time.Now()
+	p.draind.Signal(syscall.SIGTERM)
+	p.waitLog(10*time.Second, "tracking live", nil)
 	// draind stopped (SIGSTOP reaches a container's PID 1 from the host)
 	// while the app forks: nobody reads the ring, and it overflows.
 	p.draind.Signal(syscall.SIGSTOP)
@@ -271,7 +276,7 @@ func TestProcRingOverrun(t *testing.T) {
 		}
 	}
 	t.Logf("a burst of 400 processes through a one-page ring: %v process events lost; the count after the resync: 1", lost)
-	p.terminate()
+	p.app.Signal(syscall.SIGTERM)
 	code, _ := p.waitExit(20 * time.Second)
 	if !p.app.wait(10 * time.Second) {
 		t.Fatal("the app did not exit")

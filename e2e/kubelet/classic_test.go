@@ -138,7 +138,7 @@ func (o *termination) start() time.Time {
 // HTTP GET to the pod's address) until it fails or stop closes.
 func pollReadiness(pd *pod, stop <-chan struct{}) (at time.Time, code int) {
 	c := &http.Client{Timeout: scaled(500 * time.Millisecond), Transport: &http.Transport{DisableKeepAlives: true}}
-	url := fmt.Sprintf("http://%s:%d/healthz/ready", pd.ip, statusPort)
+	url := fmt.Sprintf("http://%s:%d/healthz/ready", pd.ip, pd.statusPort())
 	for {
 		code := 0
 		if resp, err := c.Get(url); err == nil {
@@ -181,17 +181,17 @@ func terminateUnderLoad(t *testing.T, pd *pod) *termination {
 	close(pollStop)
 	<-polled
 	ev := pd.kubeletEvents()
-	o.preStop = ev.first("Running preStop hook", "draind")
-	o.preStopDone = ev.first("PreStop hook completed", "draind")
+	o.preStop = ev.first("Running preStop hook", pd.proxyName())
+	o.preStopDone = ev.first("PreStop hook completed", pd.proxyName())
 	o.appTerm = ev.first(killMsg, "app")
-	o.draindTerm = ev.first(killMsg, "draind")
+	o.draindTerm = ev.first(killMsg, pd.proxyName())
 	o.shortOK, o.shortFail = l.shortOK.Load(), l.shortFail.Load()
 	o.longFail, o.longResults = l.longFail, l.longResults
 	o.calls, o.tail, o.appCallFailures = pd.appCalls(shutdownCalls)
 	if app := pd.container("app"); app != nil {
 		o.appExit, o.appCode = app.finished, app.exitCode
 	}
-	if px := pd.container("draind"); px != nil {
+	if px := pd.container(pd.proxyName()); px != nil {
 		o.proxyExit, o.proxyCode = px.finished, px.exitCode
 	}
 	first, ok, failed := pd.readinessAfter(o.start())

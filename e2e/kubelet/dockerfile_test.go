@@ -22,23 +22,26 @@ type dockerfile struct {
 	metaArgs map[string]string // ARGs before the first FROM, with their defaults
 }
 
-func parseDockerfile(t *testing.T) dockerfile {
+func parseDockerfile(t *testing.T) dockerfile { return parseDockerfileAt(t, "Dockerfile") }
+
+// parseDockerfileAt parses the Dockerfile at rel, from the repository root.
+func parseDockerfileAt(t *testing.T, rel string) dockerfile {
 	t.Helper()
-	f, err := os.Open(filepath.Join(repoRoot, "Dockerfile"))
+	f, err := os.Open(filepath.Join(repoRoot, rel))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	res, err := parser.Parse(f)
 	if err != nil {
-		t.Fatalf("Dockerfile: %v", err)
+		t.Fatalf("%s: %v", rel, err)
 	}
 	for _, w := range res.Warnings {
-		t.Errorf("Dockerfile: parser warning: %s", w.Short)
+		t.Errorf("%s: parser warning: %s", rel, w.Short)
 	}
 	stages, metaArgs, err := instructions.Parse(res.AST, nil)
 	if err != nil {
-		t.Fatalf("Dockerfile: %v", err)
+		t.Fatalf("%s: %v", rel, err)
 	}
 	d := dockerfile{stages: stages, metaArgs: map[string]string{}}
 	for _, a := range metaArgs {

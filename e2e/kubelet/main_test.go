@@ -46,6 +46,7 @@ const (
 	imgDraindNoCaps = "docker.io/draind/e2e-draind:nocaps" // the same binaries, no file capabilities
 	imgApp          = "docker.io/draind/e2e-app:dev"
 	imgPause        = "docker.io/draind/e2e-pause:dev"
+	imgDraindTini   = "docker.io/draind/e2e-draind:tini" // root, ENTRYPOINT tini -- draind run -- envoysim, and posthook (owncontainer_test.go)
 )
 
 func mustAbs(p string) string {
@@ -141,6 +142,7 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 		{repoRoot, "./internal/envoy/envoysim/cmd/envoysim", bin("envoysim")},
 		{".", "./cmd/testapp", bin("testapp")},
 		{".", "./cmd/pause", bin("pause")},
+		{".", "./cmd/posthook", bin("posthook")},
 	}
 	for _, b := range builds {
 		if err := goBuild(ctx, b.dir, b.pkg, b.out); err != nil {
@@ -160,12 +162,22 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 			User:       "1337",
 		}
 	}
+	istio, err := istioProxyImage(dir)
+	if err != nil {
+		return nil, err
+	}
 	specs := []ociimage.Spec{
 		draindImage(imgDraind, imageFileCaps),
 		draindImage(imgDraindEP, oldFileCaps),
 		draindImage(imgDraindNoCaps, ""),
 		{Ref: imgApp, Files: []ociimage.File{{Src: bin("testapp"), Dst: "/usr/local/bin/testapp"}}, Dirs: []string{"/tmp"}, Entrypoint: []string{"/usr/local/bin/testapp"}, User: "1000"},
 		{Ref: imgPause, Files: []ociimage.File{{Src: bin("pause"), Dst: "/pause"}}, Entrypoint: []string{"/pause"}, User: "65535"},
+	}
+	if tini, ok := tiniImage(bin); ok {
+		specs = append(specs, tini)
+	}
+	if istio != nil { // istio_test.go: only with the pilot-agent peer built
+		specs = append(specs, *istio)
 	}
 	var archives []string
 	for i, s := range specs {

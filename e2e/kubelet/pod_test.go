@@ -2,6 +2,7 @@ package kubelet_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -35,11 +36,24 @@ type podParams struct {
 	AppImage, DraindImage string
 	AppArgs               []string
 	DraindCommand         []string
+	DraindArgs            []string // owncontainer.yaml: args to the image's entrypoint, when DraindCommand is empty
+	PostStart             []string // owncontainer.yaml: the proxy container's postStart exec hook
 	DraindEnv             []corev1.EnvVar
 	SecurityContext       *corev1.SecurityContext
 	NoWait                bool // do not wait for readiness (a container expected not to start)
 	NoServer              bool // the app serves nothing (a Job's task): do not wait for it
+	// ProxyContainer is the name of draind's container ("": draind) and
+	// StatusPort draind's status port (0: statusPort): Istio's injected
+	// pods name it istio-proxy, and draind takes 15022 next to pilot-agent.
+	ProxyContainer string
+	StatusPort     int
 }
+
+// proxyName is the name of draind's container.
+func (pd *pod) proxyName() string { return cmp.Or(pd.p.ProxyContainer, "draind") }
+
+// statusPort is draind's status port in the pod.
+func (pd *pod) statusPort() int { return cmp.Or(pd.p.StatusPort, statusPort) }
 
 // Proxy ports inside every pod (envoysim's config, below).
 const (
@@ -131,7 +145,16 @@ func startPod(t *testing.T, tmpl string, p podParams) *pod {
 	}
 	os.Chmod(p.WorkDir, 0o777)
 	writeEnvoysimConfig(t, p.WorkDir, cfg.Gateway)
-	manifest := renderPod(t, tmpl, p)
+	return runPod(t, p, renderPod(t, tmpl, p))
+}
+
+// runPod writes a rendered manifest as a static pod and waits until draind
+// reports ready and the app answers through the proxy (unless p says not
+// to wait).
+func runPod(t *testing.T, p podParams, manifest []byte) *pod {
+	t.Helper()
+	n := requireNode(t)
+	cfg := n.Config()
 	pd := &pod{t: t, n: n, p: p, full: p.Name + "-" + cfg.NodeName, dir: p.WorkDir,
 		containers: map[string]*ctrRecord{}, stop: make(chan struct{}), done: make(chan struct{})}
 	manifestPath := filepath.Join(cfg.StateDir, "manifests", p.Name+".yaml")
@@ -167,7 +190,7 @@ func startPod(t *testing.T, tmpl string, p podParams) *pod {
 	}
 	// /metrics answers once draind's trackers are open, which may come a
 	// few tens of milliseconds after the first ready 200.
-	for pd.get(statusPort, "/healthz/ready") != 200 || pd.get(statusPort, "/metrics") != 200 {
+	for pd.get(pd.statusPort(), "/healthz/ready") != 200 || pd.get(pd.statusPort(), "/metrics") != 200 {
 		if time.Now().After(deadline) {
 			pd.dumpLogs()
 			t.Fatalf("pod %s: draind not ready after 60s", p.Name)
@@ -378,7 +401,7 @@ func (pd *pod) waitContainersExited(d time.Duration) bool {
 // result): the first result, and the counts.
 func (pd *pod) readinessAfter(since time.Time) (first string, ok, failed int) {
 	first = "none"
-	for _, pr := range readProbeLog(filepath.Join(pd.n.Config().StateDir, "kubelet.log"), pd.full, "draind") {
+	for _, pr := range readProbeLog(filepath.Join(pd.n.Config().StateDir, "kubelet.log"), pd.full, pd.proxyName()) {
 		if pr.at.Before(since) {
 			continue
 		}
@@ -469,7 +492,7 @@ func readProbeLog(path, podName, container string) []probeResult {
 // attempt >= 0), read from the container log the kubelet keeps.
 func (pd *pod) draindLog(attempt int) []map[string]any {
 	var rec *ctrRecord
-	for _, a := range pd.attempts("draind") {
+	for _, a := range pd.attempts(pd.proxyName()) {
 		if attempt < 0 || int(a.attempt) == attempt {
 			a := a
 			rec = &a

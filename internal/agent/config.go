@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -19,6 +21,21 @@ type Config struct {
 	AdminAddr string
 	// StatusAddr is where draind serves /healthz/ready and the rest.
 	StatusAddr string
+	// AdminAddrSet and StatusAddrSet say they were given (flag or
+	// variable): Istio's settings then do not move them.
+	AdminAddrSet, StatusAddrSet bool
+	// ProxyKind is what the proxy command is: ProxyEnvoy, ProxyPilotAgent
+	// (Istio's agent, which runs Envoy), or ProxyAuto (pilot-agent when the
+	// command's file name is pilot-agent).
+	ProxyKind string
+	// DeadlineSource names the setting that gave Drain.Deadline when
+	// DeadlineSet (--drain-deadline, or the variable that set it).
+	DeadlineSource string
+	// LookupEnv reads Istio's variables (nil: os.LookupEnv);
+	// IstioAnnotations is the pod's downward-API annotations file (""
+	// : IstioPodAnnotations).
+	LookupEnv        func(string) (string, bool)
+	IstioAnnotations string
 	// ProxyUID owns the proxy's sockets and processes (--proxy-uid).
 	ProxyUID uint32
 	// ProxyPorts are extra local ports whose sockets are the proxy's.
@@ -28,6 +45,10 @@ type Config struct {
 	// ExcludePorts are Envoy listeners that do not carry traffic (status,
 	// metrics): their connections never hold the drain.
 	ExcludePorts []uint16
+	// ExcludeListeners names such listeners: a listener's name or its stat
+	// scope (stat_prefix, or address as in stats). Mapped to ports once
+	// Envoy is LIVE, so that both views leave them out.
+	ExcludeListeners []string
 	// Drain is the drain machine's part; DeadlineSet says whether the
 	// deadline was given explicitly (drain.Config.Reconcile).
 	Drain       drain.Config
@@ -50,6 +71,13 @@ type Config struct {
 	Logger  *zap.Logger
 }
 
+// The proxy kinds (--proxy).
+const (
+	ProxyAuto       = "auto"
+	ProxyEnvoy      = "envoy"
+	ProxyPilotAgent = "pilot-agent"
+)
+
 // Defaults.
 const (
 	DefaultAdminAddr  = "127.0.0.1:15000"
@@ -66,6 +94,7 @@ func DefaultConfig() Config {
 	return Config{
 		AdminAddr:    DefaultAdminAddr,
 		StatusAddr:   DefaultStatusAddr,
+		ProxyKind:    ProxyAuto,
 		ProxyUID:     DefaultProxyUID,
 		ExcludePorts: DefaultExcludePorts,
 		Drain:        drain.DefaultConfig(),
@@ -94,6 +123,11 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Drain.Validate(); err != nil {
 		return err
+	}
+	switch c.ProxyKind {
+	case ProxyAuto, ProxyEnvoy, ProxyPilotAgent:
+	default:
+		return configErr("--proxy %q: must be %s, %s or %s", c.ProxyKind, ProxyAuto, ProxyEnvoy, ProxyPilotAgent)
 	}
 	switch c.Tracker {
 	case "auto", "ebpf", "sockdiag":
@@ -135,4 +169,93 @@ func splitPort(addr string) (string, uint16, error) {
 		return "", 0, errors.New("port is not a number 0-65535")
 	}
 	return host, uint16(n), nil
+}
+
+// istioResolved is what resolveIstio decided, for the log.
+type istioResolved struct {
+	settings IstioSettings
+	// deadlineFrom names the setting that decided the drain deadline.
+	deadlineFrom string
+	// warnings are one line each.
+	warnings []string
+	// exitOnZero: EXIT_ON_ZERO_ACTIVE_CONNECTIONS was set.
+	exitOnZero bool
+}
+
+// pilotAgent says the proxy command is pilot-agent (after resolveIstio).
+func (c *Config) pilotAgent() bool { return c.ProxyKind == ProxyPilotAgent }
+
+// resolveIstio applies Istio's settings (README.md, "Istio"): it tells
+// the proxy kind, takes the drain deadline from ProxyConfig
+// terminationDrainDuration when no draind setting gave one and it is
+// longer (a pod sized for a long drain; a shorter one never cuts draind's
+// default), and, under pilot-agent, leaves pilot-agent its status port and
+// Envoy's admin port as ProxyConfig says, signals pilot-agent alone, and
+// puts draind's status server where no Istio port is. Errors are
+// configuration errors.
+func (c *Config) resolveIstio() (istioResolved, error) {
+	lookup := c.LookupEnv
+	if lookup == nil {
+		lookup = os.LookupEnv
+	}
+	path := c.IstioAnnotations
+	if path == "" {
+		path = IstioPodAnnotations
+	}
+	var r istioResolved
+	if c.ProxyKind == ProxyAuto || c.ProxyKind == "" {
+		c.ProxyKind = ProxyEnvoy
+		if IsPilotAgent(c.Command) {
+			c.ProxyKind = ProxyPilotAgent
+		}
+	}
+	var err error
+	if r.settings, err = ReadIstio(lookup, path); err != nil {
+		return r, err
+	}
+	ist := r.settings
+	switch {
+	case c.DeadlineSet:
+		r.deadlineFrom = c.DeadlineSource
+		if c.DeadlineSource == TerminationDrainEnv {
+			r.warnings = append(r.warnings, TerminationDrainEnv+" is deprecated (Istio removed it in 1.10): set ProxyConfig terminationDrainDuration (proxy.istio.io/config) or DRAIND_DRAIN_DEADLINE")
+		}
+	case ist.TerminationDrainFrom != "" && ist.TerminationDrain > c.Drain.Deadline:
+		c.Drain.Deadline, c.DeadlineSet = ist.TerminationDrain, true
+		r.deadlineFrom = "terminationDrainDuration (" + ist.TerminationDrainFrom + ")"
+	case ist.TerminationDrainFrom != "":
+		r.deadlineFrom = fmt.Sprintf("default: terminationDrainDuration %s (%s) is not longer, and never shortens the drain", ist.TerminationDrain, ist.TerminationDrainFrom)
+	default:
+		r.deadlineFrom = "default"
+	}
+	if v, ok := lookup(ExitOnZeroEnv); ok {
+		r.exitOnZero, _ = strconv.ParseBool(v) // as Istio reads it; a bad value is Istio's to refuse
+	}
+	if !c.pilotAgent() {
+		return r, nil
+	}
+	c.Proxy.SignalPIDOnly = true
+	// pilot-agent's exit code is its own, as without draind: 0 after its
+	// /quitquitquit (Istio's Job recipe) is no failure.
+	c.Drain.ProxyExitStands = true
+	if !c.AdminAddrSet && ist.AdminPortSet {
+		c.AdminAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(ist.AdminPort)))
+	}
+	if !c.StatusAddrSet {
+		c.StatusAddr = ":" + strconv.Itoa(int(pilotAgentStatusPort(ist.StatusPort, ist.AdminPort)))
+	} else if _, p, err := splitPort(c.StatusAddr); err == nil && p == ist.StatusPort {
+		return r, configErr("--status-addr %s: port %d is pilot-agent's status port (ProxyConfig statusPort%s): it serves Istio's readiness and the app probes Istio rewrote; leave --status-addr unset (draind then takes %d) or pick another",
+			c.StatusAddr, p, fromSuffix(ist.StatusPortFrom), pilotAgentStatusPort(ist.StatusPort, ist.AdminPort))
+	}
+	if !slices.Contains(c.ExcludePorts, ist.StatusPort) {
+		c.ExcludePorts = append(slices.Clone(c.ExcludePorts), ist.StatusPort)
+	}
+	return r, nil
+}
+
+func fromSuffix(from string) string {
+	if from == "" {
+		return ", default"
+	}
+	return ", from " + from
 }

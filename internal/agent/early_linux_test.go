@@ -108,7 +108,7 @@ func TestReadinessBeforeTheMachine(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		stats    string
-		appPorts map[uint16]bool
+		appPorts []uint16
 		asked    bool
 		ok       bool
 		why      string
@@ -116,11 +116,11 @@ func TestReadinessBeforeTheMachine(t *testing.T) {
 		{"envoy live", live, nil, false, true, ""},
 		{"envoy initializing", "server.state: 3\nlistener_manager.workers_started: 0\n", nil, false, false, "envoy state INITIALIZING"},
 		{"drain asked", live, nil, true, false, "draining"},
-		{"app ports need the tracker", live, map[uint16]bool{8080: true}, false, false, "starting: the tracker is not open yet (--app-ports)"},
+		{"app ports need the tracker", live, []uint16{8080}, false, false, "starting: the tracker is not open yet (--app-ports)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			live = tc.stats
-			a := &agent{probeAdmin: adminView{c: client}, appPorts: tc.appPorts}
+			a := &agent{probeAdmin: adminView{c: client}, cfg: Config{AppPorts: tc.appPorts}}
 			if tc.asked {
 				a.early.trigger(drain.CauseSignal)
 			}

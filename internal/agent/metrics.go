@@ -1,6 +1,9 @@
 package agent
 
 import (
+	"sync"
+	"time"
+
 	"github.com/draind/draind/internal/drain"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -44,6 +47,27 @@ func names[T interface{ String() string }](xs []T) []string {
 	return out
 }
 
+// recentFor is how long recent's value serves: the series of one scrape
+// are read one after the other, within it.
+const recentFor = 100 * time.Millisecond
+
+// recent returns read, called at most once per recentFor: a dormant
+// tracker answers each read with a dump of the namespace, and one scrape
+// reads the counts nine times. No timer: nothing runs between scrapes.
+func recent[T any](read func() T) func() T {
+	var mu sync.Mutex
+	var at time.Time
+	var v T
+	return func() T {
+		mu.Lock()
+		defer mu.Unlock()
+		if now := time.Now(); at.IsZero() || now.Sub(at) >= recentFor {
+			v, at = read(), now
+		}
+		return v
+	}
+}
+
 func newMetrics(a *agent) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	// The Go runtime's own (heap in use, goroutines, GC): draind's footprint.
@@ -56,7 +80,7 @@ func newMetrics(a *agent) *metrics {
 			Name: "draind_tracked_flows", Help: "Sockets the tracker sees, by class.", ConstLabels: prometheus.Labels{"class": class},
 		}, func() float64 { return float64(get()) })
 	}
-	sum, mc := a.tracker.Summary, a.machine
+	sum, mc := recent(a.tracker.Summary), a.machine
 	m.reg.MustRegister(
 		newOneOf("draind_phase", "1 for the drain phase draind is in.", "phase", names(drain.Phases),
 			func() string { return mc.Phase().String() }),

@@ -1,7 +1,11 @@
 package agent
 
 import (
+	"bytes"
 	"os"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/privs"
@@ -73,6 +77,9 @@ func (a *agent) dropPrivileges() {
 	if privs.Supported() != nil {
 		return // logged at start
 	}
+	if n := waitLoaderThreadsGone(200 * time.Millisecond); n > 0 {
+		a.log.Warn("capabilities: eBPF loader threads still alive at the drop; they keep theirs until they end", zap.Int("threads", n))
+	}
 	cur, err := privs.Current()
 	if err != nil {
 		a.log.Warn("capabilities: not dropped", zap.Error(err))
@@ -101,4 +108,46 @@ func (a *agent) dropPrivileges() {
 		why[i] = k.Cap.String() + ": " + k.Why
 	}
 	a.log.Info("capabilities", append(capFields(after), zap.String("stage", "after start-up"), zap.Strings("kept", why))...)
+}
+
+// waitLoaderThreadsGone waits, at most d, until no thread of the process
+// runs at backgroundNice: the eBPF loaders' (background). Each ends with
+// its goroutine, a moment after it: the runtime has unlinked it by then,
+// so a capability drop, which reaches every thread the runtime knows,
+// would miss it while it lives. Returns how many are left.
+func waitLoaderThreadsGone(d time.Duration) int {
+	end := time.Now().Add(d)
+	for {
+		n := loaderThreads()
+		if n == 0 || time.Now().After(end) {
+			return n
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// loaderThreads counts the threads whose nice value is backgroundNice
+// (field 19 of /proc/self/task/TID/stat).
+func loaderThreads() int {
+	tids, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, tid := range tids {
+		b, err := os.ReadFile("/proc/self/task/" + tid.Name() + "/stat")
+		if err != nil {
+			continue // gone
+		}
+		// "tid (comm) S ..." : the fields after comm, from field 3.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 16 && f[16] == strconv.Itoa(backgroundNice) {
+			n++
+		}
+	}
+	return n
 }

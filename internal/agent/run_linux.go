@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -43,10 +44,10 @@ type agent struct {
 	proxy      *proxy.Process
 	machine    *drain.Machine
 	metrics    *metrics
-	// appPorts must be listened on by the app for readiness.
-	appPorts map[uint16]bool
 	// hostNet: the pod shares the node's network namespace.
 	hostNet bool
+	// pilotAgent asks pilot-agent's readiness (nil: the proxy is Envoy).
+	pilotAgent *pilotAgentReadiness
 	// early: drain requests before the machine is built; the status
 	// server reads the fields above only once it is attached.
 	early earlyControls
@@ -65,14 +66,19 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	ist, err := cfg.resolveIstio()
+	if err != nil {
+		return Result{}, err
+	}
 	if d, warn := cfg.Drain.Reconcile(cfg.DeadlineSet); warn != "" {
 		cfg.Drain = d
 		log.Warn(warn)
 	}
+	logIstio(log, &cfg, ist)
 	if warn := cfg.Drain.GraceWarning(); warn != "" {
 		log.Warn(warn)
 	}
-	a := &agent{cfg: cfg, log: log, appPorts: portSet(cfg.AppPorts)}
+	a := &agent{cfg: cfg, log: log}
 	if os.Getenv("GOGC") == "" {
 		// The heap is mostly the flow table, which makes no garbage once
 		// built: a collection at 50 % growth instead of 100 % costs little
@@ -111,22 +117,30 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		return Result{}, err
 	}
 	closers = append(closers, a.ns.Close)
+	remote := []uint16{adminPort, statusPort}
+	if cfg.pilotAgent() {
+		// draind's readiness asks pilot-agent's over loopback.
+		remote = append(remote, ist.settings.StatusPort)
+		a.pilotAgent = newPilotAgentReadiness(ist.settings.StatusPort)
+		closers = append(closers, a.pilotAgent.Close)
+	}
 	policy := flows.Policy{
 		ProxyUID:         cfg.ProxyUID,
 		ProxyPorts:       append(slices.Clone(cfg.ProxyPorts), statusPort),
-		ProxyRemotePorts: []uint16{adminPort, statusPort},
+		ProxyRemotePorts: remote,
 		ControlPorts:     append(slices.Clone(cfg.ExcludePorts), adminPort, statusPort),
 		IdleTimeout:      cfg.Drain.IdleTimeout,
 	}
-	client := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second), envoy.WithExclude(envoy.ExcludeSet{Ports: cfg.ExcludePorts}))
+	client := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second), envoy.WithExclude(envoy.ExcludeSet{Ports: cfg.ExcludePorts, Names: cfg.ExcludeListeners}))
 	closers = append(closers, func() error { client.CloseIdleConnections(); return nil })
-	a.admin = adminView{c: client}
+	shared := &adminShared{log: log, inboundOnly: !cfg.Drain.Gateway}
+	a.admin = adminView{c: client, sh: shared}
 	// The probes' own client makes one attempt: a probe wants the answer
 	// now (the kubelet asks again), not after the drain client's backoff
 	// on an admin API that is not listening yet.
 	probe := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second), envoy.WithRetries(0))
 	closers = append(closers, func() error { probe.CloseIdleConnections(); return nil })
-	a.probeAdmin = adminView{c: probe}
+	a.probeAdmin = adminView{c: probe, sh: shared}
 
 	// The proxy first: its start-up (Envoy's takes long) overlaps with
 	// draind's. Sockets it opens before the tracker's first snapshot are
@@ -186,7 +200,9 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	var loads sync.WaitGroup
 	loads.Go(func() {
 		background()
-		a.tracker, trErr = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: policy, Logger: log, RingSize: cfg.RingSize, BTFCache: cache})
+		// Dormant: loaded and verified now, attached at the drain trigger
+		// (docs/design.md, "Track only while draining").
+		a.tracker, trErr = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: policy, Logger: log, RingSize: cfg.RingSize, BTFCache: cache, Dormant: true})
 	})
 	loads.Go(func() {
 		background()
@@ -225,28 +241,40 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	}
 	fv := newFlowView(a.tracker, nonTraffic, appOnly, cfg.Drain.IdleTimeout)
 	fv.portFlows = a.hostNet
+	shared.flows = fv
 	defer fv.Close()
-	parts := drain.Parts{Flows: fv, Admin: a.admin, Proxy: a.proxy, Log: log, Begun: begun}
+	tracking := &liveViews{a: a, ctx: runCtx, wg: &wg}
+	parts := drain.Parts{Flows: fv, Admin: a.admin, Proxy: a.proxy, Log: log, Begun: begun, Tracking: tracking}
 	if a.procs != nil {
 		parts.Apps = appView{a.procs}
 	}
 	a.machine = drain.New(cfg.Drain, parts)
 	a.metrics = newMetrics(a)
-
-	wg.Go(func() {
-		if err := a.tracker.Run(runCtx); err != nil {
-			log.Error("tracker stopped", zap.Error(err))
-		}
-	})
-	if a.procs != nil {
-		wg.Go(func() {
-			if err := a.procs.Run(runCtx); err != nil {
-				log.Error("app process source stopped", zap.Error(err))
-			}
-		})
+	// What follows while Ready: the app's processes under --exit-with-app
+	// (its completion is a trigger); nothing else until the trigger.
+	if a.procs != nil && a.procs.Live() {
+		tracking.run("app process source", a.procs.Run)
 	}
 	a.early.attach(a.machine, promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
 	return a.machine.Run(ctx), nil
+}
+
+// logIstio says what Istio's settings decided: the drain deadline and
+// which setting gave it, the warnings, and under pilot-agent the ports.
+func logIstio(log *zap.Logger, cfg *Config, ist istioResolved) {
+	for _, w := range ist.warnings {
+		log.Warn(w)
+	}
+	log.Info("drain deadline", zap.Duration("deadline", cfg.Drain.Deadline), zap.String("decided_by", ist.deadlineFrom))
+	if ist.exitOnZero {
+		log.Info(ExitOnZeroEnv+" is subsumed: draind always waits for the drained connections to close, and for the app's work (it reads the kernel, not Envoy's downstream_cx_active)",
+			zap.Duration("min_drain", cfg.Drain.MinDrain), zap.Duration("deadline", cfg.Drain.Deadline))
+	}
+	if cfg.pilotAgent() {
+		log.Info("proxy is pilot-agent: it keeps its status port; draind signals its PID alone and stops Envoy through Envoy's admin API",
+			zap.Uint16("pilot_agent_status_port", ist.settings.StatusPort), zap.String("status_port_from", cmp.Or(ist.settings.StatusPortFrom, "default")),
+			zap.String("status_addr", cfg.StatusAddr), zap.String("admin_addr", cfg.AdminAddr))
+	}
 }
 
 // defaultGCPercent is draind run's GOGC unless the environment sets one.
@@ -313,6 +341,9 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 		mode = appprocs.ModeProc
 	}
 	opts := []appprocs.Option{appprocs.WithBTFCache(cache)}
+	if !a.watchesAppWhileReady() {
+		opts = append(opts, appprocs.WithDormant())
+	}
 	if a.cfg.ProcRingSize > 0 {
 		opts = append(opts, appprocs.WithRingSize(a.cfg.ProcRingSize))
 	}
@@ -348,9 +379,62 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 		return
 	}
 	a.procs = src
+	for _, c := range src.Containers() {
+		// What the container rule leaves out of the app (an init wrapper,
+		// hooks, exec sessions): said once, so that a surprise shows.
+		procs := make([]string, len(c.Processes))
+		for i, p := range c.Processes {
+			procs[i] = fmt.Sprintf("%d %s uid %d", p.PID, p.Comm, p.UID)
+		}
+		a.log.Info("own container: its processes are never the app", zap.Stringer("whose", c.Class), zap.Uint64("mnt_ns", c.MountNS), zap.Strings("processes", procs))
+	}
 	cov := src.Coverage()
 	a.log.Info("app liveness", zap.String("source", src.Kind()), zap.String("reason", reason), zap.Int("app_processes", src.Count()),
 		zap.Bool("complete", cov.Complete), zap.String("coverage", cov.Reason), zap.Duration("took", time.Since(start)))
+}
+
+// watchesAppWhileReady: --exit-with-app ends the drain-free life of the
+// pod on the app's completion, which only a live process source sees.
+func (a *agent) watchesAppWhileReady() bool {
+	m := a.cfg.Drain.ExitWithApp
+	return m == drain.ExitWithAppSuccess || m == drain.ExitWithAppAny
+}
+
+// liveViews is drain.Tracking: at the drain trigger it makes the flow
+// tracker and the app's process source live (each attaches, then takes
+// its snapshot and walk), at once, and runs them until Run's end.
+type liveViews struct {
+	a   *agent
+	ctx context.Context
+	wg  *sync.WaitGroup // agent.Run's: waited for before it returns
+}
+
+func (v *liveViews) Start() error {
+	a := v.a
+	var trErr, prErr error
+	var starts sync.WaitGroup
+	starts.Go(func() { trErr = a.tracker.Start() })
+	if a.procs != nil && !a.procs.Live() {
+		starts.Go(func() {
+			if prErr = a.procs.Start(); prErr == nil {
+				v.run("app process source", a.procs.Run)
+			}
+		})
+	}
+	starts.Wait()
+	if trErr == nil {
+		v.run("tracker", a.tracker.Run)
+	}
+	return errors.Join(trErr, prErr)
+}
+
+// run runs part until agent.Run's end, logging how it stopped.
+func (v *liveViews) run(part string, run func(context.Context) error) {
+	v.wg.Go(func() {
+		if err := run(v.ctx); err != nil {
+			v.a.log.Error(part+" stopped", zap.Error(err))
+		}
+	})
 }
 
 // exitWithAppRefused says why --exit-with-app cannot work here ("": it
@@ -427,16 +511,24 @@ func (a *agent) readiness(ctx context.Context) (bool, string) {
 	if ok, why := a.probeAdmin.Live(ctx); !ok {
 		return false, why
 	}
-	if len(a.appPorts) == 0 {
+	if a.pilotAgent != nil {
+		if ok, why := a.pilotAgent.ready(ctx); !ok {
+			return false, why
+		}
+	}
+	if len(a.cfg.AppPorts) == 0 {
 		return true, ""
 	}
 	if m == nil {
 		return false, "starting: the tracker is not open yet (--app-ports)"
 	}
-	for p := range a.appPorts {
-		if !a.tracker.Listens(flows.OwnerApp, p) {
-			return false, fmt.Sprintf("app not listening on port %d", p)
-		}
+	// While Ready, one LISTEN dump the kernel filters to these ports.
+	missing, err := a.tracker.Listening(flows.OwnerApp, a.cfg.AppPorts)
+	switch {
+	case err != nil:
+		return false, "app listeners: " + err.Error()
+	case len(missing) > 0:
+		return false, fmt.Sprintf("app not listening on port %d", missing[0])
 	}
 	return true, ""
 }

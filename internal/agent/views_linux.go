@@ -2,6 +2,9 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/draind/draind/internal/appprocs"
@@ -9,6 +12,7 @@ import (
 	"github.com/draind/draind/internal/envoy"
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/sockdiag"
+	"go.uber.org/zap"
 )
 
 // The drain machine reads the pod through small interfaces (package drain);
@@ -21,6 +25,9 @@ type flowView struct {
 	// nonTraffic are local ports whose connections are not Envoy's
 	// downstream traffic: --exclude-ports, draind's status port, the admin.
 	nonTraffic map[uint16]bool
+	// excluded are the ports of the listeners --exclude-listeners names,
+	// learned from Envoy once LIVE (read by the machine and /metrics).
+	excluded atomic.Pointer[map[uint16]bool]
 	// appPorts, when not nil, limits the app's listeners that count to
 	// these ports (prestop --wait-listeners --app-ports); with portFlows,
 	// its flows too (a hostNetwork pod, where the node's sockets are not
@@ -44,7 +51,19 @@ func (v *flowView) Close()                   { v.unsub() }
 // downstream reports whether f is one of Envoy's downstream flows: the
 // proxy's accepted side of a connection on a traffic listener.
 func (v *flowView) downstream(f *flows.Flow) bool {
-	return f.Owner == flows.OwnerProxy && f.Direction == flows.DirInbound && !v.nonTraffic[f.Local.Port()]
+	if f.Owner != flows.OwnerProxy || f.Direction != flows.DirInbound || v.nonTraffic[f.Local.Port()] {
+		return false
+	}
+	if ex := v.excluded.Load(); ex != nil && (*ex)[f.Local.Port()] {
+		return false
+	}
+	return true
+}
+
+// setExcluded adds the ports of listeners excluded by name.
+func (v *flowView) setExcluded(ports []uint16) {
+	m := portSet(ports)
+	v.excluded.Store(&m)
 }
 
 // Observe reads the flows the gate decides on, walking the table in place.
@@ -148,12 +167,59 @@ func (a appView) MainExit() (drain.MainExit, bool) {
 }
 
 // adminView is drain.Admin over the Envoy admin client (which knows the
-// listeners to leave out of the sum).
-type adminView struct{ c *envoy.Client }
+// listeners to leave out of the sum). The machine's view and the
+// readiness probe's share their adminShared.
+type adminView struct {
+	c  *envoy.Client
+	sh *adminShared
+}
 
+// shared returns the view's shared state; a view built without one (a
+// zero adminView) gets a fresh one, which learns nothing for long.
+func (a adminView) shared() *adminShared {
+	if a.sh == nil {
+		return &adminShared{log: zap.NewNop()}
+	}
+	return a.sh
+}
+
+// adminShared is what draind learns about Envoy once and keeps.
+type adminShared struct {
+	log *zap.Logger
+	// inboundOnly: the drain the machine asks for is inbound only (not
+	// --gateway); the LIVE check then looks for inbound listeners.
+	inboundOnly bool
+	// readyFallback: server.state or workers_started is absent (a
+	// stats_matcher rejects it): readiness asks GET /ready instead.
+	readyFallback atomic.Bool
+	// liveSeen: Live once said LIVE with the workers started, from the
+	// stats. Workers never stop: from then on readiness asks GET /ready,
+	// which costs Envoy nothing, where /stats walks every stat it has.
+	liveSeen atomic.Bool
+	// drainAll: no listener has traffic_direction INBOUND, so an
+	// inbound-only drain would drain nothing; every listener is drained
+	// instead, without ever stopping them (graceful&skip_exit).
+	drainAll atomic.Bool
+	// flows, once set, learns the ports of listeners excluded by name.
+	flows *flowView
+}
+
+// Live: server.state LIVE and workers started, from /stats, until that is
+// so once; then, or when a stats_matcher rejects either stat (said once),
+// Envoy's own GET /ready, which reads no stat.
 func (a adminView) Live(ctx context.Context) (bool, string) {
+	sh := a.shared()
+	if sh.readyFallback.Load() || sh.liveSeen.Load() {
+		return a.ready(ctx)
+	}
 	l, err := a.c.Live(ctx)
 	switch {
+	case errors.Is(err, envoy.ErrStatAbsent):
+		if sh.readyFallback.CompareAndSwap(false, true) {
+			sh.log.Warn("readiness comes from Envoy's GET /ready from now on: its stats lack server.state or listener_manager.workers_started (a stats_matcher rejects them); /ready says LIVE when Envoy's init is done, an event-loop turn before its workers start",
+				zap.Error(err))
+		}
+		return a.ready(ctx)
 	case err != nil:
 		return false, "envoy admin: " + err.Error()
 	case l.State != envoy.StateLive:
@@ -161,10 +227,72 @@ func (a adminView) Live(ctx context.Context) (bool, string) {
 	case !l.WorkersStarted:
 		return false, "envoy workers not started"
 	}
+	sh.liveSeen.Store(true)
 	return true, ""
 }
 
+func (a adminView) ready(ctx context.Context) (bool, string) {
+	st, err := a.c.Ready(ctx)
+	switch {
+	case err != nil:
+		return false, "envoy admin: " + err.Error()
+	case st != envoy.StateLive:
+		return false, "envoy state " + st.String() + " (GET /ready)"
+	}
+	return true, ""
+}
+
+// AtLive learns Envoy's listeners once it is LIVE (drain.LiveHook): the
+// names given to --exclude-listeners become ports for the kernel's view
+// and stat scopes for the admin sum; and a sidecar's inbound-only drain is
+// checked against the listeners' traffic_direction.
+func (a adminView) AtLive(ctx context.Context) {
+	sh := a.shared()
+	ls, err := a.c.Listeners(ctx)
+	if err != nil {
+		sh.log.Warn("could not read Envoy's listeners (/listeners, /config_dump): --exclude-listeners names match stat names only, and traffic_direction is not checked", zap.Error(err))
+		return
+	}
+	ex := a.c.Exclude()
+	if len(ex.Names) > 0 {
+		resolved, unmatched := ex.Resolve(ls)
+		a.c.SetExclude(resolved)
+		if sh.flows != nil {
+			sh.flows.setExcluded(resolved.Ports)
+		}
+		sh.log.Info("listeners excluded from the drain", zap.Strings("names", ex.Names), zap.Stringer("resolved", resolved))
+		if len(unmatched) > 0 {
+			sh.log.Warn("--exclude-listeners names no listener of Envoy's (its listener names and stat scopes); kept as stat names", zap.Strings("names", unmatched))
+		}
+	}
+	if !sh.inboundOnly || len(ls) == 0 {
+		return
+	}
+	var names []string
+	for _, l := range ls {
+		if l.Inbound() {
+			return
+		}
+		names = append(names, fmt.Sprintf("%s (%s)", l.Name, directionName(l.Direction)))
+	}
+	sh.drainAll.Store(true)
+	sh.log.Warn("no Envoy listener has traffic_direction INBOUND: POST /drain_listeners?inboundonly&graceful would drain nothing (no Connection: close, no GOAWAY); draind drains every listener instead, without stopping any (graceful&skip_exit)",
+		zap.Strings("listeners", names))
+}
+
+func directionName(d string) string {
+	if d == "" {
+		return "UNSPECIFIED"
+	}
+	return d
+}
+
+// DrainListeners: inbound only, unless asked for all or no listener is
+// inbound (see AtLive); then every listener, never stopped.
 func (a adminView) DrainListeners(ctx context.Context, inboundOnly bool) error {
+	if inboundOnly && a.shared().drainAll.Load() {
+		return a.c.DrainListeners(ctx, envoy.DrainOptions{Graceful: true, SkipExit: true})
+	}
 	return a.c.DrainListeners(ctx, envoy.DrainOptions{InboundOnly: inboundOnly, Graceful: true})
 }
 

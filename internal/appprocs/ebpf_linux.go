@@ -9,6 +9,7 @@ import (
 
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
+	"golang.org/x/sys/unix"
 )
 
 // ebpfSource is the eBPF backend, over probes.Procs. Its programs are
@@ -42,6 +43,9 @@ func openEBPF(netnsInode uint64, rules Rules, o options) (Source, error) {
 		}
 		return nil, err
 	}
+	if rules.SelfMountNS == 0 {
+		rules.SelfMountNS = ownMountNS("/proc/self/ns/mnt")
+	}
 	s := &ebpfSource{table: newTable(rules), probe: probe}
 	s.translate = probe.PIDNS() != namespace.InitialPIDInode
 
@@ -61,7 +65,29 @@ func openEBPF(netnsInode uint64, rules Rules, o options) (Source, error) {
 	s.installSnapshotLocked(&snap)
 	s.recomputeLocked()
 	s.mu.Unlock()
+	s.refresh = s.resync
+	s.dormant.Store(o.dormant)
 	return s, nil
+}
+
+// Start attaches the programs of a dormant source, then takes the
+// snapshot that events are applied after.
+func (s *ebpfSource) Start() error { return s.start(s.probe.Attach) }
+
+// resync takes a snapshot and installs it: events older than it are
+// skipped by Run, losses counted before it are accounted for.
+func (s *ebpfSource) resync() error {
+	lost := s.probe.Lost()
+	snap, err := s.snapshot()
+	if err != nil {
+		return err
+	}
+	s.seenLost = lost
+	if snap.Walk.Complete() {
+		s.since = snap.Since()
+	}
+	s.update(func() { s.installSnapshotLocked(&snap) })
+	return nil
 }
 
 func (s *ebpfSource) Kind() string { return string(ModeEBPF) }
@@ -100,12 +126,15 @@ func walkCoverage(w probes.ProcWalk) Coverage {
 }
 
 func processOf(t probes.ProcTask) Process {
-	return Process{PID: t.PID, PPID: t.PPID, UID: t.UID, Comm: t.Comm, StartTime: t.StartTime}
+	return Process{PID: t.PID, PPID: t.PPID, UID: t.UID, Comm: t.Comm, StartTime: t.StartTime, MountNS: t.MountNS}
 }
 
 // Run applies ring buffer events until ctx ends, classifying again after
 // each batch, and takes a snapshot when the kernel dropped events.
 func (s *ebpfSource) Run(ctx context.Context) error {
+	if s.dormant.Load() {
+		return errors.New("app process source: Run before Start")
+	}
 	pending := 0
 	err := probes.ReadUntil(ctx, s.probe, func(ev *probes.ProcEvent) error {
 		if ev.Time >= s.since {
@@ -157,4 +186,14 @@ func applyEvent(t *table, ev *probes.ProcEvent) {
 	case probes.ProcExit:
 		t.exitedLocked(p, ExitStatus(ev.Status))
 	}
+}
+
+// ownMountNS is the inode of the mount namespace file at path (the
+// caller's own needs no privilege), 0 when unreadable.
+func ownMountNS(path string) uint64 {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil {
+		return 0
+	}
+	return st.Ino
 }

@@ -2,6 +2,7 @@ package appprocs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -58,6 +59,9 @@ func openProc(netnsInode uint64, rules Rules, o options) (Source, error) {
 		return nil, &UnavailableError{Reason: "/proc: reading other processes' namespaces in the host PID namespace needs CAP_SYS_PTRACE"}
 	}
 
+	if rules.SelfMountNS == 0 {
+		rules.SelfMountNS = firstMountID(o.procRoot + "/" + selfLink)
+	}
 	s := &procSource{table: newTable(rules), netns: netnsInode, root: o.procRoot, period: o.pollPeriod, hostView: hostView}
 	s.self = selfPID
 	snap, err := s.scan()
@@ -72,6 +76,8 @@ func openProc(netnsInode uint64, rules Rules, o options) (Source, error) {
 		s.hostNetNS = st.Ino
 	}
 	s.recomputeLocked()
+	s.refresh = s.rescan
+	s.dormant.Store(o.dormant)
 	if !hostView {
 		// Only draind's own processes in sight: the PID namespace is not
 		// the app's (no shareProcessNamespace). The pod's pause process,
@@ -102,8 +108,24 @@ func haveCapSysPtrace() bool {
 	return data[0].Effective&(1<<unix.CAP_SYS_PTRACE) != 0
 }
 
+// Start makes a dormant source poll: it scans now; Run polls after.
+func (s *procSource) Start() error { return s.start(nil) }
+
+// rescan scans /proc and installs what it found.
+func (s *procSource) rescan() error {
+	snap, err := s.scan()
+	if err != nil {
+		return err
+	}
+	s.update(func() { s.installLocked(snap, nil, true) })
+	return nil
+}
+
 // Run scans /proc every period until ctx ends.
 func (s *procSource) Run(ctx context.Context) error {
+	if s.dormant.Load() {
+		return errors.New("app process source: Run before Start")
+	}
 	tk := time.NewTicker(s.period)
 	defer tk.Stop()
 	for {
@@ -232,7 +254,33 @@ func readProcFiles(dir string, pid int) (p Process, ok bool) {
 		UID:       uid,
 		Comm:      string(stat[open+1 : closing]),
 		StartTime: start * (1e9 / userHZ),
+		MountNS:   firstMountID(dir),
 	}, true
+}
+
+// firstMountID identifies the mount namespace of the process at dir: the id
+// of the first mount its mountinfo lists, which no other mount namespace
+// holds (mount ids are unique among the node's mounts, and each namespace
+// has mounts of its own). 0 when unreadable (a process gone, hidepid). mountinfo needs no ptrace
+// access, where ns/mnt does: draind without capabilities reads it for
+// processes of other uids (a root init wrapper, the kubelet's hooks).
+func firstMountID(dir string) uint64 {
+	f, err := os.Open(dir + "/mountinfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	var buf [32]byte
+	n, _ := f.Read(buf[:])
+	field, _, ok := strings.Cut(string(buf[:n]), " ")
+	if !ok {
+		return 0
+	}
+	id, err := strconv.ParseUint(field, 10, 64)
+	if err != nil {
+		return 0
+	}
+	return id // 0 is the initial rootfs, which no process's mountinfo lists
 }
 
 // statusUID returns the real uid from /proc/PID/status ("Uid:\tR\tE\tS\tF").

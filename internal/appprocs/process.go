@@ -20,6 +20,13 @@ type Process struct {
 	// (CLOCK_BOOTTIME). With PID it identifies a process across pid reuse.
 	// /proc gives it in clock ticks (10 ms).
 	StartTime uint64
+	// MountNS identifies the process's mount namespace, which is its
+	// container's (see Classify); 0 when unknown. Comparable only between
+	// processes of one source: the eBPF backend gives the namespace's inode,
+	// the /proc backend the id of the first mount /proc/PID/mountinfo lists
+	// (a mount belongs to one namespace, and mountinfo, unlike ns/mnt, needs
+	// no ptrace access).
+	MountNS uint64 `json:"mnt_ns,omitempty"`
 }
 
 // Rules say which processes of the namespace are not the app (see
@@ -50,6 +57,11 @@ type Rules struct {
 	PauseComm string
 	// NoPauseRule disables the pause rule: only PausePIDs are pause.
 	NoPauseRule bool
+	// SelfMountNS is the mount namespace of draind's container (as
+	// Process.MountNS gives it), 0 when unknown. Sources set it to the
+	// caller's own, which they read directly: draind's container is known
+	// even before any of its processes is seen in the namespace.
+	SelfMountNS uint64
 }
 
 func (r Rules) normalized() Rules {
@@ -98,7 +110,26 @@ func (c Class) MarshalText() ([]byte, error) { return []byte(c.String()), nil }
 //   - the proxy's: real uid ProxyUID, the pids in
 //     ProxyPIDs, and their descendants;
 //   - the pod's pause process: the pids in PausePIDs, and the pause rule
-//     below.
+//     below;
+//   - every other process of draind's container or of the proxy's (the
+//     container rule below).
+//
+// # The container rule
+//
+// Each container of a pod has a mount namespace of its own, in every pod
+// shape: a shared PID namespace (shareProcessNamespace) shares no mounts,
+// and the runtime gives every container a new mount namespace whatever it
+// shares. What the kubelet or a user runs in a container joins that
+// namespace: postStart and preStop exec hooks, exec probes, `kubectl exec`.
+// So the processes whose mount namespace is draind's (SelfMountNS, or that
+// of a process of SelfPIDs or the caller) or the proxy's (that of a process
+// of ProxyUID or ProxyPIDs) are that
+// container's, whatever their uid and parent: an init wrapper that is the
+// container's PID 1 (tini, dumb-init, a shell), draind's hooks, a debug
+// shell. They are never the app. A container that runs anything as
+// ProxyUID is the proxy's (Istio's rules exempt that uid's traffic from
+// interception: no app can use it). Only processes whose mount namespace is
+// known count (MountNS not 0).
 //
 // # The pause rule
 //
@@ -162,6 +193,9 @@ type classifier struct {
 	self   map[int]bool
 	proxy  map[int]bool
 	pauses map[int]bool
+	// containers are the mount namespaces of draind's processes (ClassSelf)
+	// and the proxy's (ClassProxy): the container rule.
+	containers map[uint64]Class
 }
 
 func newClassifier(all []Process, rules Rules) *classifier {
@@ -173,7 +207,31 @@ func newClassifier(all []Process, rules Rules) *classifier {
 	c.self = pidSet(r.SelfPIDs)
 	c.proxy = pidSet(r.ProxyPIDs)
 	c.pauses = pidSet(r.PausePIDs)
+	c.containers = make(map[uint64]Class, 2)
+	if r.SelfMountNS != 0 {
+		c.containers[r.SelfMountNS] = ClassSelf
+	}
+	for _, p := range all {
+		if p.MountNS == 0 || c.pauses[p.PID] {
+			continue
+		}
+		switch {
+		case c.isSelf(p):
+			c.containers[p.MountNS] = ClassSelf
+		case c.isProxy(p):
+			if _, ok := c.containers[p.MountNS]; !ok {
+				c.containers[p.MountNS] = ClassProxy
+			}
+		}
+	}
 	return c
+}
+
+// Containers returns the mount namespaces the container rule excludes, with
+// the class of each (ClassSelf: draind's container; ClassProxy: the
+// proxy's), for the log.
+func Containers(all []Process, rules Rules) map[uint64]Class {
+	return newClassifier(all, rules).containers
 }
 
 func pidSet(pids []int) map[int]bool {
@@ -223,7 +281,7 @@ func (c *classifier) pauseByRule() (Process, bool) {
 	}
 	best := -1
 	for i, p := range c.all {
-		if c.isSelf(p) || c.isProxy(p) {
+		if c.isSelf(p) || c.isProxy(p) || c.inContainer(p) {
 			continue
 		}
 		if best < 0 || older(p, c.all[best]) {
@@ -270,6 +328,14 @@ func (c *classifier) classOf(p Process, isPause func(Process) bool) Class {
 		return ClassSelf
 	case c.isProxy(p):
 		return ClassProxy
+	case c.inContainer(p):
+		return c.containers[p.MountNS]
 	}
 	return ClassApp
+}
+
+// inContainer reports whether p is in draind's or the proxy's container.
+func (c *classifier) inContainer(p Process) bool {
+	_, ok := c.containers[p.MountNS]
+	return ok && p.MountNS != 0
 }

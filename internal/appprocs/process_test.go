@@ -284,3 +284,84 @@ func TestExitStatus(t *testing.T) {
 		}
 	}
 }
+
+// A pod whose containers are told apart by mount namespace: the proxy's
+// container (mount namespace 7) runs tini as its PID 1 (root, its parent the
+// shim), draind under it, Envoy as 1337, and the kubelet's postStart hook
+// (`draind wait`, root, exec'd by the runtime: its parent is outside); the
+// app's container is 8; pause is 6.
+var containerPod = []Process{
+	{PID: 100, PPID: 50, UID: 65535, Comm: "pause", StartTime: 1000, MountNS: 6},
+	{PID: 190, PPID: 51, UID: 0, Comm: "tini", StartTime: 1900, MountNS: 7},
+	{PID: 200, PPID: 190, UID: 0, Comm: "draind", StartTime: 2000, MountNS: 7},
+	{PID: 201, PPID: 200, UID: 1337, Comm: "envoy", StartTime: 2100, MountNS: 7},
+	{PID: 210, PPID: 60, UID: 0, Comm: "draind", StartTime: 2500, MountNS: 7},
+	{PID: 300, PPID: 52, UID: 1000, Comm: "java", StartTime: 3000, MountNS: 8},
+	{PID: 301, PPID: 300, UID: 1000, Comm: "sh", StartTime: 3100, MountNS: 8},
+}
+
+func TestClassifyContainerRule(t *testing.T) {
+	tests := []struct {
+		name  string
+		all   []Process
+		rules Rules
+		want  map[int]Class
+	}{
+		{
+			name:  "init wrapper and exec'd hook in draind's container are draind's",
+			all:   containerPod,
+			rules: Rules{ProxyUID: istioUID, SelfPIDs: []int{200}},
+			want:  map[int]Class{100: ClassPause, 190: ClassSelf, 200: ClassSelf, 201: ClassSelf, 210: ClassSelf, 300: ClassApp, 301: ClassApp},
+		},
+		{
+			name: "seen from outside (conns on the node): the container that runs the proxy's uid is the proxy's",
+			all:  containerPod,
+			// No SelfPIDs: draind is not the caller.
+			rules: Rules{ProxyUID: istioUID},
+			want:  map[int]Class{100: ClassPause, 190: ClassProxy, 200: ClassProxy, 201: ClassProxy, 210: ClassProxy, 300: ClassApp, 301: ClassApp},
+		},
+		{
+			name: "a root proxy (no uid rule) found by its pid: its container is the proxy's",
+			all: []Process{
+				{PID: 10, PPID: 1, UID: 0, Comm: "envoy", StartTime: 10, MountNS: 3},
+				{PID: 11, PPID: 2, UID: 0, Comm: "sh", StartTime: 11, MountNS: 3}, // kubectl exec
+				{PID: 12, PPID: 2, UID: 0, Comm: "app", StartTime: 12, MountNS: 4},
+			},
+			rules: Rules{ProxyUID: istioUID, ProxyPIDs: []int{10}, NoPauseRule: true},
+			want:  map[int]Class{10: ClassProxy, 11: ClassProxy, 12: ClassApp},
+		},
+		{
+			name: "unknown mount namespaces (0) are not one container",
+			all: []Process{
+				{PID: 20, PPID: 1, UID: 0, Comm: "draind", StartTime: 20},
+				{PID: 21, PPID: 2, UID: 0, Comm: "app", StartTime: 21},
+			},
+			rules: Rules{ProxyUID: istioUID, SelfPIDs: []int{20}, NoPauseRule: true},
+			want:  map[int]Class{20: ClassSelf, 21: ClassApp},
+		},
+		{
+			name: "the pause rule passes over draind's container: tini is not pause even when oldest of the rest",
+			all: []Process{
+				{PID: 30, PPID: 1, UID: 0, Comm: "pause", StartTime: 31, MountNS: 5},
+				{PID: 31, PPID: 1, UID: 0, Comm: "pause", StartTime: 30, MountNS: 7}, // a wrapper named pause
+				{PID: 32, PPID: 31, UID: 0, Comm: "draind", StartTime: 32, MountNS: 7},
+			},
+			rules: Rules{ProxyUID: istioUID, SelfPIDs: []int{32}},
+			want:  map[int]Class{30: ClassPause, 31: ClassSelf, 32: ClassSelf},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			classes := Classes(tt.all, tt.rules)
+			for i, p := range tt.all {
+				if classes[i] != tt.want[p.PID] {
+					t.Errorf("pid %d (%s): %s, want %s", p.PID, p.Comm, classes[i], tt.want[p.PID])
+				}
+			}
+		})
+	}
+	got := Containers(containerPod, Rules{ProxyUID: istioUID, SelfPIDs: []int{200}})
+	if len(got) != 1 || got[7] != ClassSelf {
+		t.Errorf("Containers = %v, want draind's container 7 only", got)
+	}
+}

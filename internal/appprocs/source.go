@@ -20,8 +20,17 @@ type Source interface {
 	// Run follows changes until ctx ends (nil) or the source fails (the
 	// error, also in Err, with Changed signalled). The caller owns the
 	// goroutine that runs it, once; without Run the source stays at its
-	// first snapshot.
+	// first snapshot. A source opened WithDormant runs only after Start.
 	Run(ctx context.Context) error
+	// Start makes a source opened WithDormant follow changes: eBPF attaches
+	// its programs, then takes a snapshot (a process that changed in
+	// between is in one or the other); /proc scans now. Call Run after
+	// it. Idempotent; a source opened live is started.
+	Start() error
+	// Live reports whether the source follows changes (started, or opened
+	// live). A dormant source's Count, Processes and Containers read the
+	// kernel when asked.
+	Live() bool
 	// Processes returns the app's processes, by PID.
 	Processes() []Process
 	// Count is len(Processes()).
@@ -46,6 +55,10 @@ type Source interface {
 	// hostNetwork pod's when they are equal. eBPF reads it from init_task
 	// at every snapshot; /proc knows it only in the host's PID namespace.
 	HostNetNS() (inode uint64, ok bool)
+	// Containers are the containers the container rule excludes (see
+	// Classify): draind's own and the proxy's, each with the processes it
+	// has now. For the log: what draind took as its own container.
+	Containers() []Container
 	// Lost counts the events the kernel could not deliver (eBPF; 0 for
 	// /proc); each loss was followed by a resynchronising snapshot.
 	Lost() uint64
@@ -56,6 +69,16 @@ type Source interface {
 	// Close releases what the source holds. Call it after Run returned;
 	// safe to call twice.
 	Close() error
+}
+
+// Container is a container of the pod as the container rule sees it.
+type Container struct {
+	// MountNS is its mount namespace (Process.MountNS).
+	MountNS uint64 `json:"mnt_ns"`
+	// Class is whose it is: ClassSelf (draind's) or ClassProxy.
+	Class Class `json:"class"`
+	// Processes are its processes now, by PID.
+	Processes []Process `json:"processes"`
 }
 
 // Coverage says whether a source sees every process of its namespace.
@@ -166,6 +189,7 @@ type options struct {
 	pollPeriod time.Duration
 	procRoot   string
 	probe      probes.ProcOptions
+	dormant    bool
 }
 
 // DefaultPollPeriod is the /proc backend's polling period.
@@ -206,6 +230,16 @@ func WithRingSize(n int) Option {
 // visits (at most, and by default, probes.MaxProcWalk).
 func WithWalkCap(n int) Option {
 	return func(o *options) { o.probe.WalkCap = n }
+}
+
+// WithDormant opens a source that follows nothing until Start: the eBPF
+// backend loads its programs (the first snapshot taken, the backend
+// decided) without attaching fork, exec and exit; the /proc backend does
+// not poll. Count, Processes and Containers take a snapshot when asked.
+// Nothing of it runs while the pod serves (docs/design.md, "Track only
+// while draining").
+func WithDormant() Option {
+	return func(o *options) { o.dormant = true; o.probe.Detached = true }
 }
 
 // WithBTFCache makes the eBPF backend decode the kernel's BTF through c,

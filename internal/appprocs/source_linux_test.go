@@ -25,8 +25,9 @@ import (
 // re-run with -test.run=^TestProcsHelper$ and procsHelperEnv set to a mode.
 const (
 	procsHelperEnv  = "DRAIND_PROCS_HELPER"
-	procsArgsEnv    = "DRAIND_PROCS_ARGS" // detach: the command, \x1f-separated
-	procsUIDEnv     = "DRAIND_PROCS_UID"  // detach: run the command as this uid
+	procsArgsEnv    = "DRAIND_PROCS_ARGS"     // detach: the command, \x1f-separated
+	procsUIDEnv     = "DRAIND_PROCS_UID"      // detach: run the command as this uid
+	procsSameMntEnv = "DRAIND_PROCS_SAME_MNT" // detach: stay in the test's mount namespace
 	procsArgSep     = "\x1f"
 	procsSelfMarker = "@" // detach: "@MODE" runs this binary as helper MODE
 	procsWait       = 15 * time.Second
@@ -43,8 +44,9 @@ func procsHelperCmd(mode string) *exec.Cmd {
 
 // TestProcsHelper is the helper side of the process tracker tests:
 //
-//	detach   start DRAIND_PROCS_ARGS in a new session, print "pid N", exit:
-//	         the command is orphaned, as a pod's processes are to draind
+//	detach   start DRAIND_PROCS_ARGS in a new session and mount namespace
+//	         (a container of its own), print "pid N", exit: the command is
+//	         orphaned, as a pod's processes are to draind
 //	tree     start "sleep infinity" and a threads helper, print
 //	         "tree SLEEP THREADS", reap them, live until killed
 //	threads  start 4 more OS threads, print "threads N", live until killed
@@ -71,7 +73,13 @@ func TestProcsHelper(t *testing.T) {
 			cmd = exec.Command(argv[0], argv[1:]...)
 			cmd.Env = os.Environ()
 		}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		// A container of its own: a new session, and a mount namespace of
+		// its own, as a runtime gives every container (see Classify's
+		// container rule: one sharing the test's would be draind's).
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Cloneflags: unix.CLONE_NEWNS}
+		if os.Getenv(procsSameMntEnv) != "" {
+			cmd.SysProcAttr.Cloneflags = 0 // exec'd into draind's container
+		}
 		if u := os.Getenv(procsUIDEnv); u != "" {
 			uid, _ := strconv.Atoi(u)
 			cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}
@@ -293,12 +301,26 @@ func trackPID(t *testing.T, pid int) *testProc {
 // argv[0] "@MODE" runs a helper mode; its "MODE ..." line is returned.
 func spawnDetached(t *testing.T, ns *testutil.NetNS, uid int, argv ...string) (*testProc, []string) {
 	t.Helper()
+	return spawnDetachedEnv(t, ns, uid, nil, argv...)
+}
+
+// spawnInSelfContainer starts argv as spawnDetached does, but in the test
+// process's mount namespace: a process the runtime exec'd into draind's
+// container (a hook, `kubectl exec`), its parent outside the namespace.
+func spawnInSelfContainer(t *testing.T, ns *testutil.NetNS, argv ...string) (*testProc, []string) {
+	t.Helper()
+	return spawnDetachedEnv(t, ns, -1, []string{procsSameMntEnv + "=1"}, argv...)
+}
+
+func spawnDetachedEnv(t *testing.T, ns *testutil.NetNS, uid int, env []string, argv ...string) (*testProc, []string) {
+	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
 	cmd := procsHelperCmd("detach")
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Env = append(cmd.Env, procsArgsEnv+"="+strings.Join(argv, procsArgSep))
 	if uid >= 0 {
 		cmd.Env = append(cmd.Env, procsUIDEnv+"="+strconv.Itoa(uid))
@@ -800,6 +822,104 @@ func TestAppProcExitLatency(t *testing.T) {
 			if p99 > 5*time.Second {
 				t.Errorf("p99 %v", p99)
 			}
+		})
+	}
+}
+
+// TestContainerRule: processes the runtime exec'd into draind's container (a
+// postStart hook, `kubectl exec`: root, their parent outside the namespace,
+// draind's mount namespace) are draind's while they live and when they exit
+// 0, on both backends; the app, in a container of its own, is the app, and
+// its exit is the one Exits reports.
+func TestContainerRule(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, b := range []struct {
+		name  string
+		start procsOpener
+	}{{"ebpf", startEBPF}, {"proc", startProc}} {
+		t.Run(b.name, func(t *testing.T) {
+			ns := testutil.NewNetNS(t)
+			parkThread(t, ns) // draind is in the pod
+			tr, _ := b.start(t, ns.Inode, Rules{ProxyUID: istioUID, NoPauseRule: true})
+			if tr.Err() != nil {
+				t.Fatal(tr.Err())
+			}
+			hook, _ := spawnInSelfContainer(t, ns, "sh", "-c", "sleep 0.3; exit 0")
+			app, _ := spawnDetached(t, ns, -1, "sleep", "infinity")
+			waitApp(t, tr, []int{app.pid}, "app started, hook running")
+			if c, ok := classOf(tr, hook.pid); ok && c != ClassSelf {
+				t.Errorf("hook: class %v, want self\n%s", c, dumpProcs(tr))
+			}
+			// The hook ends 0: no exit of the app's.
+			deadline := time.Now().Add(procsWait)
+			for {
+				if _, ok := classOf(tr, hook.pid); !ok {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("hook still tracked\n%s", dumpProcs(tr))
+				}
+				select {
+				case <-tr.Changed():
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			signalProc(t, app, unix.SIGKILL)
+			waitApp(t, tr, nil, "app killed")
+			var exits []int
+			for _, e := range tr.Exits() {
+				exits = append(exits, e.PID)
+			}
+			if !slices.Equal(exits, []int{app.pid}) {
+				t.Errorf("exits %v, want only the app's %d", exits, app.pid)
+			}
+		})
+	}
+}
+
+// A dormant source follows nothing while the pod serves (eBPF: fork, exec
+// and exit not attached; /proc: no polling), and answers Count from a
+// snapshot taken when asked. Start attaches, then snapshots: the app
+// started while it slept is there, and from then on exits come as events
+// (eBPF: with their status).
+func TestDormantSource(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, mode := range []Mode{ModeEBPF, ModeProc} {
+		t.Run(string(mode), func(t *testing.T) {
+			if mode == ModeEBPF {
+				testutil.RequireBTF(t)
+			}
+			ns := testutil.NewNetNS(t)
+			parkThread(t, ns)
+			src, _, err := Open(ns.Inode, Rules{ProxyUID: istioUID, NoPauseRule: true}, mode, WithDormant(), WithPollPeriod(50*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { src.Close() })
+			if src.Live() {
+				t.Fatal("a dormant source is live")
+			}
+			if e, ok := src.(*ebpfSource); ok && e.probe.Attached() {
+				t.Fatal("a dormant eBPF source has its programs attached")
+			}
+			if err := src.Run(context.Background()); err == nil {
+				t.Fatal("Run before Start returned nil")
+			}
+			app, _ := spawnDetached(t, ns, -1, "sleep", "infinity")
+			if got := appPIDs(src); !slices.Equal(got, []int{app.pid}) {
+				t.Fatalf("dormant, asked: app %v, want [%d]", got, app.pid)
+			}
+			if err := src.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if !src.Live() {
+				t.Fatal("started source not live")
+			}
+			runSource(t, src)
+			second, _ := spawnDetached(t, ns, -1, "sleep", "infinity")
+			waitApp(t, src, sortedPIDs(app, second), "second app process")
+			signalProc(t, second, unix.SIGKILL)
+			waitApp(t, src, []int{app.pid}, "second killed")
 		})
 	}
 }

@@ -34,6 +34,13 @@ type table struct {
 	exits     []Exit        // the app's, retained (see Exits)
 	exitSeq   uint64
 	exitsNew  bool // exits changed since the last recompute
+
+	// dormant: opened WithDormant and not started; refresh then reads
+	// the kernel for each question (refreshMu: one at a time, and not
+	// with Start).
+	dormant   atomic.Bool
+	refreshMu sync.Mutex
+	refresh   func() error // the backend's snapshot, installed
 }
 
 // nsPIDs are a process's pid and ppid as the caller's PID namespace
@@ -57,8 +64,44 @@ func newTable(rules Rules) *table {
 	}
 }
 
+// refreshIfDormant takes a snapshot when the source follows nothing.
+func (t *table) refreshIfDormant() {
+	if !t.dormant.Load() {
+		return
+	}
+	t.refreshMu.Lock()
+	defer t.refreshMu.Unlock()
+	if t.dormant.Load() && t.refresh != nil {
+		_ = t.refresh() // on failure the last snapshot stands
+	}
+}
+
+// Live reports whether the source follows changes.
+func (t *table) Live() bool { return !t.dormant.Load() }
+
+// start runs attach (nil: nothing to attach), then refresh, and leaves
+// dormancy: the backends' Start.
+func (t *table) start(attach func() error) error {
+	t.refreshMu.Lock()
+	defer t.refreshMu.Unlock()
+	if !t.dormant.Load() {
+		return nil
+	}
+	if attach != nil {
+		if err := attach(); err != nil {
+			return err
+		}
+	}
+	if err := t.refresh(); err != nil {
+		return err
+	}
+	t.dormant.Store(false)
+	return nil
+}
+
 // Processes returns the app's processes, by PID.
 func (t *table) Processes() []Process {
+	t.refreshIfDormant()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return slices.Clone(t.app)
@@ -66,6 +109,7 @@ func (t *table) Processes() []Process {
 
 // Count is the number of the app's processes.
 func (t *table) Count() int {
+	t.refreshIfDormant()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.app)
@@ -95,6 +139,26 @@ func (t *table) HostNetNS() (inode uint64, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.hostNetNS, t.hostNetNS != 0
+}
+
+// Containers returns draind's and the proxy's containers (see Source).
+func (t *table) Containers() []Container {
+	t.refreshIfDormant()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	all := t.listLocked()
+	var out []Container
+	for mnt, class := range Containers(all, t.rulesLocked()) {
+		c := Container{MountNS: mnt, Class: class}
+		for _, p := range all {
+			if p.MountNS == mnt {
+				c.Processes = append(c.Processes, p)
+			}
+		}
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b Container) int { return int(a.Class) - int(b.Class) })
+	return out
 }
 
 // Exits returns how the app's processes that left ended, oldest first.
@@ -206,7 +270,11 @@ func (t *table) bornLocked(p Process, ns nsPIDs) {
 // known yet (its birth missed) is learnt.
 func (t *table) execLocked(p Process, ns nsPIDs) {
 	if old, ok := t.procs[p.PID]; ok && old.StartTime == p.StartTime {
+		// runc's exec joins the container's namespaces before it execs.
 		old.Comm, old.UID = p.Comm, p.UID
+		if p.MountNS != 0 {
+			old.MountNS = p.MountNS
+		}
 		t.procs[p.PID] = old
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +21,8 @@ type flagSet struct {
 	*flag.FlagSet
 	aliases    map[string][]envAlias // flag name → other variables that set it
 	set        map[string]bool       // flags given, on the command line or by env
+	source     map[string]string     // flag name → what gave it: "--name" or a variable
+	bare       map[string]*oneOf     // flags that may stand without a value (see optionalValue)
 	stdout     io.Writer
 	printUsage func()
 }
@@ -80,16 +83,16 @@ var errHelp = errors.New("help requested")
 // parse parses args then fills unset flags from the environment. Errors
 // name the flag or variable and are usage errors (exit 2).
 func (fs *flagSet) parse(args []string) error {
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(fs.withBareValues(args)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.printUsage()
 			return errHelp
 		}
 		return usageErr("%s: %s (see draind %s -h)", fs.Name(), escapeControl(err.Error()), fs.Name())
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	fs.set = set
+	set, source := map[string]bool{}, map[string]string{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name], source[f.Name] = true, "--"+f.Name })
+	fs.set, fs.source = set, source
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		if set[f.Name] || err != nil || len(f.Name) == 1 {
@@ -111,16 +114,55 @@ func (fs *flagSet) parse(args []string) error {
 			if e != nil {
 				err = usageErr("%s: %s=%q (for --%s): %v", fs.Name(), env.name, v, f.Name, e)
 			}
-			set[f.Name] = true
+			set[f.Name], source[f.Name] = true, env.name
 			return
 		}
 	})
 	return err
 }
 
+// optionalValue lets flag name stand alone on the command line, meaning its
+// bare word: `--exit-with-app -- envoy` is `--exit-with-app=success`. Any
+// other word after it is its value, as for any flag (a wrong one is an error
+// naming the flag, not the proxy's command).
+func (fs *flagSet) optionalValue(name string, o *oneOf) {
+	if fs.bare == nil {
+		fs.bare = map[string]*oneOf{}
+	}
+	fs.bare[name] = o
+}
+
+// withBareValues spells out the optional flags given without a value, up to
+// the first "--" (after it is the command).
+func (fs *flagSet) withBareValues(args []string) []string {
+	if len(fs.bare) == 0 {
+		return args
+	}
+	out := slices.Clone(args)
+	for i, a := range out {
+		if a == "--" {
+			break
+		}
+		name := strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
+		o, ok := fs.bare[name]
+		if !ok || name == a {
+			continue
+		}
+		if i+1 < len(out) && !strings.HasPrefix(out[i+1], "-") {
+			continue // its value, or a typo the flag names
+		}
+		out[i] = "--" + name + "=" + o.bareWord
+	}
+	return out
+}
+
 // isSet reports whether a flag was given on the command line or through
 // one of its environment variables (after parse).
 func (fs *flagSet) isSet(name string) bool { return fs.set[name] }
+
+// sourceOf names what set a flag (after parse): "--name", the variable,
+// or "" when it kept its default.
+func (fs *flagSet) sourceOf(name string) string { return fs.source[name] }
 
 // portList is a comma-separated list of TCP ports.
 type portList []uint16
@@ -155,6 +197,8 @@ type oneOf struct {
 	val   string
 	words []string
 	alias map[string]string
+	// bareWord is the value of the flag given alone (flagSet.optionalValue).
+	bareWord string
 }
 
 func (o *oneOf) String() string { return o.val }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -115,6 +116,17 @@ func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if fs.NArg() > 0 {
 		return usageErr("drain: unexpected argument %q", fs.Arg(0))
+	}
+	if !fs.isSet("status-addr") {
+		// In a container Istio injected, draind run -- pilot-agent left
+		// pilot-agent its status port and took another: ask that one.
+		istio, ok, err := agent.IstioDrainStatusAddr(os.LookupEnv, agent.IstioPodAnnotations)
+		if err != nil {
+			return usageErr("drain: %v", err)
+		}
+		if ok {
+			*addr = istio
+		}
 	}
 	url, err := loopbackURL(*addr, "/drain?cause=prestop")
 	if err != nil {

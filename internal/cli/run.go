@@ -7,11 +7,13 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/privs"
+	"github.com/draind/draind/internal/probes"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -20,12 +22,13 @@ import (
 // with Istio's syntax (README.md, "Configuration"): flag name → variable.
 // A flag beats its DRAIND_ twin, which beats Istio's variable.
 var istioAliases = map[string]envAlias{
-	// A Go duration ("5s"), as pilot-agent reads it.
+	// A Go duration ("5s"), as pilot-agent reads it (a ProxyConfig
+	// proxyMetadata entry reaches the container as this variable).
 	"min-drain": {name: "MINIMUM_DRAIN_DURATION"},
-	// Whole seconds ("45"): the longest a drain may take. pilot-agent waits
-	// exactly this long (without EXIT_ON_ZERO_ACTIVE_CONNECTIONS); draind
-	// ends earlier when the app is done and Envoy is drained.
-	"drain-deadline": {name: "TERMINATION_DRAIN_DURATION_SECONDS", convert: wholeSeconds},
+	// Whole seconds ("45"): Istio removed it in 1.10 for ProxyConfig
+	// terminationDrainDuration (agent.Config.resolveIstio reads that from
+	// PROXY_CONFIG); kept as a deprecated alias, with a warning.
+	"drain-deadline": {name: agent.TerminationDrainEnv, convert: wholeSeconds},
 }
 
 // wholeSeconds reads an integer number of seconds.
@@ -73,13 +76,17 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 		fs.alias(name, a)
 	}
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "Envoy's admin API address")
-	fs.StringVar(&cfg.StatusAddr, "status-addr", cfg.StatusAddr, "address of draind's status server (/healthz/ready, /metrics)")
+	fs.StringVar(&cfg.StatusAddr, "status-addr", cfg.StatusAddr, "address of draind's status server (/healthz/ready, /metrics); under pilot-agent: the first free port from 15022 Istio does not use")
+	proxyKind := &oneOf{val: agent.ProxyAuto, words: []string{agent.ProxyAuto, agent.ProxyEnvoy, agent.ProxyPilotAgent}}
+	fs.Var(proxyKind, "proxy", "what the proxy command is: envoy, or Istio's pilot-agent (auto: pilot-agent when the command is named so)")
 	var nf nsFlags
 	nf.register(fs, false)
 	appPorts := portList{}
 	fs.Var(&appPorts, "app-ports", "ports the app must listen on before the pod is ready (comma-separated)")
 	exclude := portList(append([]uint16(nil), agent.DefaultExcludePorts...))
 	fs.Var(&exclude, "exclude-ports", "Envoy listener ports that carry no traffic (status, metrics)")
+	var excludeNames nameList
+	fs.Var(&excludeNames, "exclude-listeners", "Envoy listeners that carry no traffic, by name: a listener's name or its stat_prefix (comma-separated); mapped to their ports once Envoy is LIVE")
 	d := &cfg.Drain
 	fs.durationVar(&d.MinDrain, "min-drain", d.MinDrain, "wait this long after draining starts (endpoint propagation)")
 	fs.durationVar(&d.Settle, "settle", 0, "the gate must stay open this long before the proxy is stopped")
@@ -89,8 +96,12 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	fs.durationVar(&d.StopTimeout, "stop-timeout", d.StopTimeout, "time the proxy gets after /quitquitquit, then after SIGTERM, before SIGKILL")
 	fs.BoolVar(&d.Gateway, "gateway", false, "drain every listener, and wait for no app")
 	tracker := trackerFlag(fs)
-	exitWithApp := &oneOf{val: "off", words: []string{"off", "success", "any"}, alias: map[string]string{"true": "success", "false": "off"}}
-	fs.Var(exitWithApp, "exit-with-app", "end the proxy when the app's work is done (Jobs): off | success (its main process exited 0) | any (true: success)")
+	exitWithApp := &oneOf{val: string(drain.ExitWithAppOff),
+		words:    []string{string(drain.ExitWithAppOff), string(drain.ExitWithAppSuccess), string(drain.ExitWithAppAny)},
+		alias:    map[string]string{"true": string(drain.ExitWithAppSuccess), "false": string(drain.ExitWithAppOff)},
+		bareWord: string(drain.ExitWithAppSuccess)}
+	fs.Var(exitWithApp, "exit-with-app", "end the proxy when the app's work is done (Jobs): off | success (its main process exited 0) | any (given alone or true: success)")
+	fs.optionalValue("exit-with-app", exitWithApp)
 	fs.durationVar(&d.AppRestartGrace, "app-restart-grace", d.AppRestartGrace, "with --exit-with-app: an app back within this long (a restarted container) keeps the proxy")
 	hostNet := &oneOf{val: "auto", words: []string{"auto", "true", "false"}}
 	fs.Var(hostNet, "host-network", "the pod shares the node's network namespace (hostNetwork): auto|true|false")
@@ -98,7 +109,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	fs.Var(procs, "app-procs", "how the app's processes are followed: auto|ebpf|proc|off (off: by its sockets)")
 	logFormat := &oneOf{val: "json", words: []string{"json", "console"}}
 	fs.Var(logFormat, "log-format", "json|console")
-	fs.IntVar(&cfg.RingSize, "debug-ring-size", 0, "debugging: the eBPF ring buffer of TCP state events, in bytes (a power of two; 0: 8 MiB)")
+	fs.IntVar(&cfg.RingSize, "debug-ring-size", 0, fmt.Sprintf("debugging: the eBPF ring buffer of TCP state events, in bytes (a power of two; 0: %d KiB)", probes.DefaultTCPRingSize>>10))
 	fs.IntVar(&cfg.ProcRingSize, "debug-proc-ring-size", 0, "debugging: the eBPF ring buffer of the app's process events, in bytes (a power of two; 0: the default)")
 	fs.Func("proxy-caps", "capabilities the proxy gets, and no other (ambient), e.g. NET_ADMIN for TPROXY; draind must hold them", func(v string) error { // privs
 		var err error
@@ -123,8 +134,12 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	d.IdleTimeout = nf.idleTimeout
 	d.AppExit = drain.AppExit(appExit.val)
 	cfg.DeadlineSet = fs.isSet("drain-deadline")
+	cfg.DeadlineSource = fs.sourceOf("drain-deadline")
+	cfg.StatusAddrSet, cfg.AdminAddrSet = fs.isSet("status-addr"), fs.isSet("admin-addr")
+	cfg.ProxyKind = proxyKind.val
 	cfg.AppPorts = appPorts
 	cfg.ExcludePorts = exclude
+	cfg.ExcludeListeners = excludeNames
 	cfg.Tracker = tracker.val
 	cfg.AppProcs = procs.val
 	cfg.HostNetwork = hostNet.val
@@ -132,6 +147,27 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	cfg.Command = fs.Args()
 	cfg.Proxy.ReapAll = os.Getpid() == 1
 	return cfg, logFormat.val, nil
+}
+
+// nameList is a comma-separated list of listener names, as Envoy's stat
+// names have them: no spaces, quotes or control characters.
+type nameList []string
+
+func (n *nameList) String() string { return strings.Join(*n, ",") }
+
+func (n *nameList) Set(v string) error {
+	*n = (*n)[:0]
+	for f := range strings.SplitSeq(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if strings.ContainsFunc(f, func(r rune) bool { return r <= ' ' || r == 0x7f || r == '"' }) {
+			return fmt.Errorf("%q is not a listener name (no spaces, quotes or control characters)", f)
+		}
+		*n = append(*n, f)
+	}
+	return nil
 }
 
 // newLogger builds the zap logger: JSON lines by default, or console.

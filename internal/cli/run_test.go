@@ -48,3 +48,36 @@ func TestRunConfigIstioVariables(t *testing.T) {
 		})
 	}
 }
+
+// --exit-with-app given alone means success, before "--", before another
+// flag and at the end; a word after it is its value.
+func TestRunConfigExitWithAppBare(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--exit-with-app", "--", "envoy"}, "success"},
+		{[]string{"-exit-with-app", "--", "envoy"}, "success"},
+		{[]string{"--exit-with-app", "--proxy-uid", "0", "--", "envoy"}, "success"},
+		{[]string{"--exit-with-app", "any", "--", "envoy"}, "any"},
+		{[]string{"--exit-with-app", "off", "--", "envoy"}, "off"},
+		{[]string{"--exit-with-app=true", "--", "envoy"}, "success"},
+		{[]string{"--", "envoy", "--exit-with-app"}, "off"}, // the proxy's own argument
+	}
+	for _, tt := range tests {
+		cfg, _, err := runConfig(tt.args, io.Discard)
+		if err != nil {
+			t.Errorf("%q: %v", tt.args, err)
+			continue
+		}
+		if got := string(cfg.Drain.ExitWithApp); got != tt.want {
+			t.Errorf("%q: exit-with-app %s, want %s", tt.args, got, tt.want)
+		}
+		if last := cfg.Command[len(cfg.Command)-1]; tt.args[len(tt.args)-1] != last {
+			t.Errorf("%q: command %q", tt.args, cfg.Command)
+		}
+	}
+	if _, _, err := runConfig([]string{"--exit-with-app=sometimes", "--", "envoy"}, io.Discard); err == nil || !strings.Contains(err.Error(), "exit-with-app") {
+		t.Errorf("a bad value: %v, want an error naming the flag", err)
+	}
+}

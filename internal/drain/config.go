@@ -35,6 +35,12 @@ type Config struct {
 	// longer) keeps the proxy; an exit 0 ends it at once.
 	ExitWithApp     ExitWithApp
 	AppRestartGrace time.Duration
+	// ProxyExitStands keeps the proxy's own exit code when it leaves on its
+	// own, 0 included: for a supervisor that decides it (Istio's
+	// pilot-agent exits 0 after its own /quitquitquit, which Istio's Job
+	// recipe calls). Without it a proxy that leaves on its own with 0
+	// makes draind exit 1.
+	ProxyExitStands bool
 }
 
 // ExitWithApp is the --exit-with-app policy.

@@ -12,6 +12,14 @@ import (
 	"go.uber.org/zap"
 )
 
+// Tracking starts the kernel's live view of the pod (package agent: the
+// flow tracker and the app's process source) at the drain trigger.
+type Tracking interface {
+	// Start returns once the views are current: attached, then
+	// snapshot and walk.
+	Start() error
+}
+
 // Flows is the kernel's view of the pod's flows, as the gate reads it.
 // *flows.Tracker behind an adapter in package agent implements it.
 type Flows interface {
@@ -87,6 +95,14 @@ type Admin interface {
 	Quit(ctx context.Context) error
 }
 
+// LiveHook is an Admin with work to do once, when Envoy is first LIVE,
+// before the machine asks whether it keeps the listener gauges: learning
+// its listeners (names to ports) and checking its configuration. It
+// returns by its context's end.
+type LiveHook interface {
+	AtLive(ctx context.Context)
+}
+
 // ErrNoGauges means Envoy exposes no downstream_cx_active listener gauges
 // (Istio's stats matcher hides them unless EXIT_ON_ZERO_ACTIVE_CONNECTIONS
 // is set): the kernel's view of Envoy's sockets decides alone.
@@ -124,7 +140,10 @@ type Parts struct {
 	Apps  Apps
 	Admin Admin
 	Proxy Proxy
-	Log   *zap.Logger
+	// Tracking, when set, starts the live views Flows and Apps read, at
+	// the trigger: nothing of them runs while the pod is Ready.
+	Tracking Tracking
+	Log      *zap.Logger
 	// Begun is when the process began (for the ready line's since_start).
 	Begun time.Time
 }
@@ -393,6 +412,11 @@ func (m *Machine) onLive(ctx context.Context) {
 			m.enter(Ready, zap.Duration("since_start", time.Since(m.Begun)))
 		}
 	}
+	if h, ok := m.Admin.(LiveHook); ok {
+		hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		h.AtLive(hctx)
+		cancel()
+	}
 	m.checkGauges(ctx)
 }
 
@@ -537,17 +561,36 @@ func (m *Machine) begin(c Cause) {
 	if c == CauseAppDone || m.cfg.Prestop {
 		minDrain = 0 // no endpoint to leave
 	}
-	m.enter(Draining, zap.Stringer("trigger", c), zap.String("pod_shape", m.shape(c)), zap.Duration("min_drain", minDrain),
-		zap.Duration("deadline", m.cfg.Deadline), zap.Duration("gate_deadline", m.cfg.GateDeadline()),
-		zap.Any("flows", m.Flows.Observe()))
+	// Envoy's drain first: its clients' Connection: close must not wait
+	// for draind's own views, which the gate needs only later.
 	if m.Admin != nil {
 		m.startDrainListeners()
 	}
+	m.startTracking()
+	m.enter(Draining, zap.Stringer("trigger", c), zap.String("pod_shape", m.shape(c)), zap.Duration("min_drain", minDrain),
+		zap.Duration("deadline", m.cfg.Deadline), zap.Duration("gate_deadline", m.cfg.GateDeadline()),
+		zap.Any("flows", m.Flows.Observe()))
 	if minDrain == 0 {
 		m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)))
 		return
 	}
 	m.timers.minDrain = time.NewTimer(minDrain)
+}
+
+// startTracking makes the live views current before the gate first reads
+// them. A failure is logged: the views then answer from what they have
+// (the gate's other rules and the deadline still bound the drain).
+func (m *Machine) startTracking() {
+	if m.Tracking == nil {
+		return
+	}
+	start := time.Now()
+	if err := m.Tracking.Start(); err != nil {
+		m.Log.Error("tracking did not start: the gate reads what the views have", zap.Error(err))
+		return
+	}
+	took := time.Since(start)
+	m.Log.Info("tracking live", zap.Duration("took", took), zap.Float64("tracking_live_ms", float64(took.Microseconds())/1e3))
 }
 
 // startDrainListeners sends POST /drain_listeners until it succeeds or the
@@ -742,7 +785,7 @@ func (m *Machine) deadline() Result {
 func (m *Machine) proxyDied() Result {
 	m.stopDrainListeners()
 	code := m.Proxy.ExitCode()
-	if code == 0 {
+	if code == 0 && !m.cfg.ProxyExitStands {
 		code = 1
 	}
 	when := "during the drain"

@@ -228,6 +228,8 @@ type rig struct {
 	logs   *observer.ObservedLogs
 	res    chan Result
 	cancel context.CancelFunc
+	// tracking, when set, is Parts.Tracking (withTracking).
+	tracking Tracking
 }
 
 func testConfig() Config {
@@ -250,6 +252,9 @@ func newRig(t *testing.T, opts ...rigOption) *rig {
 	core, logs := observer.New(zap.DebugLevel)
 	r.logs = logs
 	parts := Parts{Flows: r.flows, Log: zap.New(core)}
+	if r.tracking != nil {
+		parts.Tracking = r.tracking
+	}
 	if r.apps != nil {
 		parts.Apps = r.apps
 	}
@@ -266,6 +271,11 @@ func newRig(t *testing.T, opts ...rigOption) *rig {
 
 func withConfig(fn func(*Config)) rigOption { return func(_ *rig, c *Config) { fn(c) } }
 func withoutApps() rigOption                { return func(r *rig, _ *Config) { r.apps = nil } }
+
+// withTracking makes *tr (set by an earlier option) the machine's Tracking.
+func withTracking(tr **fakeTracking) rigOption {
+	return func(r *rig, _ *Config) { r.tracking = *tr }
+}
 
 // waitPhase waits (generously) for the machine to reach p.
 func (r *rig) waitPhase(p Phase) {
@@ -656,6 +666,12 @@ func TestProxyExitsInEachPhase(t *testing.T) {
 		r.proxy.exit(0)
 		r.wantResult(r.result(), 1, false, "before any drain")
 	})
+	t.Run("exit 0 stands for a supervisor that decides it", func(t *testing.T) {
+		r := newRig(t, withConfig(func(c *Config) { c.ProxyExitStands = true }))
+		r.waitPhase(Ready)
+		r.proxy.exit(0)
+		r.wantResult(r.result(), 0, false, "proxy exited with code 0 before any drain")
+	})
 	t.Run("stopping", func(t *testing.T) {
 		r := newRig(t, setup(func(r *rig) {
 			r.admin.quitErr = errors.New("admin: 500")
@@ -913,4 +929,68 @@ func TestExitWithAppRestartWithinGrace(t *testing.T) {
 	}
 	r.m.Quit()
 	r.result()
+}
+
+// fakeTracking records how often the machine started the live views, and
+// where drain_listeners stood then.
+type fakeTracking struct {
+	calls      atomic.Int32
+	dlAtStart  DrainListenersState
+	dlState    func() DrainListenersState
+	startError error
+}
+
+func (f *fakeTracking) Start() error {
+	f.calls.Add(1)
+	f.dlAtStart = f.dlState()
+	return f.startError
+}
+
+// The live views start at the trigger, once, whatever the trigger: not
+// while Ready, after drain_listeners is under way (its clients must not
+// wait for draind's views), before the gate reads them. A failure to start
+// is logged and the drain goes on.
+func TestTrackingStartsAtTheTrigger(t *testing.T) {
+	for _, c := range []Cause{CauseSignal, CausePOST, CausePreStop} {
+		for _, fail := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/fail=%v", c, fail), func(t *testing.T) {
+				var tr *fakeTracking
+				r := newRig(t, func(r *rig, _ *Config) {
+					tr = &fakeTracking{}
+					if fail {
+						tr.startError = errors.New("attach: operation not permitted")
+					}
+				}, withTracking(&tr))
+				tr.dlState = func() DrainListenersState { s, _ := r.m.DrainListeners(); return s }
+				r.waitPhase(Ready)
+				r.notDone(20 * time.Millisecond)
+				if n := tr.calls.Load(); n != 0 {
+					t.Fatalf("tracking started %d times while Ready", n)
+				}
+				r.m.Trigger(c)
+				r.waitPhase(Draining)
+				r.m.Trigger(CauseSignal) // a second trigger starts nothing
+				r.apps.exit()
+				if c == CausePreStop {
+					r.m.Trigger(CauseSignal)
+				}
+				if res := r.result(); res.ExitCode != 0 {
+					t.Fatalf("result %+v; log:\n%s", res, r.log())
+				}
+				if n := tr.calls.Load(); n != 1 {
+					t.Errorf("tracking started %d times, want once", n)
+				}
+				if tr.dlAtStart == DrainListenersNotSent {
+					t.Errorf("tracking started before drain_listeners was under way")
+				}
+				want := "tracking live"
+				if fail {
+					want = "tracking did not start: the gate reads what the views have"
+				}
+				if r.logs.FilterMessage(want).Len() != 1 {
+					t.Errorf("no %q in the log:\n%s", want, r.log())
+				}
+			})
+		}
+	}
 }

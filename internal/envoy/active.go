@@ -77,7 +77,7 @@ func (c *Client) ActiveDownstream(ctx context.Context) (ActiveConns, error) {
 	if err != nil {
 		return ActiveConns{}, err
 	}
-	return sumActive(stats, c.exclude), nil
+	return sumActive(stats, c.Exclude()), nil
 }
 
 // DownstreamGauges tells whether Envoy exposes downstream_cx_active gauges
@@ -92,7 +92,7 @@ func (c *Client) DownstreamGauges(ctx context.Context) (present bool, err error)
 	if err != nil {
 		return false, err
 	}
-	return len(sumActive(stats, c.exclude).Listeners) > 0, nil
+	return len(sumActive(stats, c.Exclude()).Listeners) > 0, nil
 }
 
 // sumActive adds up listener.<name>.downstream_cx_active gauges. It skips

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -32,6 +33,8 @@ type Client struct {
 	maxBody int64
 	retries int
 	backoff time.Duration
+
+	mu      sync.Mutex
 	exclude ExcludeSet
 }
 
@@ -86,6 +89,21 @@ func WithBackoff(d time.Duration) Option {
 // WithExclude sets the listeners ActiveDownstream and DownstreamGauges
 // leave out (default [DefaultExclude]: 15020, 15021, 15090).
 func WithExclude(e ExcludeSet) Option { return func(c *Client) { c.exclude = e } }
+
+// SetExclude replaces the listeners ActiveDownstream and DownstreamGauges
+// leave out (e.g. once names are resolved with [ExcludeSet.Resolve]).
+func (c *Client) SetExclude(e ExcludeSet) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.exclude = e
+}
+
+// Exclude returns the listeners ActiveDownstream and DownstreamGauges leave out.
+func (c *Client) Exclude() ExcludeSet {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.exclude
+}
 
 // New returns a client for the admin API at addr, "127.0.0.1:15000" or
 // "[::1]:15000" (an "http://" URL is accepted too).

@@ -8,6 +8,11 @@
 //     downstream_cx_active gauges, with how many gauges were summed.
 //   - [Client.DownstreamGauges]: whether Envoy exposes those gauges at all.
 //   - [Client.Live]: server.state LIVE and listener_manager.workers_started 1.
+//   - [Client.Ready]: GET /ready, Envoy's own state, which reads no stat.
+//   - [Client.Listeners]: the listeners' names, bound ports, stat_prefix and
+//     traffic_direction (GET /listeners?format=json and
+//     /config_dump?resource=static_listeners|dynamic_listeners), to map
+//     names to ports ([ExcludeSet.Resolve]) and check the drain's reach.
 //   - [Client.QuitQuitQuit]: POST /quitquitquit.
 //
 // A [Client] talks plain HTTP/1.1 to the admin address (127.0.0.1:15000 in a
@@ -54,7 +59,9 @@
 // [WithExclude] (default [DefaultExclude]: 15020, 15021, 15090), matched by
 // port whatever the address form: 0.0.0.0_15021, 127.0.0.1_15090,
 // [__]_15021 and [__1]_15090 are all port-matched. A listener named by a
-// stat_prefix has no port and is kept unless excluded by name.
+// stat_prefix has no port and is kept unless excluded by name
+// ([ExcludeSet.Resolve] turns a listener's name into its stat scope and
+// bound port; [Client.SetExclude] installs the result).
 //
 // Zero gauges is not zero connections. With usedonly, a listener that
 // never took a connection has no gauge; and Istio's default bootstrap

@@ -78,6 +78,29 @@ func (c *Client) Live(ctx context.Context) (Liveness, error) {
 	return l, nil
 }
 
+// Ready asks GET /ready, Envoy's own readiness, which reads no stat
+// (source/server/admin/server_info_handler.cc): 200 "LIVE" once the
+// server is initialized, 503 with the state's name otherwise
+// (PRE_INITIALIZING, INITIALIZING, DRAINING after /healthcheck/fail). It
+// is what readiness falls back to when a stats_matcher rejects the two
+// stats [Client.Live] reads. Unlike Live it cannot tell whether the
+// workers have started: Envoy turns LIVE when its init manager is done and
+// starts the workers right after, on the same thread, so the gap is one
+// event-loop turn.
+func (c *Client) Ready(ctx context.Context) (ServerState, error) {
+	_, body, err := c.do(ctx, request{method: "GET", path: "/ready", repeatable: true, accept: []int{200, 503}})
+	if err != nil {
+		return 0, err
+	}
+	name := strings.TrimSpace(string(body))
+	for i, n := range stateNames {
+		if n == name {
+			return ServerState(i), nil
+		}
+	}
+	return 0, malformed("GET /ready: answer %q is not a server state", truncate(body, 64))
+}
+
 // DrainOptions are /drain_listeners' flags.
 type DrainOptions struct {
 	// InboundOnly drains only listeners with traffic_direction INBOUND.

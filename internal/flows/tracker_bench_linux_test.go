@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/namespace"
+	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -100,8 +101,22 @@ func BenchmarkTrackerNotify(b *testing.B) {
 // not queue (lost) and the resyncs they caused.
 // Run: go test -run '^$' -bench TrackerThroughput -benchtime 50000x ./internal/flows
 func BenchmarkTrackerThroughput(b *testing.B) {
-	for _, ring := range []int{1 << 20, 2 << 20, 4 << 20, 8 << 20} {
-		b.Run(fmt.Sprintf("ring-%dMiB", ring>>20), func(b *testing.B) {
+	// The default (probes.DefaultTCPRingSize, held while Ready) and larger;
+	// as fast as 4 threads can (a burst far past any pod's drain), and paced
+	// at the target rate of 100k changes/s.
+	type run struct{ ring, rate int }
+	var runs []run
+	for _, ring := range []int{probes.DefaultTCPRingSize, 1 << 20, 2 << 20, 8 << 20} {
+		runs = append(runs, run{ring, 0})
+	}
+	runs = append(runs, run{probes.DefaultTCPRingSize, 100_000})
+	for _, r := range runs {
+		ring := r.ring
+		name := fmt.Sprintf("ring-%dKiB", ring>>10)
+		if r.rate > 0 {
+			name += fmt.Sprintf("/paced-%dk", r.rate/1000)
+		}
+		b.Run(name, func(b *testing.B) {
 			testutil.RequireBTF(b)
 			ns := testutil.NewNetNS(b)
 			h, err := namespace.Open(ns.Path())
@@ -130,11 +145,17 @@ func BenchmarkTrackerThroughput(b *testing.B) {
 			b.ResetTimer()
 			start := time.Now()
 			var wg sync.WaitGroup
+			// Each op is two changes (CLOSE->LISTEN, LISTEN->CLOSE).
+			opsPerWorker := float64(r.rate) / 2 / float64(workers)
 			for w := range workers {
 				n := b.N / workers
 				wg.Go(func() {
 					ns.Do(b, func() {
-						for range n {
+						for i := range n {
+							if opsPerWorker > 0 && i%32 == 0 {
+								due := start.Add(time.Duration(float64(i) / opsPerWorker * float64(time.Second)))
+								time.Sleep(time.Until(due))
+							}
 							fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 							if err != nil {
 								b.Error(err)

@@ -34,7 +34,8 @@ type TrackerConfig struct {
 	// correct any drift (0: 5 minutes; negative: never). It is the only
 	// timer eBPF mode arms while nothing happens.
 	ReconcilePeriod time.Duration
-	// RingSize is the eBPF ring buffer size in bytes (0: DefaultRingSize).
+	// RingSize is the eBPF ring buffer size in bytes (0:
+	// probes.DefaultTCPRingSize).
 	RingSize int
 	// BTFCache shares the kernel's decoded BTF with the other eBPF loads
 	// of the process (probes.TCPStateOptions.BTFCache); nil: the load
@@ -42,16 +43,15 @@ type TrackerConfig struct {
 	BTFCache *btf.Cache
 	// Logger receives the mode choice and resync notices (nil: none).
 	Logger *zap.Logger
+	// Dormant opens the tracker without its live view: the eBPF probe is
+	// loaded (verified, its maps made: the mode is decided) but not
+	// attached, no snapshot is taken and nothing polls. Listening,
+	// Summary and Snapshot then read the kernel when asked (filtered
+	// sock_diag dumps), costing nothing in between. Start makes it live:
+	// a pod pays for the live view only while it drains
+	// (docs/design.md, "Track only while draining").
+	Dormant bool
 }
-
-// DefaultRingSize is the tracker's eBPF ring buffer: about 26k events
-// (80 bytes each), a burst of that many state changes absorbed while the
-// reader is descheduled; past it the tracker resyncs from a snapshot. It
-// weighs on draind's footprint twice over: the kernel maps a ring's pages
-// twice (VmRSS counts 4 MiB for it; the probe's own 8 MiB default counts
-// 16 MiB), and creating and mapping a larger ring slows the load (8 MiB:
-// ~10 ms more on 6.18).
-const DefaultRingSize = 2 << 20
 
 // DefaultPollPeriod is sockdiag mode's polling period: a LISTEN-and-flows
 // dump of a pod's namespace costs well under a millisecond.
@@ -82,6 +82,12 @@ type Tracker struct {
 	// How long OpenTracker's two steps took (Opened).
 	probeLoad, firstSnapshot time.Duration
 
+	// live: the table is kept current (events or polls); false while
+	// Dormant, until Start. Set under mu, read anywhere.
+	live atomic.Bool
+	// onDemand classifies the sockets of dumps taken while dormant.
+	onDemand *Classifier
+
 	resyncs  atomic.Uint64
 	lostSeen atomic.Uint64
 	dropped  atomic.Uint64 // changes a slow watcher did not take
@@ -105,9 +111,6 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 	if cfg.ReconcilePeriod == 0 {
 		cfg.ReconcilePeriod = 5 * time.Minute
 	}
-	if cfg.RingSize == 0 {
-		cfg.RingSize = DefaultRingSize
-	}
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -129,7 +132,7 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 		t.mode, t.reason = ModeSockDiag, "asked for (--tracker sockdiag)"
 	case ModeEBPF, ModeAuto:
 		loadStart := time.Now()
-		p, perr := probes.OpenTCPState(ns.Inode(), probes.TCPStateOptions{RingSize: cfg.RingSize, BTFCache: cfg.BTFCache})
+		p, perr := probes.OpenTCPState(ns.Inode(), probes.TCPStateOptions{RingSize: cfg.RingSize, BTFCache: cfg.BTFCache, Detached: cfg.Dormant})
 		if perr != nil {
 			var pu *probes.UnavailableError
 			if cfg.Mode == ModeEBPF || !errors.As(perr, &pu) {
@@ -149,14 +152,104 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 	}
 	t.table = NewFlowTable(cfg.Policy, t.probe == nil || t.probe.UsesCookie())
 	t.replaceFn, t.emitFn = t.table.replaceSocket, t.emitLocked
-	// eBPF: the probe is attached and buffering before this snapshot, so
-	// nothing that happens from here on is missed.
-	snapStart := time.Now()
-	if err := t.Resync(); err != nil {
+	t.onDemand = NewClassifier(cfg.Policy)
+	if cfg.Dormant {
+		return t, nil
+	}
+	if err := t.goLive(); err != nil {
 		return nil, err
 	}
-	t.firstSnapshot = time.Since(snapStart)
 	return t, nil
+}
+
+// Start makes a Dormant tracker live: eBPF mode attaches the probe first,
+// then takes the snapshot, so that a change racing with it is in one or
+// the other (applying an event twice is harmless: each sets an absolute
+// state). A probe that cannot attach leaves the tracker polling, logged.
+// Call Run after it. Idempotent; a tracker opened live is live already.
+func (t *Tracker) Start() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.live.Load() {
+		return nil
+	}
+	if t.probe != nil {
+		if err := t.probe.Attach(); err != nil {
+			t.mode, t.reason = ModeSockDiag, fmt.Sprintf("eBPF probe failed to attach (%v): polling", err)
+			t.log.Warn("tracker falls back to sock_diag polling", zap.Error(err))
+			t.probe.Close()
+			t.probe = nil
+		}
+	}
+	return t.goLiveLocked()
+}
+
+func (t *Tracker) goLive() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.goLiveLocked()
+}
+
+// goLiveLocked takes the first snapshot of the live table. eBPF: the probe
+// is attached and buffering before it, so nothing from here on is missed.
+func (t *Tracker) goLiveLocked() error {
+	snapStart := time.Now()
+	if err := t.resyncLocked(); err != nil {
+		return err
+	}
+	t.firstSnapshot = time.Since(snapStart)
+	t.live.Store(true)
+	return nil
+}
+
+// Live reports whether the table is kept current (see Dormant).
+func (t *Tracker) Live() bool { return t.live.Load() }
+
+// Listening returns those of ports owner has no listener on: from the live
+// table's listener set, or, while dormant, from one LISTEN dump the kernel
+// filters to these ports.
+func (t *Tracker) Listening(owner Owner, ports []uint16) (missing []uint16, err error) {
+	if t.live.Load() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		for _, p := range ports {
+			if !t.table.Listens(owner, p) {
+				missing = append(missing, p)
+			}
+		}
+		return missing, nil
+	}
+	t.mu.Lock() // the on-demand classifier is one
+	defer t.mu.Unlock()
+	found := make(map[uint16]bool, len(ports))
+	err = t.diag.EachLocalPort(sockdiag.Mask(sockdiag.Listen), ports, func(s *sockdiag.Socket) {
+		if f := t.onDemand.Flow(s); f.Owner == owner {
+			found[s.Local.Port()] = true
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range ports {
+		if !found[p] {
+			missing = append(missing, p)
+		}
+	}
+	return missing, nil
+}
+
+// dumpNow attributes one fresh dump of the namespace (a dormant tracker's
+// answer to Summary and Snapshot). The classifier and the dump buffer are
+// the tracker's: one at a time, under mu.
+func (t *Tracker) dumpNowLocked() Snapshot {
+	socks, err := t.diag.Sockets(TableMask | sockdiag.Mask(sockdiag.Listen))
+	if err != nil {
+		t.log.Debug("sock_diag dump on demand", zap.Error(err))
+		return Snapshot{Taken: time.Now(), Namespace: t.name}
+	}
+	snap := t.onDemand.Classify(socks)
+	snap.Taken, snap.Namespace = time.Now(), t.name
+	return snap
 }
 
 // Opened says how long OpenTracker's steps took: loading, verifying and
@@ -187,17 +280,23 @@ func (t *Tracker) Lost() uint64 {
 	return t.probe.Lost()
 }
 
-// Summary returns the current counts.
+// Summary returns the current counts (dormant: of a dump taken now).
 func (t *Tracker) Summary() Summary {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if !t.live.Load() {
+		return t.dumpNowLocked().Summary
+	}
 	return t.table.Summary()
 }
 
-// Snapshot returns the table as a Snapshot.
+// Snapshot returns the table as a Snapshot (dormant: a dump taken now).
 func (t *Tracker) Snapshot() Snapshot {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if !t.live.Load() {
+		return t.dumpNowLocked()
+	}
 	s := t.table.Snapshot(time.Now())
 	s.Namespace = t.name
 	return s
@@ -212,7 +311,8 @@ func (t *Tracker) Flows(keep func(*Flow) bool) []TrackedFlow {
 }
 
 // Listens reports whether owner has a listener on port: a lookup in the
-// listener set the table keeps for its classification, not a walk.
+// listener set the table keeps for its classification, not a walk (a live
+// tracker's; see Listening).
 func (t *Tracker) Listens(owner Owner, port uint16) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -336,8 +436,11 @@ func (t *Tracker) notifyLocked(before Summary) {
 
 // Run keeps the table live until ctx ends or a source fails. In eBPF mode
 // a probe failure after load falls back to polling (logged once) rather
-// than ending the tracker.
+// than ending the tracker. A Dormant tracker must be Started first.
 func (t *Tracker) Run(ctx context.Context) error {
+	if !t.live.Load() {
+		return errors.New("tracker: Run before Start")
+	}
 	if t.probe != nil {
 		err := t.runEBPF(ctx)
 		if ctx.Err() != nil {
@@ -396,6 +499,12 @@ func (t *Tracker) runEBPF(ctx context.Context) error {
 				}
 			case <-timer:
 				timer = nil
+				if t.probe.Queued() > 0 {
+					// The reader is behind: a resync now would stall it.
+					// Look again once it has read on.
+					timer = time.After(lostCheckAfter)
+					continue
+				}
 				t.resyncIfLost()
 			case <-reconcile:
 				if err := t.Resync(); err == nil {
@@ -417,7 +526,11 @@ func (t *Tracker) runEBPF(ctx context.Context) error {
 			}
 		}
 		t.mu.Unlock()
-		if n++; n%4096 == 0 {
+		// A resync holds the table, and the reader with it: never while
+		// events wait in the ring (the kernel would drop more), only once
+		// caught up. Past a loss every event is stale anyway until it.
+		if n++; n >= 4096 && !ev.More {
+			n = 0
 			t.resyncIfLost()
 		}
 		select {

@@ -254,3 +254,69 @@ func TestTrackerFallbackMode(t *testing.T) {
 	ns.ListenAs(t, 0, "127.0.0.1:7100")
 	waitSummary(t, tr, Summary{AppListeners: 1})
 }
+
+// A Dormant tracker runs nothing while the pod serves: its probe is loaded
+// but not attached and it neither snapshots nor polls; it answers
+// Listening and Summary from dumps taken when asked. Start attaches, then
+// snapshots: a flow opened before it and one opened after are both seen,
+// and the table follows from there as a live tracker's does.
+func TestTrackerDormant(t *testing.T) {
+	for _, mode := range []string{ModeEBPF, ModeSockDiag} {
+		t.Run(mode, func(t *testing.T) {
+			if mode == ModeEBPF {
+				testutil.RequireBTF(t)
+			}
+			ns := testutil.NewNetNS(t)
+			h, err := namespace.Open(ns.Path())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { h.Close() })
+			tr, err := OpenTracker(h, TrackerConfig{Mode: mode, Policy: DefaultPolicy(), PollPeriod: 20 * time.Millisecond, Dormant: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { tr.Close() })
+			if got, _ := tr.Mode(); got != mode {
+				t.Fatalf("mode %s, want %s", got, mode)
+			}
+			if tr.Live() || (tr.probe != nil && tr.probe.Attached()) || !tr.LastSnapshot().Equal(time.Unix(0, 0)) {
+				t.Fatalf("dormant tracker: live %v, attached %v, last snapshot %v", tr.Live(), tr.probe != nil && tr.probe.Attached(), tr.LastSnapshot())
+			}
+			app := ns.ListenAs(t, 0, "127.0.0.1:8080")
+			ns.ListenAs(t, DefaultProxyUID, "[::]:15001")
+			if missing, err := tr.Listening(OwnerApp, []uint16{8080, 8081}); err != nil || len(missing) != 1 || missing[0] != 8081 {
+				t.Fatalf("Listening(app, 8080, 8081) = %v, %v: want 8081 missing", missing, err)
+			}
+			if missing, _ := tr.Listening(OwnerApp, []uint16{15001}); len(missing) != 1 {
+				t.Fatalf("the proxy's listener counted as the app's")
+			}
+			before := ns.DialAs(t, 0, "127.0.0.1:8080")
+			testutil.Accept(t, app)
+			if got := tr.Summary(); got.AppListeners != 1 || got.ProxyListeners != 1 || got.AppInbound != 1 || got.AppOutbound != 1 {
+				t.Fatalf("dormant summary %+v", got)
+			}
+			if err := tr.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if !tr.Live() || (tr.probe != nil && !tr.probe.Attached()) {
+				t.Fatalf("started: live %v", tr.Live())
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- tr.Run(ctx) }()
+			t.Cleanup(func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("run: %v", err)
+				}
+			})
+			after := ns.DialAs(t, 0, "127.0.0.1:8080")
+			testutil.Accept(t, app)
+			waitSummary(t, tr, Summary{AppListeners: 1, ProxyListeners: 1, AppInbound: 2, AppOutbound: 2})
+			before.Close()
+			after.Close()
+
+		})
+	}
+}

@@ -88,12 +88,18 @@ type TCPStateOptions struct {
 	// the mapped vmlinux BTF) as long as it is referenced: drop it once
 	// every object is loaded.
 	BTFCache *btf.Cache
+	// Detached loads the programs (verified, maps made) without attaching
+	// them: they run for no event until Attach.
+	Detached bool
 }
 
-// DefaultTCPRingSize holds about 100k events (72 bytes + an 8-byte ring
+// DefaultTCPRingSize holds about 6.5k events (72 bytes + an 8-byte ring
 // header each): a burst of that many state changes is absorbed while the
-// reader is descheduled.
-const DefaultTCPRingSize = 8 << 20
+// reader is descheduled; past it the tracker resyncs from a snapshot. The
+// ring is made when the probe loads, at start-up, and held for the pod's
+// life: its size is memory every pod pays while it serves (and VmRSS
+// counts it twice: the kernel maps a ring's data pages twice).
+const DefaultTCPRingSize = 512 << 10
 
 // TCPEvent is one TCP state change seen by the tcpstate programs, already
 // filtered to the target namespace and to TCP.
@@ -112,6 +118,9 @@ type TCPEvent struct {
 	Local    netip.AddrPort
 	Remote   netip.AddrPort
 	UID      uint32
+	// More: other events were queued behind this one when it was read:
+	// the reader has not caught up with the kernel.
+	More bool
 }
 
 // EventReader is a probe's stream of events (TCPState, Procs).

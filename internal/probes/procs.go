@@ -17,7 +17,7 @@ type ProcOptions struct {
 	// MaxProcWalk, means MaxProcWalk.
 	WalkCap int
 	// WalkOut is how many processes of the namespace one snapshot's walk
-	// can return (the walk_out map, 72 bytes each). 0 means
+	// can return (the walk_out map, 80 bytes each). 0 means
 	// DefaultProcWalkOut.
 	WalkOut int
 	// BTFCache, when set, decodes the kernel's BTF once for every load that
@@ -25,11 +25,16 @@ type ProcOptions struct {
 	// 6.18). Share it during start-up and drop it after: it holds the
 	// decoded kernel types.
 	BTFCache *btf.Cache
+	// Detached loads the programs without attaching fork, exec and exit:
+	// they run for no event until Attach (snapshots work).
+	Detached bool
 }
 
-// DefaultProcRingSize is the procs ring buffer's default size: 3276 events
-// of 72 bytes (+8 of header), far more than a pod forks between two reads.
-const DefaultProcRingSize = 256 << 10
+// DefaultProcRingSize is the procs ring buffer's default size: 1489 events
+// of 80 bytes (+8 of header), far more than a pod forks between two reads
+// (a loss costs a snapshot, not correctness). Held from start-up on, like
+// DefaultTCPRingSize.
+const DefaultProcRingSize = 128 << 10
 
 // MaxProcWalk is the most processes of the node a snapshot's walk can
 // visit (WALK_MAX in bpf/procs.c), and its default cap. A node with more
@@ -37,9 +42,10 @@ const DefaultProcRingSize = 256 << 10
 const MaxProcWalk = 1 << 16
 
 // DefaultProcWalkOut is how many processes of the namespace one snapshot's
-// walk returns by default. A pod has far fewer; a hostNetwork pod's
-// namespace is the node's.
-const DefaultProcWalkOut = 4096
+// walk returns by default (160 KiB of map, held from start-up on). A pod
+// has far fewer; a hostNetwork pod's namespace is the node's, whose
+// processes are not followed.
+const DefaultProcWalkOut = 2048
 
 func (o ProcOptions) withDefaults() ProcOptions {
 	if o.RingSize == 0 {
@@ -69,6 +75,9 @@ type ProcTask struct {
 	// NSPID and NSPPID are PID and PPID as the loader's PID namespace
 	// (Procs.PIDNS) numbers them; 0 when it does not see the process.
 	NSPID, NSPPID int
+	// MountNS is the inode of its mount namespace (as /proc/PID/ns/mnt
+	// shows it): every container of a pod has its own.
+	MountNS uint64
 }
 
 // ProcEventKind says what a ProcEvent reports.

@@ -28,6 +28,8 @@ type procsProcEvent struct {
 	Status  uint32
 	Netns   uint32
 	Comm    [16]int8
+	Mntns   uint32
+	Pad     uint32
 }
 
 // Names of all BPF objects in the ELF.

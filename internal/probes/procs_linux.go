@@ -55,7 +55,7 @@ type procsLoaded struct {
 }
 
 // procEventSize is sizeof(struct proc_event) in bpf/procs.c.
-const procEventSize = 72
+const procEventSize = 80
 
 // Offsets in struct proc_event (little-endian).
 const (
@@ -72,6 +72,7 @@ const (
 	peStatus = 48
 	peNetNS  = 52
 	peComm   = 56
+	peMntNS  = 72
 )
 
 // The iterator's kinds of record (the events' are ProcEventKind).
@@ -122,20 +123,13 @@ func (p *Procs) load(netnsInode uint64, o ProcOptions) (err error) {
 	if p.walkOut, err = unix.Mmap(p.objs.WalkOut.FD(), 0, size, unix.PROT_READ, unix.MAP_SHARED); err != nil {
 		return fmt.Errorf("mmap walk_out: %w", err)
 	}
-	for _, tp := range []struct {
-		name string
-		prog *ebpf.Program
-	}{
-		{"sched_process_exit", p.objs.ProcsExit},
-		{"sched_process_fork", p.objs.ProcsFork},
-		{"sched_process_exec", p.objs.ProcsExec},
-	} {
-		l, err := link.AttachTracing(link.TracingOptions{Program: tp.prog, AttachType: ebpf.AttachTraceRawTp})
-		if err != nil {
-			return fmt.Errorf("attach tp_btf/%s: %w", tp.name, err)
+	p.hooks = []hook{{"sched_process_exit", p.objs.ProcsExit}, {"sched_process_fork", p.objs.ProcsFork}, {"sched_process_exec", p.objs.ProcsExec}}
+	if !o.Detached {
+		if err := p.attach(); err != nil {
+			return err
 		}
-		p.links = append(p.links, l)
 	}
+	// The iterator's link runs nothing until a snapshot reads it.
 	if p.iter, err = link.AttachIter(link.IterOptions{Program: p.objs.ProcsIter}); err != nil {
 		return fmt.Errorf("attach iter/task: %w", err)
 	}
@@ -158,6 +152,19 @@ func setProcsConstants(spec *ebpf.CollectionSpec, netns, pidns uint64, walkCap u
 	}
 	return spec.Variables[procsVarReaderPidns].Set(pidns)
 }
+
+// Attach attaches the fork, exec and exit programs of a probe opened
+// Detached (see TCPState.Attach). Snapshots work either way: the iterator
+// runs only when read.
+func (p *Procs) Attach() error {
+	if err := p.attach(); err != nil {
+		return unavailable(err)
+	}
+	return nil
+}
+
+// Attached reports whether the fork, exec and exit programs run.
+func (p *Procs) Attached() bool { return p.isAttached() }
 
 // PIDNS is the inode of the PID namespace the NSPID fields are in: the
 // loader's (0 when it could not be read: then they are all 0).
@@ -308,5 +315,6 @@ func decodeProcTask(b []byte) ProcTask {
 		StartTime: le.Uint64(b[peStart:]),
 		NSPID:     int(le.Uint32(b[peNSPid:])),
 		NSPPID:    int(le.Uint32(b[peNSPpid:])),
+		MountNS:   uint64(le.Uint32(b[peMntNS:])),
 	}
 }

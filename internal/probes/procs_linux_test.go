@@ -3,6 +3,7 @@ package probes
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 func TestProcEventLayout(t *testing.T) {
@@ -35,6 +37,7 @@ func TestProcEventLayout(t *testing.T) {
 		{"status", unsafe.Offsetof(ev.Status), peStatus},
 		{"netns", unsafe.Offsetof(ev.Netns), peNetNS},
 		{"comm", unsafe.Offsetof(ev.Comm), peComm},
+		{"mntns", unsafe.Offsetof(ev.Mntns), peMntNS},
 	} {
 		if f.got != f.want {
 			t.Errorf("offset of %s = %d, decoder uses %d", f.name, f.got, f.want)
@@ -53,12 +56,13 @@ func TestProcEventLayout(t *testing.T) {
 	le.PutUint32(b[peStatus:], 3<<8)
 	le.PutUint32(b[peNetNS:], 4026531840)
 	copy(b[peComm:], "envoy\x00junk")
+	le.PutUint32(b[peMntNS:], 4026532001)
 	var got ProcEvent
 	if err := decodeProcEvent(b, true, &got); err != nil {
 		t.Fatal(err)
 	}
 	want := ProcEvent{Time: 7, Kind: ProcFork, Status: 3 << 8, More: true,
-		Task: ProcTask{PID: 42, PPID: 1, UID: 1337, Comm: "envoy", StartTime: 99, NSPID: 3, NSPPID: 2}}
+		Task: ProcTask{PID: 42, PPID: 1, UID: 1337, Comm: "envoy", StartTime: 99, NSPID: 3, NSPPID: 2, MountNS: 4026532001}}
 	if got != want {
 		t.Errorf("decoded %+v, want %+v", got, want)
 	}
@@ -154,6 +158,15 @@ func TestProcs(t *testing.T) {
 	if !ok || task.Comm != "sleep" || task.NSPID != sleeper.Process.Pid || task.StartTime == 0 {
 		t.Fatalf("snapshot: sleep (pid %d) is %+v (found %v); tasks %+v", sleeper.Process.Pid, task, ok, snap.Tasks)
 	}
+	// The mount namespace is the one /proc/PID/ns/mnt names: the key of a
+	// process's container.
+	var mnt unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/mnt", sleeper.Process.Pid), &mnt); err != nil {
+		t.Fatal(err)
+	}
+	if task.MountNS != mnt.Ino {
+		t.Errorf("snapshot: sleep's mount namespace %d, /proc says %d", task.MountNS, mnt.Ino)
+	}
 	if !snap.Walk.Complete() || snap.Walk.HostNetNS == 0 || snap.Walk.HostNetNS == ns.Inode || snap.Self == 0 || snap.Since() != snap.Start {
 		t.Errorf("snapshot: walk %+v (%s), self %d, start %v", snap.Walk, snap.Walk.Shortfall(), snap.Self, snap.Start)
 	}
@@ -181,6 +194,9 @@ func TestProcs(t *testing.T) {
 		case ProcExec:
 			if ev.Task.Comm != "sh" {
 				t.Errorf("exec: comm %q, want sh", ev.Task.Comm)
+			}
+			if ev.Task.MountNS != mnt.Ino {
+				t.Errorf("exec: mount namespace %d, want %d", ev.Task.MountNS, mnt.Ino)
 			}
 		case ProcExit:
 			if ev.Status != 3<<8 {

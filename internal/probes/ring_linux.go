@@ -16,9 +16,46 @@ import (
 // attached is what every probe holds once loaded, besides its programs
 // and maps: its links, its ring buffer's reader and its loss counter.
 type attached struct {
-	links []link.Link
-	ring  *ringReader
-	lost  lostCount
+	// hooks are the programs to attach, in the order they run in. A
+	// probe opened Detached attaches them at Attach; until then it is
+	// loaded (verified, its maps made) and runs for no event.
+	hooks  []hook
+	linkMu sync.Mutex
+	links  []link.Link // attached hooks, in hooks' order
+	closed bool        // under linkMu: detach ran
+	ring   *ringReader
+	lost   lostCount
+}
+
+// hook is a tp_btf program and the tracepoint it runs at.
+type hook struct {
+	tracepoint string
+	prog       *ebpf.Program
+}
+
+// attach attaches every hook not attached yet, in order. Idempotent; an
+// error leaves the hooks attached so far attached (detach closes them).
+func (a *attached) attach() error {
+	a.linkMu.Lock()
+	defer a.linkMu.Unlock()
+	if a.closed {
+		return fmt.Errorf("attach: %w", os.ErrClosed)
+	}
+	for _, h := range a.hooks[len(a.links):] {
+		l, err := link.AttachTracing(link.TracingOptions{Program: h.prog, AttachType: ebpf.AttachTraceRawTp})
+		if err != nil {
+			return fmt.Errorf("attach tp_btf/%s: %w", h.tracepoint, err)
+		}
+		a.links = append(a.links, l)
+	}
+	return nil
+}
+
+// isAttached reports whether every hook runs.
+func (a *attached) isAttached() bool {
+	a.linkMu.Lock()
+	defer a.linkMu.Unlock()
+	return !a.closed && len(a.links) == len(a.hooks)
 }
 
 // detach freezes the loss counter, closes the links (the programs stop
@@ -26,10 +63,14 @@ type attached struct {
 // probe closes its programs and maps after.
 func (a *attached) detach() []error {
 	a.lost.close()
+	a.linkMu.Lock()
+	a.closed = true
 	var errs []error
 	for _, l := range a.links {
 		errs = append(errs, l.Close())
 	}
+	a.links = nil
+	a.linkMu.Unlock()
 	return append(errs, a.ring.close())
 }
 

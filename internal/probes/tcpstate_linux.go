@@ -17,7 +17,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
-	"github.com/cilium/ebpf/link"
 	"github.com/draind/draind/internal/sockdiag"
 	"golang.org/x/sys/unix"
 )
@@ -125,11 +124,11 @@ func openTCPState(netnsInode uint64, opts TCPStateOptions, forceNoCookie bool) (
 	}
 
 	useCookie := !forceNoCookie && !cookieUnsupported.Load()
-	p, err := loadProbe(netnsInode, uint32(ringSize), useCookie, opts.BTFCache)
+	p, err := loadProbe(netnsInode, uint32(ringSize), useCookie, opts.Detached, opts.BTFCache)
 	if err != nil && useCookie && isCookieRefused(err) {
 		cookieUnsupported.Store(true)
 		useCookie = false
-		p, err = loadProbe(netnsInode, uint32(ringSize), false, opts.BTFCache)
+		p, err = loadProbe(netnsInode, uint32(ringSize), false, opts.Detached, opts.BTFCache)
 	}
 	if err != nil {
 		return nil, unavailable(err)
@@ -138,7 +137,7 @@ func openTCPState(netnsInode uint64, opts TCPStateOptions, forceNoCookie bool) (
 	return p, nil
 }
 
-func loadProbe(netnsInode uint64, ringSize uint32, useCookie bool, cache *btf.Cache) (_ *TCPState, err error) {
+func loadProbe(netnsInode uint64, ringSize uint32, useCookie, detached bool, cache *btf.Cache) (_ *TCPState, err error) {
 	spec, err := loadTcpstate()
 	if err != nil {
 		return nil, err
@@ -167,12 +166,11 @@ func loadProbe(netnsInode uint64, ringSize uint32, useCookie bool, cache *btf.Ca
 	// The primary first: the tracepoint calls its programs in the order
 	// they were attached, and the backup only emits what the primary did
 	// not see (bpf/tcpstate.c, "Recursion").
-	for _, prog := range []*ebpf.Program{p.objs.OnSetState, p.objs.OnSetStateBackup} {
-		l, err := link.AttachTracing(link.TracingOptions{Program: prog, AttachType: ebpf.AttachTraceRawTp})
-		if err != nil {
-			return nil, fmt.Errorf("attach tp_btf/inet_sock_set_state: %w", err)
+	p.hooks = []hook{{"inet_sock_set_state", p.objs.OnSetState}, {"inet_sock_set_state", p.objs.OnSetStateBackup}}
+	if !detached {
+		if err := p.attach(); err != nil {
+			return nil, err
 		}
-		p.links = append(p.links, l)
 	}
 	if p.ring, err = newRingReader(p.objs.Events); err != nil {
 		return nil, err
@@ -181,6 +179,22 @@ func loadProbe(netnsInode uint64, ringSize uint32, useCookie bool, cache *btf.Ca
 	p.covered = perCPUCounter{m: p.objs.BackupCovered}
 	return p, nil
 }
+
+// Attach attaches the programs of a probe opened Detached: events flow
+// from the moment it returns. It needs no capability where the kernel
+// checks them only when a program or map is made (6.18: draind attaches
+// with none left); a kernel that checks every bpf() call while
+// kernel.unprivileged_bpf_disabled is set needs CAP_BPF, which draind keeps
+// there (privs.Needs). Idempotent; safe from any goroutine.
+func (p *TCPState) Attach() error {
+	if err := p.attach(); err != nil {
+		return unavailable(err)
+	}
+	return nil
+}
+
+// Attached reports whether the programs run.
+func (p *TCPState) Attached() bool { return p.isAttached() }
 
 // isCookieRefused reports whether the verifier refused the program only
 // because tracing programs cannot call bpf_get_socket_cookie here (< 5.12).
@@ -206,8 +220,18 @@ func cookieRefusedLog(log []string) bool {
 // and the events already in the ring have been read, and an error wrapping
 // os.ErrClosed (== ringbuf.ErrClosed) after Close. It allocates nothing.
 func (p *TCPState) ReadEvent(ev *TCPEvent) error {
-	return p.ring.read("tcpstate event", func(b []byte, _ bool) error { return decodeEvent(b, ev) })
+	return p.ring.read("tcpstate event", func(b []byte, more bool) error {
+		if err := decodeEvent(b, ev); err != nil {
+			return err
+		}
+		ev.More = more
+		return nil
+	})
 }
+
+// Queued is how many bytes of events wait in the ring: 0 when the reader
+// has caught up with the kernel.
+func (p *TCPState) Queued() int { return p.ring.rd.AvailableBytes() }
 
 // SetDeadline sets when a blocked or future ReadEvent gives up with
 // os.ErrDeadlineExceeded; the zero time removes the deadline. It may be

@@ -50,13 +50,21 @@ type Options struct {
 	// ReapAll makes the reaper collect every child, not only the proxy:
 	// what PID 1 must do, or orphans pile up as zombies.
 	ReapAll bool
+	// SignalPIDOnly sends every signal but SIGKILL to the proxy's PID
+	// alone, not its group: for a supervisor such as Istio's pilot-agent,
+	// whose Envoy shares its group and must hear from pilot-agent, not
+	// from draind (a SIGTERM to the group ends Envoy at once). SIGKILL,
+	// the last step, still goes to the group: pilot-agent starts Envoy
+	// without a parent-death signal, so Envoy would outlive it.
+	SignalPIDOnly bool
 }
 
 // Process is the supervised proxy process. It runs in its own process group
 // (signals reach Envoy's whole tree) and dies with draind (Pdeathsig).
 type Process struct {
-	pid    int
-	exited chan struct{}
+	pid     int
+	pidOnly bool // Options.SignalPIDOnly
+	exited  chan struct{}
 
 	mu     sync.Mutex
 	status unix.WaitStatus
@@ -97,7 +105,7 @@ func Start(argv []string, opts Options) (*Process, error) {
 	if attr.Env == nil {
 		attr.Env = os.Environ()
 	}
-	p := &Process{exited: make(chan struct{})}
+	p := &Process{exited: make(chan struct{}), pidOnly: opts.SignalPIDOnly}
 	started := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: see above
@@ -205,15 +213,20 @@ func (p *Process) ExitDescription() string {
 	return fmt.Sprintf("exited with code %d", p.status.ExitStatus())
 }
 
-// Signal sends sig to the proxy's whole process group.
+// Signal sends sig to the proxy's whole process group, or to its PID
+// alone under Options.SignalPIDOnly (but SIGKILL).
 func (p *Process) Signal(sig syscall.Signal) error {
 	select {
 	case <-p.exited:
 		return os.ErrProcessDone
 	default:
 	}
-	if err := unix.Kill(-p.pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("signal proxy group %d: %w", p.pid, err)
+	target, what := -p.pid, "group"
+	if p.pidOnly && sig != syscall.SIGKILL {
+		target, what = p.pid, "process"
+	}
+	if err := unix.Kill(target, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("signal proxy %s %d: %w", what, p.pid, err)
 	}
 	return nil
 }

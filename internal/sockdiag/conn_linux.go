@@ -41,6 +41,8 @@ type Conn struct {
 	name   string
 	noInfo bool
 	req    [reqV2Len]byte
+	filter []byte // inet_diag bytecode for the dump under way (EachLocalPort)
+	reqBuf []byte // the request with its filter, reused
 	buf    []Socket
 	sock   Socket
 }
@@ -93,6 +95,21 @@ func (d *Conn) Close() error {
 func (d *Conn) Each(mask StateMask, fn func(*Socket)) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	return d.each(mask, fn)
+}
+
+// EachLocalPort is Each for the sockets whose local port is one of ports
+// only: the kernel filters the dump (inet_diag bytecode), so a question
+// about a few listeners costs the namespace's other sockets nothing but a
+// comparison in the kernel. No ports: no socket.
+func (d *Conn) EachLocalPort(mask StateMask, ports []uint16, fn func(*Socket)) error {
+	if len(ports) == 0 {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.filter = localPortFilter(ports)
+	defer func() { d.filter = nil }()
 	return d.each(mask, fn)
 }
 
@@ -157,9 +174,14 @@ func (d *Conn) dump(mask StateMask, fn func(payload []byte) bool) error {
 
 func (d *Conn) dumpFamily(family uint8, mask StateMask, fn func([]byte) bool) (interrupted bool, err error) {
 	putRequest(d.req[:], family, mask, !d.noInfo)
+	data := d.req[:]
+	if d.filter != nil {
+		d.reqBuf = putBytecodeAttr(append(d.reqBuf[:0], d.req[:]...), d.filter)
+		data = d.reqBuf
+	}
 	sent, err := d.c.Send(netlink.Message{
 		Header: netlink.Header{Type: sockDiagByFamily, Flags: netlink.Request | netlink.Dump},
-		Data:   d.req[:],
+		Data:   data,
 	})
 	if err != nil {
 		return false, fmt.Errorf("sock_diag request in %s: %w", d.name, err)

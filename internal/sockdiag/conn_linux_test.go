@@ -161,3 +161,47 @@ func TestEachAllocatesPerDatagramNotPerSocket(t *testing.T) {
 		t.Fatalf("%.0f allocations for %d sockets (%.2f per socket), want them per datagram, not per socket", allocs, sockets, perSocket)
 	}
 }
+
+// The kernel filters a dump by local port: only the listeners and flows
+// on the ports asked for come back, in both families, for one port or
+// several; the next unfiltered dump sees everything again.
+func TestEachLocalPort(t *testing.T) {
+	ns := testutil.NewNetNS(t)
+	ns.ListenAs(t, 0, "127.0.0.1:8080")
+	ns.ListenAs(t, 0, "[::1]:8081")
+	ln := ns.ListenAs(t, 0, "127.0.0.1:9090")
+	for range 5 {
+		ns.DialAs(t, 0, "127.0.0.1:9090")
+		testutil.Accept(t, ln)
+	}
+	d := dialNS(t, ns)
+	ports := func(mask StateMask, want ...uint16) []string {
+		var got []string
+		if err := d.EachLocalPort(mask, want, func(s *Socket) { got = append(got, fmt.Sprintf("%s %s", s.State, s.Local)) }); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	for _, tc := range []struct {
+		mask  StateMask
+		ports []uint16
+		want  int
+	}{
+		{ListenMask, []uint16{8080}, 1},
+		{ListenMask, []uint16{8081}, 1}, // IPv6
+		{ListenMask, []uint16{8080, 8081, 7}, 2},
+		{ListenMask, []uint16{7, 8081}, 1},
+		{ListenMask, []uint16{7}, 0},
+		{ListenMask, nil, 0},
+		{AllStates, []uint16{9090}, 6}, // the listener and the accepted side
+		{HoldingMask, []uint16{9090, 8080, 8081}, 5},
+	} {
+		if got := ports(tc.mask, tc.ports...); len(got) != tc.want {
+			t.Errorf("ports %v mask %#x: %d sockets %v, want %d", tc.ports, tc.mask, len(got), got, tc.want)
+		}
+	}
+	n := 0
+	if err := d.Each(AllStates, func(*Socket) { n++ }); err != nil || n != 13 {
+		t.Errorf("unfiltered dump after filtered ones: %d sockets (%v), want 13", n, err)
+	}
+}

@@ -7,3 +7,4 @@ echo "## go benchmarks (sockdiag, flows)"; go test -run '^$' -bench . -benchtime
 echo "## events"; bash tools/bench/events.sh
 echo "## exit latency"; bash tools/bench/exit.sh "${DRAINS:-50}"
 echo "## footprint"; bash tools/bench/footprint.sh
+echo "## node density"; bash tools/bench/node.sh

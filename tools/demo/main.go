@@ -92,7 +92,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		os.WriteFile(selfCopy, b, 0o755)
 	}
 	appCmd := exec.Command(selfCopy, "__app")
-	appCmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1000, Gid: 1000}, Pdeathsig: syscall.SIGKILL}
+	// Each container its own mount namespace, as a runtime gives it: the
+	// processes of draind's own are never the app (docs/design.md).
+	appCmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1000, Gid: 1000}, Pdeathsig: syscall.SIGKILL, Cloneflags: syscall.CLONE_NEWNS}
 	appOut, _ := appCmd.StdoutPipe()
 	if err := startIn(pod, appCmd); err != nil {
 		return fmt.Errorf("start app: %w", err)
@@ -107,7 +109,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
  "listeners":[{"name":"inbound","address":"0.0.0.0:15006","direction":"inbound","protocol":"http","upstream":"127.0.0.1:8080"}]}`), 0o644)
 	dcmd := exec.Command(draind, "run", "--min-drain", minDrain.String(), "--tracker", *tracker, "--run-proxy-as", "1337",
 		"--status-addr", "0.0.0.0:15020", "--log-format", "json", "--", envoysim, "-c", conf)
-	dcmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	dcmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Cloneflags: syscall.CLONE_NEWNS}
 	logs, _ := dcmd.StderrPipe()
 	dcmd.Stdout = io.Discard
 	if err := startIn(pod, dcmd); err != nil {

@@ -3,6 +3,7 @@
 # the binary. Idempotent: a binary already in the cache is not rebuilt.
 #
 #   bash tools/peers/pilot-agent.sh          # prints e.g. ~/.cache/draind-peers/pilot-agent-v0.0.0-2026...
+#   bash tools/peers/pilot-agent.sh istioctl # the same for istioctl (tools/peers/istioctl.sh)
 #
 # The tests of internal/testutil/mesh use it (`pilot-agent istio-iptables`:
 # Istio's own interception rules). They find it through DRAIND_PILOT_AGENT or
@@ -23,8 +24,17 @@ ISTIO_API_VERSION=v1.31.1
 GO_CONTROL_PLANE_ENVOY=v1.37.1-0.20260729145720-a2d8c7492908
 GO_CONTROL_PLANE_CONTRIB=v1.36.1-0.20260729145720-a2d8c7492908
 
+# The command to build: pilot-agent (default) or istioctl, from the same
+# Istio version, so that istioctl's injector matches the pilot-agent run.
+peer=${1:-pilot-agent}
+case $peer in
+pilot-agent) pkg=istio.io/istio/pilot/cmd/pilot-agent ;;
+istioctl) pkg=istio.io/istio/istioctl/cmd/istioctl ;;
+*) echo "pilot-agent.sh: unknown peer $peer (pilot-agent or istioctl)" >&2; exit 2 ;;
+esac
+
 cache=${DRAIND_PEERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/draind-peers}
-bin=$cache/pilot-agent-$ISTIO_VERSION
+bin=$cache/$peer-$ISTIO_VERSION
 if [[ -x $bin ]]; then
 	echo "$bin"
 	exit 0
@@ -50,13 +60,13 @@ replace (
 )
 GOMOD
 
-echo "pilot-agent.sh: building istio.io/istio@$ISTIO_VERSION pilot-agent (takes minutes)" >&2
+echo "pilot-agent.sh: building istio.io/istio@$ISTIO_VERSION $peer (takes minutes)" >&2
 start=$(date +%s)
 # GOFLAGS from the environment (e.g. -mod=vendor) must not leak into this
 # throwaway module; CGO off gives a static binary that also runs in the VMs.
-(cd "$work" && GOFLAGS= CGO_ENABLED=0 nice -n 10 go build -mod=mod -trimpath -o pilot-agent istio.io/istio/pilot/cmd/pilot-agent)
+(cd "$work" && GOFLAGS= CGO_ENABLED=0 nice -n 10 go build -mod=mod -trimpath -o "$peer" "$pkg")
 # Rename into place: a concurrent run or an interrupted build never leaves a
 # half-written binary at the final path.
-mv -f "$work/pilot-agent" "$bin"
+mv -f "$work/$peer" "$bin"
 echo "pilot-agent.sh: built in $(($(date +%s) - start)) s" >&2
 echo "$bin"

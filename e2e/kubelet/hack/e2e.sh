@@ -27,6 +27,7 @@ for p in bridge host-local loopback; do
 	[[ -x /usr/lib/cni/$p ]] || { need+=(containernetworking-plugins); break; }
 done
 command -v ip >/dev/null || need+=(iproute2)
+[[ -x /usr/bin/tini-static ]] || need+=(tini) # the init wrapper of owncontainer_test.go's image
 if ((${#need[@]})); then
 	t=$(now)
 	echo "e2e-kubelet: installing ${need[*]}"

@@ -29,6 +29,12 @@ var adminEndpoints []adminEndpoint
 func init() {
 	adminEndpoints = []adminEndpoint{
 		{path: "/", help: "Admin home page", h: (*Sim).handleHelp},
+		{path: "/config_dump", help: "dump current Envoy configs (experimental)", params: []string{
+			"resource: The resource to dump",
+			"mask: The mask to apply. When both resource and mask are specified, the mask is applied to every element in the desired repeated field so that only a subset of fields are returned. The mask is parsed as a ProtobufWkt::FieldMask",
+			"name_regex: Dump only the currently loaded configurations whose names match the specified regex. Can be used with both resource and mask query parameters.",
+			"include_eds: Dump currently loaded configuration including EDS. See the response definition for more information",
+		}, h: (*Sim).handleConfigDump},
 		{path: "/drain_listeners", help: "drain listeners", post: true, params: []string{
 			"graceful: When draining listeners, enter a graceful drain period prior to closing listeners. This behaviour and duration is configurable via server options or CLI",
 			"skip_exit: When draining listeners, do not exit after the drain period. This must be used with graceful",
@@ -99,6 +105,9 @@ func (s *Sim) serveAdmin(w http.ResponseWriter, r *http.Request) {
 		panic(http.ErrAbortHandler) // stopping: drop the connection, no answer
 	}
 	defer s.leave()
+	if s.cfg.LogAdminRequests {
+		s.logf("admin %s %s", r.Method, r.URL.RequestURI())
+	}
 	s.admin.rqTotal.inc()
 	s.admin.rqActive.inc()
 	defer s.admin.rqActive.dec()
@@ -289,12 +298,80 @@ func (s *Sim) handleListeners(w http.ResponseWriter, r *http.Request) {
 	s.reply(w, http.StatusOK, textPlain, b.String())
 }
 
+// handleConfigDump serves the listeners' part of GET /config_dump (the sim
+// has no other configuration): its listeners are static. With
+// resource=static_listeners or dynamic_listeners, the entries of that
+// field, each with its @type; without, one ListenersConfigDump.
+func (s *Sim) handleConfigDump(w http.ResponseWriter, r *http.Request) {
+	type sockAddr struct {
+		Address   string `json:"address"`
+		PortValue uint16 `json:"port_value"`
+	}
+	type listenerJSON struct {
+		Type    string `json:"@type"`
+		Name    string `json:"name"`
+		Address struct {
+			SocketAddress sockAddr `json:"socket_address"`
+		} `json:"address"`
+		StatPrefix       string `json:"stat_prefix,omitempty"`
+		TrafficDirection string `json:"traffic_direction,omitempty"`
+		DrainType        string `json:"drain_type,omitempty"`
+	}
+	type static struct {
+		Type        string       `json:"@type,omitempty"`
+		Listener    listenerJSON `json:"listener"`
+		LastUpdated string       `json:"last_updated"`
+	}
+	updated := s.start.UTC().Format("2006-01-02T15:04:05.000Z")
+	var statics []static
+	for _, l := range s.listeners {
+		lj := listenerJSON{Type: "type.googleapis.com/envoy.config.listener.v3.Listener", Name: l.cfg.Name, StatPrefix: l.cfg.StatPrefix}
+		ap := netip.MustParseAddrPort(l.cfg.Address)
+		lj.Address.SocketAddress = sockAddr{ap.Addr().String(), ap.Port()}
+		switch l.cfg.Direction { // UNSPECIFIED is proto3's default: left out
+		case "inbound":
+			lj.TrafficDirection = "INBOUND"
+		case "outbound":
+			lj.TrafficDirection = "OUTBOUND"
+		}
+		if l.cfg.DrainType == "modify_only" {
+			lj.DrainType = "MODIFY_ONLY"
+		}
+		statics = append(statics, static{Listener: lj, LastUpdated: updated})
+	}
+	var out any
+	switch res := r.URL.Query().Get("resource"); res {
+	case "static_listeners":
+		cfgs := []any{}
+		for _, st := range statics {
+			st.Type = "type.googleapis.com/envoy.admin.v3.ListenersConfigDump.StaticListener"
+			cfgs = append(cfgs, st)
+		}
+		out = map[string]any{"configs": cfgs}
+	case "dynamic_listeners":
+		out = map[string]any{"configs": []any{}}
+	case "":
+		out = map[string]any{"configs": []any{map[string]any{
+			"@type":            "type.googleapis.com/envoy.admin.v3.ListenersConfigDump",
+			"static_listeners": statics,
+		}}}
+	default:
+		s.reply(w, http.StatusNotFound, textPlain, fmt.Sprintf("%s not found in config dump", res))
+		return
+	}
+	b, _ := json.MarshalIndent(out, "", " ")
+	s.reply(w, http.StatusOK, "application/json", string(b)+"\n")
+}
+
 func (s *Sim) handleDrainListeners(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	_, inboundOnly := q["inboundonly"]
 	_, graceful := q["graceful"]
 	_, skipExit := q["skip_exit"]
-	if skipExit && !graceful {
+	// After 1.39 (non_graceful_drain_notifies_connections) a drain without
+	// graceful drains connections too, and skip_exit is allowed with it.
+	eventGen := s.cfg.DrainGeneration == DrainConnectionEvent
+	if skipExit && !graceful && !eventGen {
 		s.reply(w, http.StatusBadRequest, textPlain, "skip_exit requires graceful\n")
 		return
 	}
@@ -302,19 +379,33 @@ func (s *Sim) handleDrainListeners(w http.ResponseWriter, r *http.Request) {
 	s.drainRequestedLocked()
 	switch d := s.drain; {
 	case !graceful:
-		s.stopListenersLocked(inboundOnly)
+		if eventGen {
+			if d == nil {
+				s.drain = &drainState{start: time.Now(), all: !inboundOnly}
+				s.afterLocked(s.cfg.DrainTime, s.drainDone)
+			} else if !inboundOnly {
+				d.all = true
+			}
+			s.notifyLocked(!inboundOnly)
+		}
+		if !skipExit {
+			s.stopListenersLocked(inboundOnly)
+		}
 	case d == nil:
 		s.drain = &drainState{start: time.Now(), all: !inboundOnly}
 		if !skipExit {
 			s.drain.stops = append(s.drain.stops, !inboundOnly)
 		}
+		s.notifyLocked(!inboundOnly)
 		s.afterLocked(s.cfg.DrainTime, s.drainDone)
 	case d.all || inboundOnly:
 		// Already draining in that direction: nothing to do.
 	default:
 		// Draining inbound only, now asked for all: widen the drain; the
-		// listener stop waits for the same end.
+		// listener stop waits for the end of the first drain
+		// (DrainManagerImpl keeps one sequence).
 		d.all = true
+		s.notifyLocked(true)
 		if !skipExit {
 			if d.done {
 				s.stopListenersLocked(false)
@@ -326,6 +417,29 @@ func (s *Sim) handleDrainListeners(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	s.logf("drain listeners (inboundonly=%t graceful=%t skip_exit=%t)", inboundOnly, graceful, skipExit)
 	s.reply(w, http.StatusOK, textPlain, "OK\n")
+}
+
+// notifyLocked marks the drained listeners (inbound ones, unless all) as
+// notified of the drain, from now: the start of their connections' drain
+// timeline. With the connection-event generation it pushes the drain to
+// their connections (ListenerManagerImpl::onServerDrainStart), which
+// schedule their proactive drain.
+func (s *Sim) notifyLocked(all bool) {
+	now := time.Now()
+	for _, l := range s.listeners {
+		if !all && !l.inbound || !l.drainStart.IsZero() {
+			continue
+		}
+		l.drainStart = now
+		if s.cfg.DrainGeneration != DrainConnectionEvent {
+			continue
+		}
+		for c := range s.conns {
+			if c.l == l {
+				c.scheduleProactiveLocked(now)
+			}
+		}
+	}
 }
 
 // drainDone ends the drain time: the listeners asked to stop stop.

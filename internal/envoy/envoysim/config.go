@@ -25,6 +25,28 @@ const ZeroDrainTime time.Duration = -1
 // final one.
 const DefaultDrainTimeout = 5 * time.Second
 
+// DelayedCloseTimeout is the HTTP connection manager's
+// delayed_close_timeout: after its last response a draining connection
+// waits that long for the client to close before closing it itself.
+const DelayedCloseTimeout = time.Second
+
+// Drain generations: how a drain reaches a listener's connections
+// (docs/envoysim.md, "Drain generations").
+const (
+	// Drain139 is Envoy through 1.39.x: a drain acts only when a response
+	// is sent on a connection (DrainDecision polled in encodeHeaders).
+	Drain139 = "1.39"
+	// DrainConnectionEvent is Envoy after 1.39 (runtime guards
+	// envoy.reloadable_features.use_connection_event_drain and
+	// non_graceful_drain_notifies_connections, both on): the drain is pushed
+	// to every connection of the drained listeners; the gradual ramp runs
+	// over half the drain time; connections not yet draining are drained
+	// proactively at a random moment in the last third of the drain time
+	// (before drain time - drain_timeout); a drain without graceful drains
+	// connections too, and skip_exit no longer needs graceful.
+	DrainConnectionEvent = "connection_event"
+)
+
 // Config is what a Sim runs. The zero value is usable: an admin API on
 // 127.0.0.1:0, no listeners, Envoy's defaults for the rest.
 type Config struct {
@@ -43,6 +65,8 @@ type Config struct {
 	DrainTime time.Duration
 	// DrainStrategy is --drain-strategy: "gradual" (default) or "immediate".
 	DrainStrategy string
+	// DrainGeneration is [Drain139] (default) or [DrainConnectionEvent].
+	DrainGeneration string
 	// ParentShutdownTime is --parent-shutdown-time-s, only reported. Default 900 s.
 	ParentShutdownTime time.Duration
 	// StartupDelay is how long the server takes to initialize: the state is
@@ -60,17 +84,28 @@ type Config struct {
 	// every stat (Envoy's default); "istio" is Istio's default inclusion
 	// list, which has no downstream_cx_active gauge at all; "istio_exit_on_zero"
 	// is Istio's list with EXIT_ON_ZERO_ACTIVE_CONNECTIONS set, which adds
-	// the downstream_cx_active suffix. See [IstioStatsInclusion].
+	// the downstream_cx_active suffix (see [IstioStatsInclusion]);
+	// "reject_all" is stats_matcher {reject_all: true}: no stat exists, not
+	// even server.state.
 	StatsMatcher string
 	// StatsInclusion, when set, is an inclusion list of its own (it wins
 	// over StatsMatcher): a stat exists only if it matches one pattern.
 	StatsInclusion *StatsInclusion
+	// XDS says the listeners and clusters came from a control plane, as
+	// under Istio: cluster_manager.cds.update_success and
+	// listener_manager.lds.update_success turn 1 when the workers start
+	// (pilot-agent's readiness waits for both), their _rejected twins stay
+	// 0. Without it, as an Envoy with a static bootstrap, they do not exist.
+	XDS bool
 	// Listeners are the proxy's listeners.
 	Listeners []ListenerConfig
 	// Fault is the fault the sim starts with (see [Sim.SetFault]).
 	Fault Fault
 	// Log, when set, receives a few Envoy-like log lines.
 	Log io.Writer
+	// LogAdminRequests logs every admin request ("admin GET /stats?...")
+	// to Log: tests count the calls draind makes.
+	LogAdminRequests bool
 	// ConfigPath is only reported (server_info's config_path).
 	ConfigPath string
 	// OnCrash, when set, is called by a crash before the sim stops, if the
@@ -96,13 +131,15 @@ type StatsInclusion struct {
 // reporter=, cluster_manager, listener_manager, server, cluster.xds-grpc,
 // wasm, component and istio; the suffixes rbac.allowed, rbac.denied,
 // shadow_allowed and shadow_denied, plus downstream_cx_active when
-// EXIT_ON_ZERO_ACTIVE_CONNECTIONS is set; and the regex vhost\.*\.route\.*.
+// EXIT_ON_ZERO_ACTIVE_CONNECTIONS is set; and the regex vhost\..*\.route\..*
+// (as fixed by istio#51640: the older vhost\.*\.route\.* matched no route
+// stat).
 // Without that suffix no listener.*, http.* or admin gauge is kept.
 func IstioStatsInclusion(exitOnZeroActiveConnections bool) StatsInclusion {
 	in := StatsInclusion{
 		Prefixes: []string{"reporter=", "cluster_manager", "listener_manager", "server", "cluster.xds-grpc", "wasm", "component", "istio"},
 		Suffixes: []string{"rbac.allowed", "rbac.denied", "shadow_allowed", "shadow_denied"},
-		Regexes:  []string{`vhost\.*\.route\.*`},
+		Regexes:  []string{`vhost\..*\.route\..*`},
 	}
 	if exitOnZeroActiveConnections {
 		in.Suffixes = append(in.Suffixes, "downstream_cx_active")
@@ -293,6 +330,13 @@ func (c Config) withDefaults() (Config, error) {
 	default:
 		return c, fmt.Errorf("drain strategy %q: want gradual or immediate", c.DrainStrategy)
 	}
+	switch c.DrainGeneration {
+	case "":
+		c.DrainGeneration = Drain139
+	case Drain139, DrainConnectionEvent:
+	default:
+		return c, fmt.Errorf("drain generation %q: want %s or %s", c.DrainGeneration, Drain139, DrainConnectionEvent)
+	}
 	if c.StartupDelay < 0 || c.StatsFlushInterval < 0 {
 		return c, fmt.Errorf("negative startup delay or stats flush interval")
 	}
@@ -302,8 +346,10 @@ func (c Config) withDefaults() (Config, error) {
 		case "istio", "istio_exit_on_zero":
 			in := IstioStatsInclusion(c.StatsMatcher == "istio_exit_on_zero")
 			c.StatsInclusion = &in
+		case "reject_all":
+			c.StatsInclusion = &StatsInclusion{} // an empty inclusion list keeps nothing
 		default:
-			return c, fmt.Errorf("stats matcher %q: want istio or istio_exit_on_zero", c.StatsMatcher)
+			return c, fmt.Errorf("stats matcher %q: want istio, istio_exit_on_zero or reject_all", c.StatsMatcher)
 		}
 	}
 	if in := c.StatsInclusion; in != nil {
@@ -393,11 +439,14 @@ type fileConfig struct {
 	Concurrency          int             `json:"concurrency"`
 	DrainTimeS           *float64        `json:"drain_time_s"`
 	DrainStrategy        string          `json:"drain_strategy"`
+	DrainGeneration      string          `json:"drain_generation"`
+	LogAdminRequests     bool            `json:"log_admin_requests"`
 	ParentShutdownTimeS  float64         `json:"parent_shutdown_time_s"`
 	StartupDelayMs       float64         `json:"startup_delay_ms"`
 	StatsFlushIntervalMs float64         `json:"stats_flush_interval_ms"`
 	StatsMatcher         string          `json:"stats_matcher"`
 	StatsInclusion       *StatsInclusion `json:"stats_inclusion"`
+	XDS                  bool            `json:"xds"`
 	Listeners            []fileListener  `json:"listeners"`
 	Fault                *fileFault      `json:"fault"`
 }
@@ -473,8 +522,11 @@ func ParseConfig(b []byte) (Config, error) {
 		AdminAddressPath: fc.AdminAddressPath,
 		Concurrency:      fc.Concurrency,
 		DrainStrategy:    fc.DrainStrategy,
+		DrainGeneration:  fc.DrainGeneration,
+		LogAdminRequests: fc.LogAdminRequests,
 		StatsMatcher:     fc.StatsMatcher,
 		StatsInclusion:   fc.StatsInclusion,
+		XDS:              fc.XDS,
 	}
 	var err error
 	if fc.DrainTimeS != nil {

@@ -4,7 +4,7 @@
 //
 // It proxies real traffic on real sockets and serves Envoy's admin API with
 // Envoy's formats, status codes and drain semantics (the facts in
-// NOTES-envoy.md), so that the client in package envoy and the drain logic
+// docs/envoysim.md, "Envoy's behaviour, from its source"), so that the client in package envoy and the drain logic
 // in draind can be tested end to end. It does not import package envoy: the
 // two sides are written separately, so that a misreading of Envoy in one is
 // not copied into the other. Package conformance holds the scenarios that
@@ -44,9 +44,14 @@
 // POST /drain_listeners: without graceful the listeners (inbound only with
 // inboundonly) stop at once, closing their listen sockets; open connections
 // stay. With graceful, the next HTTP/1.1 response on a draining listener
-// carries Connection: close; the next HTTP/2 response is preceded by a
-// GOAWAY with last-stream-id 2^31-1, and the final GOAWAY follows after
-// the listener's drain_timeout (5 s); idle connections get nothing. The
+// carries Connection: close (the connection closes when the client closes
+// it, or after the listener's drain_timeout and the 1 s delayed close); the
+// next HTTP/2 response is preceded by a GOAWAY with last-stream-id 2^31-1,
+// and the final GOAWAY follows after the listener's drain_timeout (5 s);
+// idle connections get nothing. That is Envoy through 1.39
+// ([Drain139]); [DrainConnectionEvent] is the drain after 1.39, which also
+// drains connections on their own in the last third of the drain time
+// ([Config.DrainGeneration]). The
 // listeners keep accepting for the drain time, then stop; with skip_exit
 // they never stop. The sim never exits on its own, and neither /ready nor
 // server.state changes. POST /healthcheck/fail turns /ready and server_info

@@ -311,7 +311,7 @@ func TestDrainGradualFirstSecond(t *testing.T) {
 		n++
 		if closes(resp) {
 			closed++
-			conn.closedByPeer()
+			conn.c.Close() // the client hangs up, as told (Envoy would wait drain_timeout for it)
 			conn = dialHTTP(t, sim.ListenerAddr("in"))
 		}
 	}

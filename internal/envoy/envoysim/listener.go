@@ -35,6 +35,9 @@ type listener struct {
 	// guarded by s.mu
 	ln      net.Listener // once listening
 	stopped bool         // listen socket closed (or never to open)
+	// drainStart is when the listener was told of a drain (zero: never):
+	// the start of its connections' drain timeline.
+	drainStart time.Time
 
 	rr atomic.Uint64 // round-robin worker assignment
 
@@ -230,13 +233,21 @@ func (l *listener) upstream(c *conn) (string, error) {
 	return net.JoinHostPort(host, strconv.Itoa(int(dst.Port()))), nil
 }
 
-// drainClose is Envoy's DrainDecision::drainClose for this listener: should
-// this response close its connection? The gradual strategy is
-// DrainManagerImpl's, in whole seconds: it closes when
+// drainClose is Envoy's decision, when a response is sent, whether it
+// closes its connection.
+//
+// Through 1.39 it is DrainManagerImpl::drainClose, polled: the gradual
+// strategy works in whole seconds: it closes when
 // drain_time_s - trunc(remaining_s) > rand % drain_time_s, so with
 // probability 1/N already in the first second of an N-second drain, k/N in
 // the k-th. Below one second of drain time (envoysim only) it is
 // continuous: elapsed/drain time.
+//
+// With the connection-event generation it is Network::shouldDrainClose
+// (source/common/network/drain_close_util.cc) on the drain event the
+// connection was given: immediate closes at once; gradual ramps over
+// ceil(drain time / 2) whole seconds: trunc(elapsed_s) > rand % ramp_s,
+// and always once elapsed_s reaches the ramp.
 func (l *listener) drainClose() bool {
 	s := l.s
 	s.mu.Lock()
@@ -245,11 +256,19 @@ func (l *listener) drainClose() bool {
 		return true
 	}
 	d := s.drain
-	if d == nil || !d.all && !l.inbound {
+	if d == nil || l.drainStart.IsZero() {
 		return false
 	}
 	if s.cfg.DrainStrategy == "immediate" || d.done {
 		return true
+	}
+	if s.cfg.DrainGeneration == DrainConnectionEvent {
+		ramp := int64((s.cfg.DrainTime/2 + time.Second - 1) / time.Second)
+		elapsed := int64(time.Since(l.drainStart) / time.Second)
+		if elapsed >= ramp {
+			return true
+		}
+		return elapsed > rand.Int64N(ramp)
 	}
 	elapsed := time.Since(d.start)
 	if elapsed >= s.cfg.DrainTime {
@@ -260,6 +279,91 @@ func (l *listener) drainClose() bool {
 		return secs-remaining > rand.Int64N(secs)
 	}
 	return rand.Float64() < float64(elapsed)/float64(s.cfg.DrainTime)
+}
+
+// proactiveDrainDelay is Network::proactiveDrainDelay with the connection
+// manager's arguments: a connection told of a drain that began elapsed ago
+// drains itself at a random moment (millisecond jitter) in
+// [2/3 drain time, drain time - drain_timeout], counted from the drain's
+// start. Zero: no proactive drain, because the window is empty (a drain
+// time of 3 drain_timeouts or less) or already open (a connection
+// accepted late in the drain).
+func proactiveDrainDelay(drainTime, drainTimeout, elapsed time.Duration) time.Duration {
+	start := (drainTime * 2 / 3).Truncate(time.Millisecond)
+	end := drainTime - drainTimeout
+	if start >= end || elapsed >= start {
+		return 0
+	}
+	span := int64((end - start) / time.Millisecond)
+	if span <= 0 {
+		return 0
+	}
+	return start + time.Duration(rand.Int64N(span))*time.Millisecond - elapsed
+}
+
+// scheduleProactiveLocked arms the connection's proactive drain, for a
+// drain its listener was told of at start (connection-event generation,
+// HTTP listeners: tcp_proxy does not drain). s.mu is held.
+func (c *conn) scheduleProactiveLocked(start time.Time) {
+	if c.l == nil || c.l.handler == nil {
+		return
+	}
+	d := proactiveDrainDelay(c.s.cfg.DrainTime, c.l.cfg.DrainTimeout, time.Since(start))
+	if d <= 0 {
+		return
+	}
+	s := c.s
+	s.goLocked(func() { s.wait(d, c.closed, c.proactiveDrain) })
+}
+
+// proactiveDrain is the connection manager draining its connection on its
+// own (not with a response): HTTP/2 starts its GOAWAY sequence; HTTP/1.1
+// marks the connection draining (its next response carries Connection:
+// close) and closes it once drain_timeout has passed and no request is in
+// flight, after the delayed close; a connection that never sent a byte
+// (no codec yet) is closed. Not while health checks fail.
+func (c *conn) proactiveDrain() {
+	s := c.s
+	s.mu.Lock()
+	failed := s.hcFailed
+	s.mu.Unlock()
+	if failed {
+		return
+	}
+	c.mu.Lock()
+	h2, srv := c.h2, c.srv
+	c.mu.Unlock()
+	switch {
+	case srv == nil:
+		c.Close()
+	case h2:
+		c.startDrainSequence()
+	default:
+		c.startH1Drain(time.Now())
+		s.goTracked(func() {
+			s.wait(c.l.cfg.DrainTimeout, c.closed, func() {
+				c.mu.Lock()
+				c.drain = 2 // closing: the last request's end closes
+				idle := c.active == 0
+				c.mu.Unlock()
+				if idle {
+					c.lingerClose(time.Now())
+				}
+			})
+		})
+	}
+}
+
+// startH1Drain marks an HTTP/1.1 connection draining from at (the start of
+// its drain_timeout); false if it already was.
+func (c *conn) startH1Drain(at time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.drain > 0 {
+		return false
+	}
+	c.drain, c.drainAt = 1, at
+	return true
 }
 
 // connKey carries the downstream *conn in a request's context.
@@ -282,8 +386,10 @@ func (l *listener) connectionManager(next http.Handler) http.Handler {
 			f.rqHTTP1.inc()
 		}
 		f.rqActive.inc()
+		c.requestStarted()
 		dw := &drainWriter{ResponseWriter: w, l: l, c: c}
 		defer func() {
+			c.requestDone()
 			f.rqActive.dec()
 			f.rqCompleted.inc()
 			if c := dw.code / 100; c >= 1 && c <= 5 {
@@ -316,14 +422,22 @@ func (w *drainWriter) WriteHeader(code int) {
 	if code >= 200 && w.code == 0 {
 		w.code = code
 		h2 := w.c != nil && w.c.isH2()
-		if h2 && w.c.draining() {
+		switch {
+		case w.c == nil:
+		case h2 && w.c.draining():
 			// Draining already: no further decision.
-		} else if w.l.drainClose() {
+		case !h2 && w.c.draining():
+			w.Header().Set("Connection", "close") // drained before (proactively)
+			w.c.lingerFrom(w.c.drainStarted())
+		case w.l.drainClose():
 			w.l.filter.drainClose.inc()
 			if h2 {
 				w.c.startDrainSequence()
 			} else {
+				now := time.Now()
+				w.c.startH1Drain(now)
 				w.Header().Set("Connection", "close")
+				w.c.lingerFrom(now)
 			}
 		}
 	}
@@ -453,18 +567,110 @@ type conn struct {
 	h2      bool
 	srv     *http.Server
 	onClose func()
-	drain   int // h2: 0 not draining, 1 draining (first GOAWAY sent), 2 closing (final GOAWAY)
+	drain   int       // 0 not draining, 1 draining (h2: first GOAWAY sent), 2 closing (h2: final GOAWAY)
+	drainAt time.Time // h1: when the drain sequence (its drain_timeout) began
+	active  int       // requests in flight
 	inj     *goawayInjector
+	// lingerUntil, when set (an HTTP/1.1 response drain-closed it), makes
+	// Close wait for the client to close, until then plus the delayed
+	// close: Envoy closes a drain-closed HTTP/1.1 connection only when its
+	// drain_timeout has passed (onDrainTimeout), then waits
+	// delayed_close_timeout for the peer's FIN (FlushWriteAndDelay).
+	lingerUntil time.Time
+	lingering   bool
 }
 
 func newConn(nc net.Conn, l *listener, s *Sim) *conn {
 	return &conn{Conn: nc, l: l, s: s, closed: make(chan struct{})}
 }
 
+// Close closes the connection: at once, or, for an HTTP/1.1 connection a
+// drain closed, as Envoy does (see lingerUntil). A stopping sim closes at once.
 func (c *conn) Close() error {
+	c.mu.Lock()
+	until, lingering := c.lingerUntil, c.lingering
+	c.mu.Unlock()
+	if c.s.ctx.Err() == nil && (lingering || !until.IsZero()) {
+		if lingering {
+			return nil
+		}
+		c.lingerClose(until)
+		return nil
+	}
+	return c.closeNow()
+}
+
+func (c *conn) closeNow() error {
 	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err
+}
+
+// lingerClose closes the connection when the client closes it, or at
+// max(until, now) + the delayed close timeout. The http.Server is done
+// with the connection (or it is idle): reading it here is safe.
+func (c *conn) lingerClose(until time.Time) {
+	c.mu.Lock()
+	if c.lingering {
+		c.mu.Unlock()
+		return
+	}
+	c.lingering = true
+	c.mu.Unlock()
+	deadline := until
+	if now := time.Now(); deadline.Before(now) {
+		deadline = now
+	}
+	deadline = deadline.Add(DelayedCloseTimeout)
+	s := c.s
+	if !s.goTracked(func() {
+		c.Conn.SetReadDeadline(deadline)
+		stop := context.AfterFunc(s.ctx, func() { c.Conn.SetReadDeadline(time.Now()) })
+		io.Copy(io.Discard, c.Conn)
+		stop()
+		c.closeNow()
+	}) {
+		c.closeNow()
+	}
+}
+
+// lingerFrom arms the drain-closed HTTP/1.1 close: drain_timeout after at.
+func (c *conn) lingerFrom(at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lingerUntil.IsZero() {
+		c.lingerUntil = at.Add(c.l.cfg.DrainTimeout)
+	}
+}
+
+func (c *conn) drainStarted() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.drainAt
+}
+
+func (c *conn) requestStarted() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	c.active++
+	c.mu.Unlock()
+}
+
+// requestDone: a closing HTTP/1.1 connection (drain_timeout passed)
+// closes when its last request ends.
+func (c *conn) requestDone() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	c.active--
+	closeNow := c.active == 0 && c.drain == 2 && !c.h2
+	c.mu.Unlock()
+	if closeNow {
+		c.lingerClose(time.Now())
+	}
 }
 
 // Write goes through the GOAWAY injector on an HTTP/2 connection.
@@ -677,6 +883,14 @@ func (l *listener) track(nc net.Conn) *conn {
 		c.Close()
 		return nil
 	}
+	// A connection accepted on a listener told of a drain is told too
+	// (the active listener replays the drain event).
+	s := l.s
+	s.mu.Lock()
+	if s.cfg.DrainGeneration == DrainConnectionEvent && !l.drainStart.IsZero() {
+		c.scheduleProactiveLocked(l.drainStart)
+	}
+	s.mu.Unlock()
 	return c
 }
 

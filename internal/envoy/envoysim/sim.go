@@ -95,6 +95,7 @@ type Sim struct {
 	}
 	lm struct {
 		workersStarted, listenersActive, listenerStopped, createFailure *metric
+		ldsSuccess, cdsSuccess                                          *metric // nil without Config.XDS
 	}
 	admin struct {
 		cxActive, cxTotal, mainActive, mainTotal            *metric
@@ -207,6 +208,12 @@ func (s *Sim) initStats() {
 	s.lm.listenersActive = g("listener_manager.total_listeners_active")
 	s.lm.listenerStopped = c("listener_manager.listener_stopped")
 	s.lm.createFailure = c("listener_manager.listener_create_failure")
+	if s.cfg.XDS {
+		s.lm.cdsSuccess = c("cluster_manager.cds.update_success")
+		c("cluster_manager.cds.update_rejected")
+		s.lm.ldsSuccess = c("listener_manager.lds.update_success")
+		c("listener_manager.lds.update_rejected")
+	}
 	s.admin.cxActive = g("listener.admin.downstream_cx_active")
 	s.admin.cxTotal = c("listener.admin.downstream_cx_total")
 	s.admin.mainActive = g("listener.admin.main_thread.downstream_cx_active")
@@ -323,6 +330,10 @@ func (s *Sim) goLive() {
 	}
 	s.lm.listenersActive.set(uint64(active))
 	s.lm.workersStarted.set(1)
+	if s.cfg.XDS { // the first CDS and LDS answers are what started the workers
+		s.lm.cdsSuccess.inc()
+		s.lm.ldsSuccess.inc()
+	}
 	s.workersStarted = true
 	s.mu.Unlock()
 	ms := float64(time.Since(s.start).Microseconds()) / 1000

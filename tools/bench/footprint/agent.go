@@ -58,7 +58,11 @@ type agentProc struct {
 // startAgent starts cmd inside ns, reading its output line by line.
 func startAgent(ns *benchns.NS, cmd *exec.Cmd) (*agentProc, error) {
 	a := &agentProc{cmd: cmd, done: make(chan struct{})}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// A mount namespace of its own, as a container has in a pod: the
+	// benchmark's own sockets (the app's flows, its requests) are then the
+	// app's, not draind's container's (docs/design.md, "When is the app
+	// done").
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Cloneflags: syscall.CLONE_NEWNS}
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return nil, err

@@ -8,7 +8,12 @@
 //	footprint startup  exec of `draind run` (or Istio's pilot-agent) to the
 //	                   first 200 from /healthz/ready, with a proxy that is
 //	                   LIVE at once, and the timeline of draind's log lines
+//	footprint node     a node full of idle draind pods: the other
+//	                   namespaces' loopback TCP connect+close and fork+exec
+//	                   rates as ratios to no draind, draind's CPU, BPF map
+//	                   memory and per-program cost (issue 21)
 //	footprint standin  (internal) that proxy, for both agents alike
+//	footprint nodeload (internal) node's workloads
 //
 // Each prints a Markdown table. Run as root: it creates network namespaces.
 package main
@@ -21,6 +26,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -38,10 +44,13 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: footprint rss|conns|startup [flags]")
+		return errors.New("usage: footprint rss|conns|startup|node [flags]")
 	}
-	if args[0] == "standin" {
+	switch args[0] {
+	case "standin":
 		return standin()
+	case "nodeload":
+		return nodeLoad(args[1:])
 	}
 	if os.Geteuid() != 0 {
 		return errors.New("run as root (it creates network namespaces)")
@@ -58,16 +67,23 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	var extra listFlag
 	fs.Var(&extra, "arg", "rss, startup: an extra argument of draind run (repeatable)")
 	pilot := fs.String("pilot-agent", "", "startup: Istio's pilot-agent binary, measured the same way (empty: skip)")
+	podRungs := fs.String("pods", "10,40,110", "node: Ready pods in eBPF mode, rung by rung (comma-separated, ascending)")
+	sockdiagRungs := fs.String("sockdiag-pods", "110", "node: the same in sock_diag mode (empty: none)")
+	jobRungs := fs.String("job-pods", "110", "node: the same as Jobs, --exit-with-app (empty: none)")
+	draining := fs.Int("draining", 10, "node: pods put into drain at the top eBPF rung (0: none)")
+	loadFor := fs.Duration("load-for", 2*time.Second, "node: each workload's run")
+	repeat := fs.Int("repeat", 3, "node: runs of each workload per rung, alternating (the best counts)")
+	statsFor := fs.Duration("stats-for", 2*time.Second, "node: each workload's run with BPF run-time statistics on")
+	idleFor := fs.Duration("idle-for", 10*time.Second, "node: draind's idle CPU is measured over this")
+	parallel := fs.Int("parallel", 4, "node: pods starting at once")
+	nodeSettle := fs.Duration("node-settle", 5*time.Second, "node: wait this long after pods start or drain, before measuring")
+	maxOps := fs.Int("max-ops", 5_000_000, "node: bound on each workload's operations")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
-	var ns []int
-	for f := range strings.SplitSeq(*sizes, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil {
-			return fmt.Errorf("--flows: %q: %w", f, err)
-		}
-		ns = append(ns, n)
+	ns, err := intList("flows", *sizes)
+	if err != nil {
+		return err
 	}
 	for _, path := range []*string{draind, envoysim, pilot} {
 		if *path != "" {
@@ -86,8 +102,62 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return connsTable(stdout, *draind, ns, *runs)
 	case "startup":
 		return startupTable(ctx, stdout, p, *pilot, *runs)
+	case "node":
+		cfg := nodeConfig{p: p, draining: *draining, loadFor: *loadFor, statsFor: *statsFor, idleFor: *idleFor, parallel: *parallel, repeat: *repeat, maxOps: *maxOps, settle: *nodeSettle}
+		if cfg.pods, err = podList("pods", *podRungs); err != nil {
+			return err
+		}
+		if cfg.sockdiagPods, err = podList("sockdiag-pods", *sockdiagRungs); err != nil {
+			return err
+		}
+		if cfg.jobPods, err = podList("job-pods", *jobRungs); err != nil {
+			return err
+		}
+		for _, d := range []struct {
+			name string
+			d    time.Duration
+		}{{"load-for", *loadFor}, {"stats-for", *statsFor}, {"idle-for", *idleFor}, {"node-settle", *nodeSettle}} {
+			if d.d <= 0 || d.d > 2*time.Minute {
+				return fmt.Errorf("--%s %s: want a duration in (0, 2m]", d.name, d.d)
+			}
+		}
+		if *parallel < 1 || *repeat < 1 || *repeat > 20 || *draining < 0 || *maxOps < 1 {
+			return errors.New("--parallel and --max-ops must be positive, --repeat in [1, 20], --draining not negative")
+		}
+		if cfg.self, err = os.Executable(); err != nil {
+			return err
+		}
+		return nodeTable(ctx, stdout, cfg)
 	}
 	return fmt.Errorf("unknown measurement %q", args[0])
+}
+
+// intList parses a comma-separated list of counts (empty: none).
+func intList(flagName, v string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(v, ",") {
+		if strings.TrimSpace(f) == "" && v == "" {
+			break
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("--%s: %q is not a count", flagName, f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// podList is intList, ascending and at most 500 pods.
+func podList(flagName, v string) ([]int, error) {
+	ns, err := intList(flagName, v)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.IsSorted(ns) || (len(ns) > 0 && (ns[0] < 1 || ns[len(ns)-1] > 500)) {
+		return nil, fmt.Errorf("--%s %s: want ascending counts in [1, 500]", flagName, v)
+	}
+	return ns, nil
 }
 
 type listFlag []string

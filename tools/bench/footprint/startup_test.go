@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,12 +11,19 @@ import (
 	"github.com/draind/draind/tools/bench/benchns"
 )
 
-// TestMain lets the test binary double as the benchmark's children and
-// stand-in proxy, as the command does.
+// TestMain lets the test binary double as the benchmark's children,
+// stand-in proxy and node workloads, as the command does.
 func TestMain(m *testing.M) {
 	benchns.ChildMain()
 	if len(os.Args) > 1 && os.Args[1] == "standin" {
 		if err := standin(); err != nil {
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	if len(os.Args) > 1 && os.Args[1] == "nodeload" {
+		if err := nodeLoad(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "nodeload:", err)
 			os.Exit(1)
 		}
 		os.Exit(0)

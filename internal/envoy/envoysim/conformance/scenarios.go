@@ -1,6 +1,10 @@
 package conformance
 
-import "time"
+import (
+	"time"
+
+	"github.com/draind/draind/internal/envoy/envoysim"
+)
 
 // Stat names of the scenarios' listeners, named by stat_prefix so that a
 // port-0 listener's name does not depend on the target.
@@ -20,7 +24,7 @@ var (
 )
 
 // Scenarios returns every conformance scenario. Each pins one behaviour of
-// Envoy (NOTES-envoy.md; Envoy's admin, drain and codec sources) that
+// Envoy (docs/envoysim.md cites Envoy's admin, drain and codec sources) that
 // draind relies on or that its tests exercise through envoysim.
 func Scenarios() []Scenario {
 	const long = 60 * time.Second
@@ -116,7 +120,10 @@ func Scenarios() []Scenario {
 				{Op: OpRequest, Conn: "idle", Path: "/fast", Want: "keep-alive"},
 				{Op: OpAdmin, Method: "POST", Path: "/drain_listeners?inboundonly&graceful", Code: 200, Body: "OK\n"},
 				{Op: OpRequest, Conn: "a", Path: "/fast", Want: "close"},
-				{Op: OpClosed, Conn: "a", Want: "fin"},
+				// Envoy waits for the client to close, until drain_timeout
+				// (0.5 s here) and the delayed close (1 s) have passed.
+				{Op: OpClosed, Conn: "a", Want: "open", Within: 300 * time.Millisecond},
+				{Op: OpClosed, Conn: "a", Want: "fin", Within: 3 * time.Second},
 				{Op: OpQuiet, Conn: "idle", Within: 300 * time.Millisecond},
 				{Op: OpStat, Stat: inActive, Want: "present", Value: U64(1)},
 				{Op: OpDial, Listener: "in", Want: "accepted"},
@@ -159,6 +166,70 @@ func Scenarios() []Scenario {
 				{Op: OpClosed, Conn: "h1", Want: "fin"},
 				{Op: OpClosed, Conn: "h2", Want: "fin"},
 				{Op: OpClosed, Conn: "unread", Want: "rst"},
+			},
+		},
+		{
+			Name:  "stats_matcher reject_all: no stat at all, /ready still answers",
+			Setup: Setup{DrainTime: long, StatsMatcher: "reject_all", Listeners: []Listener{inboundTCP}},
+			Steps: []Step{
+				{Op: OpOpen, Conn: "a", Listener: "in", Proto: "tcp"},
+				{Op: OpStat, Stat: "server.state", Want: "absent"},
+				{Op: OpStat, Stat: "listener_manager.workers_started", Want: "absent"},
+				{Op: OpStat, Stat: inActive, Want: "absent"},
+				{Op: OpAdmin, Path: "/stats?filter=%5Eserver%5C.", Code: 200, Body: ""},
+				{Op: OpAdmin, Path: "/ready", Code: 200, Body: "LIVE\n"},
+			},
+		},
+		{
+			Name: "1.39: idle connections are left alone for the whole drain",
+			Setup: Setup{DrainTime: 3 * time.Second, DrainStrategy: "immediate", DrainGeneration: envoysim.Drain139,
+				Listeners: []Listener{inboundHTTP}},
+			Steps: []Step{
+				{Op: OpOpen, Conn: "h1", Listener: "in", Proto: "http1"},
+				{Op: OpRequest, Conn: "h1", Path: "/fast", Want: "keep-alive"},
+				{Op: OpOpen, Conn: "h2", Listener: "in", Proto: "h2c"},
+				{Op: OpRequest, Conn: "h2", Path: "/fast", Want: "no-goaway"},
+				{Op: OpAdmin, Method: "POST", Path: "/drain_listeners?inboundonly&graceful", Code: 200, Body: "OK\n"},
+				{Op: OpQuiet, Conn: "h1", Within: 3500 * time.Millisecond},
+				{Op: OpQuiet, Conn: "h2", Within: 300 * time.Millisecond},
+			},
+		},
+		{
+			Name: "connection-event: idle connections drain on their own in the last third of the drain time",
+			Setup: Setup{DrainTime: 3 * time.Second, DrainStrategy: "immediate", DrainGeneration: envoysim.DrainConnectionEvent,
+				Listeners: []Listener{inboundHTTP}},
+			Steps: []Step{
+				{Op: OpOpen, Conn: "h1", Listener: "in", Proto: "http1"},
+				{Op: OpRequest, Conn: "h1", Path: "/fast", Want: "keep-alive"},
+				{Op: OpOpen, Conn: "h2", Listener: "in", Proto: "h2c"},
+				{Op: OpRequest, Conn: "h2", Path: "/fast", Want: "no-goaway"},
+				{Op: OpAdmin, Method: "POST", Path: "/drain_listeners?inboundonly&graceful", Code: 200, Body: "OK\n"},
+				// The window is [2 s, 3 s - drain_timeout 0.5 s].
+				{Op: OpQuiet, Conn: "h1", Within: 1500 * time.Millisecond},
+				{Op: OpQuiet, Conn: "h2", Within: 300 * time.Millisecond},
+				{Op: OpGoAway, Conn: "h2", Want: "notice", Within: 1500 * time.Millisecond},
+				{Op: OpGoAway, Conn: "h2", Within: time.Second},
+				{Op: OpClosed, Conn: "h2", Want: "fin", Within: 2 * time.Second},
+				{Op: OpClosed, Conn: "h1", Want: "fin", Within: 3 * time.Second},
+			},
+		},
+		{
+			Name:  "1.39: skip_exit requires graceful",
+			Setup: Setup{DrainTime: long, DrainGeneration: envoysim.Drain139, Listeners: []Listener{inboundHTTP}},
+			Steps: []Step{
+				{Op: OpAdmin, Method: "POST", Path: "/drain_listeners?inboundonly&skip_exit", Code: 400, Body: "skip_exit requires graceful\n"},
+			},
+		},
+		{
+			Name: "connection-event: a drain without graceful drains connections too, and skip_exit needs no graceful",
+			Setup: Setup{DrainTime: long, DrainStrategy: "immediate", DrainGeneration: envoysim.DrainConnectionEvent,
+				Listeners: []Listener{inboundHTTP}},
+			Steps: []Step{
+				{Op: OpOpen, Conn: "a", Listener: "in", Proto: "http1"},
+				{Op: OpRequest, Conn: "a", Path: "/fast", Want: "keep-alive"},
+				{Op: OpAdmin, Method: "POST", Path: "/drain_listeners?inboundonly&skip_exit", Code: 200, Body: "OK\n"},
+				{Op: OpRequest, Conn: "a", Path: "/fast", Want: "close"},
+				{Op: OpDial, Listener: "in", Want: "accepted"},
 			},
 		},
 		{

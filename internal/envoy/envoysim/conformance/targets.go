@@ -30,9 +30,10 @@ func (simTarget) Name() string { return "envoysim" }
 func (simTarget) Start(t *testing.T, s Setup) Instance {
 	t.Helper()
 	cfg := envoysim.Config{
-		DrainTime:     s.DrainTime,
-		DrainStrategy: s.DrainStrategy,
-		StatsMatcher:  s.StatsMatcher,
+		DrainTime:       s.DrainTime,
+		DrainStrategy:   s.DrainStrategy,
+		StatsMatcher:    s.StatsMatcher,
+		DrainGeneration: s.DrainGeneration,
 	}
 	if s.DrainTime == 0 {
 		cfg.DrainTime = envoysim.ZeroDrainTime
@@ -122,10 +123,11 @@ func (p programTarget) Start(t *testing.T, s Setup) Instance {
 		DrainTimeoutMs float64 `json:"drain_timeout_ms,omitempty"`
 	}
 	cfg := struct {
-		AdminAddress string     `json:"admin_address"`
-		StatsMatcher string     `json:"stats_matcher,omitempty"`
-		Listeners    []listener `json:"listeners"`
-	}{AdminAddress: "127.0.0.1:0", StatsMatcher: s.StatsMatcher}
+		AdminAddress    string     `json:"admin_address"`
+		StatsMatcher    string     `json:"stats_matcher,omitempty"`
+		DrainGeneration string     `json:"drain_generation,omitempty"`
+		Listeners       []listener `json:"listeners"`
+	}{AdminAddress: "127.0.0.1:0", StatsMatcher: s.StatsMatcher, DrainGeneration: s.DrainGeneration}
 	for _, l := range s.Listeners {
 		cfg.Listeners = append(cfg.Listeners, listener{l.Name, "127.0.0.1:0", l.Direction, l.Protocol, l.StatPrefix,
 			l.UpstreamAddr, float64(l.DrainTimeout) / float64(time.Millisecond)})
@@ -317,8 +319,17 @@ func Bootstrap(s Setup) ([]byte, error) {
 		"admin":            m{"address": m{"socket_address": m{"address": "127.0.0.1", "port_value": 0}}},
 		"static_resources": m{"listeners": listeners, "clusters": clusters},
 	}
+	if s.DrainGeneration == envoysim.Drain139 {
+		// A newer Envoy drains as 1.39 did with its runtime guards off.
+		boot["layered_runtime"] = m{"layers": []any{m{"name": "static", "static_layer": m{
+			"envoy.reloadable_features.use_connection_event_drain":              false,
+			"envoy.reloadable_features.non_graceful_drain_notifies_connections": false,
+		}}}}
+	}
 	switch s.StatsMatcher {
 	case "":
+	case "reject_all":
+		boot["stats_config"] = m{"stats_matcher": m{"reject_all": true}}
 	case "istio", "istio_exit_on_zero":
 		in := envoysim.IstioStatsInclusion(s.StatsMatcher == "istio_exit_on_zero")
 		var patterns []any

@@ -1,0 +1,451 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/draind/draind/internal/testutil/mesh"
+)
+
+// Issue 22: Istio's own pilot-agent under `draind run`, as Istio's injector
+// leaves the istio-proxy container once its command is draind's
+// (deploy/istio): `draind run -- pilot-agent proxy sidecar ...` with
+// Istio's variables and no DRAIND_* setting. pilot-agent is the real one
+// (tools/peers/pilot-agent.sh); its Envoy is envoysim, which pilot-agent
+// starts from ProxyConfig binaryPath with the bootstrap it rendered from
+// its template (here envoysim's own config: it has no template actions, so
+// pilot-agent writes it as it is). draind runs as root with
+// --run-proxy-as 1337, as the harness's other pods: pilot-agent, and
+// Envoy under it, run as Istio's proxy uid.
+
+// A copy of the test binary named envoy is envoysim: pilot-agent runs
+// binaryPath with Envoy's flags and no room for a role argument.
+func init() {
+	if filepath.Base(os.Args[0]) == "envoy" {
+		os.Exit(envoysimRole(os.Args[1:]))
+	}
+}
+
+// istioStatusPort is pilot-agent's (Istio's default); draindStatusPort is
+// where draind puts its own next to it (agent.PilotAgentStatusPort).
+const (
+	istioStatusPort  = "15020"
+	draindStatusPort = "15022"
+	// appProbePath is the app's readiness probe as Istio's injector
+	// rewrites it (pilot-agent serves it from ISTIO_KUBE_APP_PROBERS).
+	appProbePath = "/app-health/app/readyz"
+)
+
+// istioPod is a pod whose proxy container is draind above pilot-agent.
+type istioPod struct {
+	*pod
+	pilotAgent, envoyBin, bootstrap string
+}
+
+// newIstioPod makes the pod, pilot-agent's working directory (it writes
+// ./etc/istio/proxy and ./var/run relative to it: the test's, here p.dir)
+// and the variables Istio's injector sets, plus those that let pilot-agent
+// run without istiod and a CA (../shared/peers-pilot-agent.md). proxyConfig
+// is merged over the ProxyConfig every pod needs.
+func newIstioPod(t *testing.T, proxyConfig map[string]any) *istioPod {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "DRAIND_") {
+			t.Fatalf("%s is set: these tests run draind with no DRAIND_* setting", kv)
+		}
+	}
+	pa := mesh.PilotAgent(t)
+	p := &istioPod{pod: newPod(t)}
+	p.pilotAgent = filepath.Join(p.dir, "pilot-agent")
+	if err := linkOrCopy(pa, p.pilotAgent); err != nil {
+		t.Fatal(err)
+	}
+	p.envoyBin = filepath.Join(filepath.Dir(p.bin), "envoy")
+	if err := os.Link(p.bin, p.envoyBin); err != nil && !errors.Is(err, os.ErrExist) {
+		t.Fatal(err)
+	}
+	p.bootstrap = filepath.Join(p.dir, "envoy_bootstrap_tmpl.json")
+	tmpl, _ := json.Marshal(map[string]any{
+		"admin_address": "127.0.0.1:15000",
+		"xds":           true, // the update counters pilot-agent's readiness waits for
+		"listeners": []map[string]any{
+			{"name": "virtualInbound", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": "127.0.0.1:8080"},
+			{"name": "virtualOutbound", "address": "127.0.0.1:15001", "direction": "outbound", "protocol": "http", "upstream": remoteIP + ":9000"},
+		},
+	})
+	if err := os.WriteFile(p.bootstrap, tmpl, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pc := map[string]any{
+		"binaryPath":             p.envoyBin,
+		"configPath":             filepath.Join(p.dir, "etc/istio/proxy"),
+		"discoveryAddress":       "127.0.0.1:15012",
+		"controlPlaneAuthPolicy": "NONE",
+	}
+	for k, v := range proxyConfig {
+		pc[k] = v
+	}
+	pcJSON, _ := json.Marshal(pc) // as the injector writes it: JSON
+	probers, _ := json.Marshal(map[string]any{
+		appProbePath: map[string]any{"httpGet": map[string]any{"path": "/", "port": 8080, "scheme": "HTTP"}, "timeoutSeconds": 1},
+	})
+	for k, v := range map[string]string{
+		"PROXY_CONFIG":              string(pcJSON),
+		"ISTIO_KUBE_APP_PROBERS":    string(probers),
+		"POD_NAME":                  "web-0",
+		"POD_NAMESPACE":             "default",
+		"INSTANCE_IP":               podIP,
+		"SERVICE_ACCOUNT":           "default",
+		"ISTIO_META_DNS_CAPTURE":    "false",
+		"FILE_MOUNTED_CERTS":        "true", // offline: no CA
+		"CLOUD_PLATFORM":            "none", // offline: no metadata server
+		"ISTIO_META_POD_PORTS":      `[{"containerPort":8080,"protocol":"TCP"}]`,
+		"ISTIO_META_APP_CONTAINERS": "app",
+	} {
+		t.Setenv(k, v)
+	}
+	t.Chdir(p.dir)
+	return p
+}
+
+func linkOrCopy(src, dst string) error {
+	if err := os.Link(src, dst); err == nil {
+		return nil
+	}
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o755)
+}
+
+// start runs the istio-proxy container: `draind run -- pilot-agent proxy
+// sidecar`, and waits for draind's readiness (which includes
+// pilot-agent's) on draind's own port.
+func (p *istioPod) start() {
+	p.t.Helper()
+	args := []string{"run", "--run-proxy-as", "1337", "--", p.pilotAgent, "proxy", "sidecar", "--templateFile", p.bootstrap}
+	p.draindLog = &syncBuffer{}
+	p.draind = p.runContainer("istio-proxy", -1, io.MultiWriter(p.draindLog, testWriter{p.t}), "__draind", args...)
+	end := time.Now().Add(30 * time.Second)
+	for p.get(draindStatusPort, "/healthz/ready") != 200 || p.get(draindStatusPort, "/metrics") != 200 {
+		select {
+		case <-p.draind.done:
+			p.t.Fatalf("draind exited %d before the pod was ready; log:\n%s", p.draind.code, p.draindLog.String())
+		default:
+		}
+		if time.Now().After(end) {
+			p.t.Fatalf("pod not ready; log:\n%s", p.draindLog.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// get is a GET of the pod's port and path from the remote namespace, as
+// the kubelet's prober: its status code, or 0 without an HTTP answer.
+func (p *istioPod) get(port, path string) int {
+	resp, err := p.client.Get("http://" + podIP + ":" + port + path)
+	if err != nil {
+		return 0
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// poll GETs port/path every 50 ms until stop is closed, recording each
+// answer (0: no HTTP answer) and when.
+type pollResult struct {
+	at   time.Time
+	code int
+}
+
+func (p *istioPod) poll(port, path string, stop <-chan struct{}) func() []pollResult {
+	var (
+		mu  sync.Mutex
+		out []pollResult
+		wg  sync.WaitGroup
+	)
+	c := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer(), DisableKeepAlives: true}, Timeout: 2 * time.Second}
+	wg.Go(func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			code := 0
+			if resp, err := c.Get("http://" + podIP + ":" + port + path); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				code = resp.StatusCode
+			}
+			mu.Lock()
+			out = append(out, pollResult{time.Now(), code})
+			mu.Unlock()
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	})
+	return func() []pollResult { wg.Wait(); mu.Lock(); defer mu.Unlock(); return out }
+}
+
+// slowRequest sends GET /slow?ms=ms through Envoy's inbound listener.
+type answer struct {
+	code int
+	err  error
+	at   time.Time
+}
+
+func (p *istioPod) slowRequest(ms int) <-chan answer {
+	ch := make(chan answer, 1)
+	// No client timeout: a request that never ends stays in flight until
+	// the proxy goes.
+	c := &http.Client{Transport: p.client.Transport}
+	go func() {
+		resp, err := c.Get(fmt.Sprintf("http://%s:15006/slow?ms=%d", podIP, ms))
+		a := answer{err: err}
+		if err == nil {
+			_, a.err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			a.code = resp.StatusCode
+		}
+		a.at = time.Now()
+		ch <- a
+	}()
+	return ch
+}
+
+// checkStarted: pilot-agent's status server runs (no bind error) and
+// answers its own readiness and the app's rewritten probe; draind said
+// which ports it took.
+func (p *istioPod) checkStarted() {
+	p.t.Helper()
+	line := p.waitLog(5*time.Second, "proxy is pilot-agent: it keeps its status port; draind signals its PID alone and stops Envoy through Envoy's admin API", nil)
+	if fmt.Sprint(line["status_addr"]) != ":"+draindStatusPort || fmt.Sprint(line["pilot_agent_status_port"]) != istioStatusPort {
+		p.t.Errorf("ports: %v", line)
+	}
+	if strings.Contains(p.draindLog.String(), "Error listening on status port") {
+		p.t.Errorf("pilot-agent could not listen on its status port; log:\n%s", p.draindLog.String())
+	}
+	if got, app := p.get(istioStatusPort, "/healthz/ready"), p.get(istioStatusPort, appProbePath); got != 200 || app != 200 {
+		p.t.Fatalf("pilot-agent's status port: /healthz/ready %d, %s %d; want 200 and 200; log:\n%s", got, appProbePath, app, p.draindLog.String())
+	}
+}
+
+// Acceptance 1: the classic sidecar. SIGTERM reaches the app and draind
+// together; a 4 s request is in flight and the app makes 12 calls out
+// during its 3 s shutdown.
+func TestIstioPilotAgentClassic(t *testing.T) {
+	p := newIstioPod(t, nil)
+	p.startApp("--on-term", "graceful", "--linger", "1s", "--outbound-count", "12", "--outbound-pause", "250ms")
+	p.start()
+	p.checkStarted()
+	p.wantSources("ebpf", "ebpf")
+
+	slow := p.slowRequest(4000)
+	time.Sleep(300 * time.Millisecond) // in flight
+	stop := make(chan struct{})
+	appProbes := p.poll(istioStatusPort, appProbePath, stop)
+	readiness := p.poll(draindStatusPort, "/healthz/ready", stop)
+	istioReadiness := p.poll(istioStatusPort, "/healthz/ready", stop)
+	p.terminate()
+	a := <-slow
+	code, took := p.waitExit(30 * time.Second)
+	close(stop)
+	probes, ready, istioReady := appProbes(), readiness(), istioReadiness()
+	p.report(t, a, code, took, time.Time{}, probes, ready, istioReady)
+}
+
+// report checks what acceptance 1 and 2 share and logs the figures. The
+// quit must come 0-50 ms after the later of the app's exit, the request's
+// end and min-drain's end; in the native order, after draind's SIGTERM
+// (sigterm, not zero), which ends min-drain: the app is gone by then.
+func (p *istioPod) report(t *testing.T, a answer, code int, took time.Duration, sigterm time.Time, probes, ready, istioReady []pollResult) {
+	t.Helper()
+	ok, closed, fail, appExit := p.appCalls()
+	draining := p.phaseTime("draining")
+	quit := p.phaseTime("stopping")
+	minDrainEnd := draining.Add(5 * time.Second) // draind's default min-drain
+	if !sigterm.IsZero() {
+		minDrainEnd = sigterm
+	}
+	last := appExit
+	for _, x := range []time.Time{a.at, minDrainEnd} {
+		if x.After(last) {
+			last = x
+		}
+	}
+	exited := p.waitLog(time.Second, "phase", map[string]any{"phase": "exited"})
+	// The app probe until the app's exit; draind's readiness from the
+	// drain's start.
+	probeCodes := map[int]int{}
+	firstProbeFail := time.Time{}
+	for _, r := range probes {
+		if r.at.After(appExit) {
+			break
+		}
+		probeCodes[r.code]++
+		if r.code != 200 && firstProbeFail.IsZero() {
+			firstProbeFail = r.at
+		}
+	}
+	readyAfter := map[int]int{}
+	// From the drain's start until draind logs its end (its status
+	// server closes right after: a probe then finds nothing listening).
+	ended := p.phaseTime("exited")
+	for _, r := range ready {
+		if r.at.After(draining.Add(5*time.Millisecond)) && r.at.Before(ended) {
+			readyAfter[r.code]++
+		}
+	}
+	istioAfter := map[int]int{}
+	for _, r := range istioReady {
+		if r.at.After(draining.Add(5*time.Millisecond)) && r.at.Before(appExit) {
+			istioAfter[r.code]++
+		}
+	}
+	t.Logf("request: %d %v, done +%s; calls: %d ok (%d told to close), %d failed; app exit +%s; min-drain end (native: draind's SIGTERM) +%s; quitquitquit +%s = %s after the later of the app's exit, the request and min-drain; draind exit %d at +%s (%v)",
+		a.code, a.err, a.at.Sub(p.drainedAt), ok, closed, fail, appExit.Sub(p.drainedAt), minDrainEnd.Sub(p.drainedAt), quit.Sub(p.drainedAt), quit.Sub(last), code, took, exited["why"])
+	t.Logf("app probe %s on pilot-agent's port until the app's exit: %v (first non-200 at +%s); draind's readiness (:%s) after the drain began: %v; Istio's own (:%s) meanwhile: %v",
+		appProbePath, probeCodes, firstProbeFail.Sub(p.drainedAt), draindStatusPort, readyAfter, istioStatusPort, istioAfter)
+	if a.err != nil || a.code != 200 {
+		t.Errorf("the request in flight: %d %v", a.code, a.err)
+	}
+	if ok != 12 || fail != 0 {
+		t.Errorf("calls: %d ok, %d failed; want 12 and 0", ok, fail)
+	}
+	if d := quit.Sub(last); d < 0 || d > 50*time.Millisecond {
+		t.Errorf("quitquitquit %s after the later of the app's exit, the request and min-drain; want 0-50 ms", d)
+	}
+	if code != 0 || fmt.Sprint(exited["exit_code"]) != "0" {
+		t.Errorf("draind exit %d (logged %v); want 0 (pilot-agent exited 0 after the quit)", code, exited["exit_code"])
+	}
+	if probeCodes[0] != 0 || len(probes) == 0 {
+		t.Errorf("the app probe went unanswered %d times before the app's exit: %v", probeCodes[0], probeCodes)
+	}
+	if len(readyAfter) != 1 || readyAfter[503] == 0 {
+		t.Errorf("draind's readiness after the drain began: %v; want 503 only", readyAfter)
+	}
+}
+
+// Acceptance 2: the native sidecar. The kubelet runs the preStop hook
+// `draind drain` (no flag: it finds draind's port from Istio's settings)
+// and SIGTERMs the app together, and SIGTERMs draind after the app exited.
+func TestIstioPilotAgentNative(t *testing.T) {
+	p := newIstioPod(t, nil)
+	p.startApp("--on-term", "graceful", "--linger", "1s", "--outbound-count", "12", "--outbound-pause", "250ms")
+	p.start()
+	p.checkStarted()
+
+	slow := p.slowRequest(4000)
+	time.Sleep(300 * time.Millisecond)
+	stop := make(chan struct{})
+	appProbes := p.poll(istioStatusPort, appProbePath, stop)
+	readiness := p.poll(draindStatusPort, "/healthz/ready", stop)
+	istioReadiness := p.poll(istioStatusPort, "/healthz/ready", stop)
+	p.drainedAt = time.Now()
+	p.app.Signal(syscall.SIGTERM)
+	var out syncBuffer
+	hook := p.runContainer("prestop-hook", 1337, &out, "__draind", "drain")
+	if !hook.wait(10*time.Second) || hook.code != 0 {
+		t.Fatalf("draind drain: exit %d: %s", hook.code, out.String())
+	}
+	hookDone := time.Now()
+	a := <-slow
+	if !p.app.wait(20 * time.Second) {
+		t.Fatal("the app did not exit")
+	}
+	sigterm := time.Now()
+	p.draind.Signal(syscall.SIGTERM)
+	code, took := p.waitExit(30 * time.Second)
+	close(stop)
+	draining := p.waitLog(time.Second, "phase", map[string]any{"phase": "draining"})
+	t.Logf("native: draind drain returned in %s (%s); draind's SIGTERM at +%s, %s after the app's exit; draind's exit %s after its SIGTERM; trigger %v",
+		hookDone.Sub(p.drainedAt), strings.TrimSpace(out.String()), sigterm.Sub(p.drainedAt), sigterm.Sub(p.app.exitedAt), p.draind.exitedAt.Sub(sigterm), draining["trigger"])
+	if draining["trigger"] != "prestop-hook" {
+		t.Errorf("drain trigger %v; want prestop-hook", draining["trigger"])
+	}
+	p.report(t, a, code, took, sigterm, appProbes(), readiness(), istioReadiness())
+}
+
+// Acceptance 3: ProxyConfig terminationDrainDuration. 40 s, with the app
+// ignoring SIGTERM and a request that never ends: the drain ends by 40 s
+// and says what held it. 5 s (Istio's default) with a 10 s request: the
+// request completes, the deadline staying draind's 25 s.
+func TestIstioTerminationDrainDuration(t *testing.T) {
+	t.Run("40s", func(t *testing.T) {
+		p := newIstioPod(t, map[string]any{"terminationDrainDuration": "40s"})
+		p.startApp("--on-term", "ignore")
+		p.start()
+		decided := p.waitLog(5*time.Second, "drain deadline", nil)
+		slow := p.slowRequest(120000)
+		time.Sleep(300 * time.Millisecond)
+		p.terminate()
+		code, took := p.waitExit(45 * time.Second)
+		reached := p.logLines("drain deadline reached: stopping the proxy with flows still open")
+		t.Logf("deadline %v decided by %q; draind exit %d at +%s; report: %v", decided["deadline"], decided["decided_by"], code, took, reached)
+		if decided["deadline"] != "40s" || decided["decided_by"] != "terminationDrainDuration (PROXY_CONFIG)" {
+			t.Errorf("deadline line: %v", decided)
+		}
+		if took > 40*time.Second || took < 30*time.Second || len(reached) != 1 || code != 0 {
+			t.Errorf("exit %d at +%s, %d deadline reports; want 0, by 40 s (after its gate part), one report; log:\n%s", code, took, len(reached), p.draindLog.String())
+		}
+		select {
+		case a := <-slow:
+			t.Logf("the stuck request ended with the proxy: %d %v", a.code, a.err)
+		case <-time.After(5 * time.Second):
+		}
+	})
+	t.Run("5s", func(t *testing.T) {
+		p := newIstioPod(t, map[string]any{"terminationDrainDuration": "5s"})
+		p.startApp("--on-term", "graceful")
+		p.start()
+		decided := p.waitLog(5*time.Second, "drain deadline", nil)
+		slow := p.slowRequest(10000)
+		time.Sleep(300 * time.Millisecond)
+		p.terminate()
+		a := <-slow
+		code, took := p.waitExit(30 * time.Second)
+		t.Logf("deadline %v decided by %q; the 10 s request: %d %v at +%s; draind exit %d at +%s",
+			decided["deadline"], decided["decided_by"], a.code, a.err, a.at.Sub(p.drainedAt), code, took)
+		if decided["deadline"] != "25s" || !strings.HasPrefix(fmt.Sprint(decided["decided_by"]), "default: terminationDrainDuration 5s") {
+			t.Errorf("deadline line: %v", decided)
+		}
+		if a.err != nil || a.code != 200 || code != 0 {
+			t.Errorf("request %d %v, exit %d; want 200 and 0", a.code, a.err, code)
+		}
+	})
+}
+
+// Istio's Job recipe: the app ends its sidecar with POST
+// localhost:15020/quitquitquit, pilot-agent's. pilot-agent ends Envoy and
+// exits 0; draind keeps that 0 (pilot-agent's exit code is its own), as
+// the container exited without draind.
+func TestIstioPilotAgentQuitquitquit(t *testing.T) {
+	p := newIstioPod(t, nil)
+	p.start()
+	c := &http.Client{Transport: &http.Transport{DialContext: p.ns.Dialer()}, Timeout: 5 * time.Second}
+	resp, err := c.Post("http://127.0.0.1:"+istioStatusPort+"/quitquitquit", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	p.drainedAt = time.Now()
+	code, took := p.waitExit(20 * time.Second)
+	exited := p.waitLog(time.Second, "phase", map[string]any{"phase": "exited"})
+	t.Logf("pilot-agent's /quitquitquit: %d; draind exit %d %s later (%v: %v, %v)", resp.StatusCode, code, took, exited["why"], exited["how"], exited["when"])
+	if resp.StatusCode != 200 || code != 0 {
+		t.Errorf("quit answered %d, draind exit %d; want 200 and 0; log:\n%s", resp.StatusCode, code, p.draindLog.String())
+	}
+}

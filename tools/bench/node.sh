@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Node density (docs/benchmarks.md, "Node density"; issue 21): a node full
+# of idle draind pods and what it costs the other pods. As root. Flags go to
+# `footprint node` (tools/bench/footprint/node.go), e.g.
+#   bash tools/bench/node.sh --pods 10,40,110 --sockdiag-pods 110 --draining 10
+# About 6 minutes with the defaults on 2 CPUs.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+make -s build >/dev/null
+go -C tools build -o "$PWD/bin/footprint" ./bench/footprint
+tmp=$(mktemp -d); chmod 755 "$tmp" # the proxy runs as uid 1337
+trap 'rm -rf "$tmp"' EXIT
+# A PID namespace of its own: however the benchmark ends, the kernel ends
+# every process it started, and with them the network namespaces they hold.
+TMPDIR=$tmp unshare --pid --fork --kill-child --mount-proc \
+  ./bin/footprint node --draind bin/draind --envoysim bin/envoysim "$@"
