@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -240,7 +241,8 @@ func TestHostNetworkPod(t *testing.T) {
 	}
 }
 
-// A forced overrun of the process events' ring (one page, draind stopped
+// A forced overrun of the process events' ring (one page: 4 KiB, or 16 or
+// 64 KiB on arm64 kernels built so; draind stopped
 // while the app forks 400 processes) during a drain (the programs run only
 // then), draind and the app in sibling PID namespaces: the loss is
 // counted, a resync follows, and the count is right after it; the app's
@@ -248,7 +250,7 @@ func TestHostNetworkPod(t *testing.T) {
 func TestProcRingOverrun(t *testing.T) {
 	p := newPod(t)
 	p.startApp("--on-term", "graceful", "--outbound-count", "12", "--outbound-pause", "250ms")
-	p.startDraind([]string{"--min-drain", "200ms", "--tracker", "ebpf", "--app-procs", "ebpf", "--debug-proc-ring-size", "4096"})
+	p.startDraind([]string{"--min-drain", "200ms", "--tracker", "ebpf", "--app-procs", "ebpf", "--debug-proc-ring-size", strconv.Itoa(os.Getpagesize())})
 	p.wantSources("ebpf", "ebpf")
 	// The drain begins, the app lives on (SIGTERM to draind alone): the
 	// process programs attach.
