@@ -85,7 +85,7 @@ func (s *ebpfSource) resync() error {
 	s.seenLost = lost
 	if snap.Walk.Complete() {
 		s.since = snap.Since()
-	}
+	} // else: apply every event still queued, a walk cut short may not have seen them
 	s.update(func() { s.installSnapshotLocked(&snap) })
 	return nil
 }
@@ -147,19 +147,11 @@ func (s *ebpfSource) Run(ctx context.Context) error {
 			return nil // more queued: apply them before classifying
 		}
 		// The ring is drained: were events dropped while it was full?
-		if lost := s.probe.Lost(); lost != s.seenLost {
-			snap, err := s.snapshot()
-			if err != nil {
+		if s.probe.Lost() != s.seenLost {
+			if err := s.resync(); err != nil { // classifies the events applied so far too
 				return fmt.Errorf("resync after lost events: %w", err)
 			}
-			s.seenLost = lost
-			if snap.Walk.Complete() {
-				s.since = snap.Since()
-			} // else: apply every event still queued, a walk cut short may not have seen them
-			s.mu.Lock()
-			s.installSnapshotLocked(&snap)
-			s.mu.Unlock()
-			pending++
+			pending = 0
 		}
 		if pending > 0 {
 			s.update(nil)

@@ -20,9 +20,8 @@ import (
 type flagSet struct {
 	*flag.FlagSet
 	aliases    map[string][]envAlias // flag name → other variables that set it
-	set        map[string]bool       // flags given, on the command line or by env
-	source     map[string]string     // flag name → what gave it: "--name" or a variable
-	bare       map[string]*oneOf     // flags that may stand without a value (see optionalValue)
+	source     map[string]string     // flags given → what gave each: "--name" or a variable
+	bare       map[string]string     // flags that may stand without a value → that value (optionalValue)
 	stdout     io.Writer
 	printUsage func()
 }
@@ -90,12 +89,12 @@ func (fs *flagSet) parse(args []string) error {
 		}
 		return usageErr("%s: %s (see draind %s -h)", fs.Name(), escapeControl(err.Error()), fs.Name())
 	}
-	set, source := map[string]bool{}, map[string]string{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name], source[f.Name] = true, "--"+f.Name })
-	fs.set, fs.source = set, source
+	source := map[string]string{}
+	fs.Visit(func(f *flag.Flag) { source[f.Name] = "--" + f.Name })
+	fs.source = source
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
-		if set[f.Name] || err != nil || len(f.Name) == 1 {
+		if source[f.Name] != "" || err != nil || len(f.Name) == 1 {
 			return
 		}
 		vars := append([]envAlias{{name: envName(f.Name)}}, fs.aliases[f.Name]...)
@@ -114,7 +113,7 @@ func (fs *flagSet) parse(args []string) error {
 			if e != nil {
 				err = usageErr("%s: %s=%q (for --%s): %v", fs.Name(), env.name, v, f.Name, e)
 			}
-			set[f.Name], source[f.Name] = true, env.name
+			source[f.Name] = env.name
 			return
 		}
 	})
@@ -125,11 +124,11 @@ func (fs *flagSet) parse(args []string) error {
 // bare word: `--exit-with-app -- envoy` is `--exit-with-app=success`. Any
 // other word after it is its value, as for any flag (a wrong one is an error
 // naming the flag, not the proxy's command).
-func (fs *flagSet) optionalValue(name string, o *oneOf) {
+func (fs *flagSet) optionalValue(name, alone string) {
 	if fs.bare == nil {
-		fs.bare = map[string]*oneOf{}
+		fs.bare = map[string]string{}
 	}
-	fs.bare[name] = o
+	fs.bare[name] = alone
 }
 
 // withBareValues spells out the optional flags given without a value, up to
@@ -144,21 +143,21 @@ func (fs *flagSet) withBareValues(args []string) []string {
 			break
 		}
 		name := strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
-		o, ok := fs.bare[name]
+		alone, ok := fs.bare[name]
 		if !ok || name == a {
 			continue
 		}
 		if i+1 < len(out) && !strings.HasPrefix(out[i+1], "-") {
 			continue // its value, or a typo the flag names
 		}
-		out[i] = "--" + name + "=" + o.bareWord
+		out[i] = "--" + name + "=" + alone
 	}
 	return out
 }
 
 // isSet reports whether a flag was given on the command line or through
 // one of its environment variables (after parse).
-func (fs *flagSet) isSet(name string) bool { return fs.set[name] }
+func (fs *flagSet) isSet(name string) bool { return fs.source[name] != "" }
 
 // sourceOf names what set a flag (after parse): "--name", the variable,
 // or "" when it kept its default.
@@ -197,8 +196,6 @@ type oneOf struct {
 	val   string
 	words []string
 	alias map[string]string
-	// bareWord is the value of the flag given alone (flagSet.optionalValue).
-	bareWord string
 }
 
 func (o *oneOf) String() string { return o.val }

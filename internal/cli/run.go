@@ -97,11 +97,10 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	fs.BoolVar(&d.Gateway, "gateway", false, "drain every listener, and wait for no app")
 	tracker := trackerFlag(fs)
 	exitWithApp := &oneOf{val: string(drain.ExitWithAppOff),
-		words:    []string{string(drain.ExitWithAppOff), string(drain.ExitWithAppSuccess), string(drain.ExitWithAppAny)},
-		alias:    map[string]string{"true": string(drain.ExitWithAppSuccess), "false": string(drain.ExitWithAppOff)},
-		bareWord: string(drain.ExitWithAppSuccess)}
+		words: []string{string(drain.ExitWithAppOff), string(drain.ExitWithAppSuccess), string(drain.ExitWithAppAny)},
+		alias: map[string]string{"true": string(drain.ExitWithAppSuccess), "false": string(drain.ExitWithAppOff)}}
 	fs.Var(exitWithApp, "exit-with-app", "end the proxy when the app's work is done (Jobs): off | success (its main process exited 0) | any (given alone or true: success)")
-	fs.optionalValue("exit-with-app", exitWithApp)
+	fs.optionalValue("exit-with-app", string(drain.ExitWithAppSuccess))
 	fs.durationVar(&d.AppRestartGrace, "app-restart-grace", d.AppRestartGrace, "with --exit-with-app: an app back within this long (a restarted container) keeps the proxy")
 	hostNet := &oneOf{val: "auto", words: []string{"auto", "true", "false"}}
 	fs.Var(hostNet, "host-network", "the pod shares the node's network namespace (hostNetwork): auto|true|false")

@@ -209,36 +209,30 @@ func (t *Tracker) Live() bool { return t.live.Load() }
 // table's listener set, or, while dormant, from one LISTEN dump the kernel
 // filters to these ports.
 func (t *Tracker) Listening(owner Owner, ports []uint16) (missing []uint16, err error) {
-	if t.live.Load() {
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		for _, p := range ports {
-			if !t.table.Listens(owner, p) {
-				missing = append(missing, p)
-			}
-		}
-		return missing, nil
-	}
-	t.mu.Lock() // the on-demand classifier is one
+	t.mu.Lock() // the table, or the one on-demand classifier
 	defer t.mu.Unlock()
-	found := make(map[uint16]bool, len(ports))
-	err = t.diag.EachLocalPort(sockdiag.Mask(sockdiag.Listen), ports, func(s *sockdiag.Socket) {
-		if f := t.onDemand.Flow(s); f.Owner == owner {
-			found[s.Local.Port()] = true
+	has := func(p uint16) bool { return t.table.Listens(owner, p) }
+	if !t.live.Load() {
+		found := make(map[uint16]bool, len(ports))
+		err = t.diag.EachLocalPort(sockdiag.Mask(sockdiag.Listen), ports, func(s *sockdiag.Socket) {
+			if f := t.onDemand.Flow(s); f.Owner == owner {
+				found[s.Local.Port()] = true
+			}
+		})
+		if err != nil {
+			return nil, err
 		}
-	})
-	if err != nil {
-		return nil, err
+		has = func(p uint16) bool { return found[p] }
 	}
 	for _, p := range ports {
-		if !found[p] {
+		if !has(p) {
 			missing = append(missing, p)
 		}
 	}
 	return missing, nil
 }
 
-// dumpNow attributes one fresh dump of the namespace (a dormant tracker's
+// dumpNowLocked attributes one fresh dump of the namespace (a dormant tracker's
 // answer to Summary and Snapshot). The classifier and the dump buffer are
 // the tracker's: one at a time, under mu.
 func (t *Tracker) dumpNowLocked() Snapshot {
@@ -308,15 +302,6 @@ func (t *Tracker) Flows(keep func(*Flow) bool) []TrackedFlow {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.table.Flows(time.Now(), keep)
-}
-
-// Listens reports whether owner has a listener on port: a lookup in the
-// listener set the table keeps for its classification, not a walk (a live
-// tracker's; see Listening).
-func (t *Tracker) Listens(owner Owner, port uint16) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.table.Listens(owner, port)
 }
 
 // Each calls fn for every tracked socket (listeners included), with its
