@@ -3,7 +3,7 @@ GO       ?= go
 BIN      ?= bin
 KERNELS  ?= 5.10 6.1 6.12
 PKGS     ?= ./...
-VMPKGS   ?= ./internal/sockdiag ./internal/probes ./internal/flows ./internal/appprocs ./internal/testutil/mesh
+VMPKGS   ?= ./internal/sockdiag ./internal/probes ./internal/flows ./internal/appprocs ./internal/testenv/mesh
 # The end-to-end tests each kernel must pass (the whole e2e/ takes ~10 min a
 # kernel under qemu's emulation; `make vmtest VME2E=.` runs it all).
 VME2E    ?= TestContainerIsolation|TestAppShutdownInItsOwnContainer|TestNothingAttachedWhileReady|TestJobPostStartHookInProxyContainer|TestProcRingOverrun|TestHostNetworkPod|TestNativeSidecar|TestJobExitWithApp|TestSlowRequestIsNotIdle|TestEverythingStuck|TestMeshRScenario
@@ -15,7 +15,7 @@ help: ## list the targets
 
 build: ## build draind and envoysim into ./bin
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/draind ./cmd/draind
-	CGO_ENABLED=0 $(GO) build -o $(BIN)/envoysim ./internal/envoy/envoysim/cmd/envoysim
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/envoysim ./internal/testenv/envoysim/cmd/envoysim
 
 tools: ## build the developer tools (tools/: vmexec, benchsnap, demo) into ./bin
 	CGO_ENABLED=0 $(GO) -C tools build -o $(abspath $(BIN))/ ./vmtest/vmexec ./bench/benchsnap ./demo
@@ -53,9 +53,9 @@ vmtest: ## run the kernel-facing packages and the key e2e tests in VMs: make vmt
 	bash tools/vmtest/vmtest.sh $(VMFLAGS) --run '$(VME2E)' ./e2e
 # The arm64 key e2e tests on 6.1 and the cgroup-v2-only ones on 6.12 (docs/vmtest.md).
 VMKEYE2E ?= TestAppShutdownInItsOwnContainer|TestNativeSidecar|TestJobExitWithApp
-# internal/testutil/mesh is left out: it needs pilot-agent, built for the host only.
+# internal/testenv/mesh is left out: it needs pilot-agent, built for the host only.
 vmtest-arm64: ## arm64 (6.1, emulated): the kernel-facing packages and the key e2e tests
-	$(MAKE) vmtest ARCH=arm64 KERNELS="6.1" VMPKGS="$(filter-out ./internal/testutil/mesh,$(VMPKGS))" VME2E='$(VMKEYE2E)'
+	$(MAKE) vmtest ARCH=arm64 KERNELS="6.1" VMPKGS="$(filter-out ./internal/testenv/mesh,$(VMPKGS))" VME2E='$(VMKEYE2E)'
 vmtest-cgroup2: ## cgroup v2 only (6.12): the key e2e tests
 	bash tools/vmtest/vmtest.sh --kernels 6.12 --cgroup2 --run '$(VMKEYE2E)' ./e2e
 

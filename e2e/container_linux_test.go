@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 	"golang.org/x/sys/unix"
 )
 

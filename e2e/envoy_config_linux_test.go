@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/envoy/envoysim"
-	"github.com/draind/draind/internal/envoy/envoysim/conformance"
-	"github.com/draind/draind/internal/testutil/mesh"
+	"github.com/draind/draind/internal/testenv/envoysim"
+	"github.com/draind/draind/internal/testenv/envoysim/conformance"
+	"github.com/draind/draind/internal/testenv/mesh"
 )
 
 // Issue 23: Envoy as users configure it. Each test runs envoysim with a

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/draind/draind/internal/testutil/mesh"
+	"github.com/draind/draind/internal/testenv/mesh"
 	"go.yaml.in/yaml/v3"
 )
 

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/testutil/mesh"
+	"github.com/draind/draind/internal/testenv/mesh"
 )
 
 // Issue 22: Istio's own pilot-agent under `draind run`, as Istio's injector

@@ -20,9 +20,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/envoy/envoysim/conformance"
+	"github.com/draind/draind/internal/testenv/envoysim/conformance"
 	"github.com/draind/draind/internal/flows"
-	"github.com/draind/draind/internal/testutil/mesh"
+	"github.com/draind/draind/internal/testenv/mesh"
 	"golang.org/x/sys/unix"
 )
 

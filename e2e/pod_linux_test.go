@@ -22,8 +22,8 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/cli"
-	"github.com/draind/draind/internal/envoy/envoysim"
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/envoysim"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // The test binary doubles as every process of a pod: draind, envoysim (the

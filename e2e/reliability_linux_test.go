@@ -19,8 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/nsrun"
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/nsrun"
+	"github.com/draind/draind/internal/testenv/testutil"
 	"golang.org/x/sys/unix"
 )
 

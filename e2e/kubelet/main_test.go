@@ -139,7 +139,7 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 	bin := func(n string) string { return filepath.Join(dir, n) }
 	builds := []struct{ dir, pkg, out string }{
 		{repoRoot, "./cmd/draind", bin("draind")},
-		{repoRoot, "./internal/envoy/envoysim/cmd/envoysim", bin("envoysim")},
+		{repoRoot, "./internal/testenv/envoysim/cmd/envoysim", bin("envoysim")},
 		{".", "./cmd/testapp", bin("testapp")},
 		{".", "./cmd/pause", bin("pause")},
 		{".", "./cmd/posthook", bin("posthook")},

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/drain"
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 func TestConnsJSONInNamespace(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 func TestMain(m *testing.M) {

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/envoy"
-	"github.com/draind/draind/internal/envoy/envoysim"
+	"github.com/draind/draind/internal/testenv/envoysim"
 )
 
 // echoServer is a TCP upstream that echoes, closed at the end of the test.

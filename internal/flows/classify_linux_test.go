@@ -8,7 +8,7 @@ import (
 
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/sockdiag"
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // TestMain lets the test binary double as a helper process (a listener

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/draind/draind/internal/sockdiag"
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // benchNamespace returns a namespace holding n established loopback

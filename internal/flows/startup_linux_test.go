@@ -9,7 +9,7 @@ import (
 	"github.com/cilium/ebpf/btf"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // TestStartupParts times, in this process, the parts of a tracker's start

@@ -12,7 +12,7 @@ import (
 
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 	"golang.org/x/sys/unix"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/sockdiag"
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // startTracker opens a tracker on ns in mode and runs it until the test ends.

@@ -11,7 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/draind/draind/internal/namespace"
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 	"golang.org/x/sys/unix"
 )
 

@@ -24,7 +24,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/sockdiag"
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/namespace"
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 func dialNS(t *testing.T, ns *testutil.NetNS) *Conn {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/namespace"
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // TestCaptureFixtures rewrites testdata/sockdiag/mixed.bin from a real dump

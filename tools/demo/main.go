@@ -24,7 +24,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/draind/draind/internal/nsrun"
+	"github.com/draind/draind/internal/testenv/nsrun"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )

@@ -5,7 +5,7 @@
 #   bash tools/peers/pilot-agent.sh          # prints e.g. ~/.cache/draind-peers/pilot-agent-v0.0.0-2026...
 #   bash tools/peers/pilot-agent.sh istioctl # the same for istioctl (tools/peers/istioctl.sh)
 #
-# The tests of internal/testutil/mesh use it (`pilot-agent istio-iptables`:
+# The tests of internal/testenv/mesh use it (`pilot-agent istio-iptables`:
 # Istio's own interception rules). They find it through DRAIND_PILOT_AGENT or
 # at this same cache path. Needs Go and the Go module proxy; about two
 # minutes on two cores with an empty module cache.
@@ -18,7 +18,7 @@
 set -euo pipefail
 
 # Keep ISTIO_VERSION in step with mesh.IstioVersion
-# (internal/testutil/mesh/pilotagent.go); a test checks that they agree.
+# (internal/testenv/mesh/pilotagent.go); a test checks that they agree.
 ISTIO_VERSION=v0.0.0-20260827124520-eed52ebb66ad
 ISTIO_API_VERSION=v1.31.1
 GO_CONTROL_PLANE_ENVOY=v1.37.1-0.20260729145720-a2d8c7492908

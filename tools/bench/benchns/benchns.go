@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/namespace"
-	"github.com/draind/draind/internal/nsrun"
+	"github.com/draind/draind/internal/testenv/nsrun"
 	"github.com/draind/draind/internal/sockdiag"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/envoy/envoysim"
+	"github.com/draind/draind/internal/testenv/envoysim"
 )
 
 func startSim(t *testing.T, cfg envoysim.Config) *envoysim.Sim {

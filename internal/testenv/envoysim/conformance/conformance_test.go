@@ -8,7 +8,7 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/draind/draind/internal/envoy/envoysim/conformance"
+	"github.com/draind/draind/internal/testenv/envoysim/conformance"
 )
 
 func TestEnvoysim(t *testing.T) { conformance.Run(t, conformance.Sim()) }
@@ -20,7 +20,7 @@ func TestEnvoysimProgram(t *testing.T) {
 	if err != nil {
 		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
-	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/draind/draind/internal/envoy/envoysim/cmd/envoysim")
+	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/draind/draind/internal/testenv/envoysim/cmd/envoysim")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)

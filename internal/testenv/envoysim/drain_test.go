@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/envoy"
-	"github.com/draind/draind/internal/envoy/envoysim"
+	"github.com/draind/draind/internal/testenv/envoysim"
 )
 
 // TestDrainInboundGraceful walks pilot-agent's drain, POST

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/testutil"
-	"github.com/draind/draind/internal/testutil/mesh"
+	"github.com/draind/draind/internal/testenv/testutil"
+	"github.com/draind/draind/internal/testenv/mesh"
 	"golang.org/x/sys/unix"
 )
 

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // Interception as Istio sets it up (peers-pilot-agent.md): envoysim runs as

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/envoy/envoysim"
-	"github.com/draind/draind/internal/envoy/envoysim/conformance"
+	"github.com/draind/draind/internal/testenv/envoysim"
+	"github.com/draind/draind/internal/testenv/envoysim/conformance"
 )
 
 // streamUpstream is an HTTP/1.1 upstream whose /stream answers in n

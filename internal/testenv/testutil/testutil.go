@@ -20,7 +20,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/draind/draind/internal/nsrun"
+	"github.com/draind/draind/internal/testenv/nsrun"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"

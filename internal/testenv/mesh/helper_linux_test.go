@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/testutil"
-	"github.com/draind/draind/internal/testutil/mesh"
+	"github.com/draind/draind/internal/testenv/testutil"
+	"github.com/draind/draind/internal/testenv/mesh"
 )
 
 // The test binary doubles as the pod's processes: the proxy (uid 1337 with

@@ -6,7 +6,7 @@ import (
 	"context"
 	"os"
 
-	"github.com/draind/draind/internal/envoy/envoysim"
+	"github.com/draind/draind/internal/testenv/envoysim"
 )
 
 func main() {

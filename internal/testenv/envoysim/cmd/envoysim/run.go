@@ -4,7 +4,7 @@ import (
 	"context"
 	"io"
 
-	"github.com/draind/draind/internal/envoy/envoysim"
+	"github.com/draind/draind/internal/testenv/envoysim"
 )
 
 // run is the program: see envoysim.Run.

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/envoy/envoysim"
+	"github.com/draind/draind/internal/testenv/envoysim"
 )
 
 // parseText reads "name: value" lines; histograms (P0(...) or No recorded
@@ -508,7 +508,7 @@ func simGoroutines() []string {
 	buf = buf[:runtime.Stack(buf, true)]
 	var out []string
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "internal/envoy/envoysim.") && !strings.Contains(g, "envoysim_test.") {
+		if strings.Contains(g, "internal/testenv/envoysim.") && !strings.Contains(g, "envoysim_test.") {
 			out = append(out, g)
 		}
 	}

@@ -14,7 +14,7 @@
 //
 // In a test, [Start] a [Sim] from a [Config] and [Sim.Close] it. As a
 // process (for draind run, which supervises a child), build
-// ./internal/envoy/envoysim/cmd/envoysim, or have a test binary call [Main]:
+// ./internal/testenv/envoysim/cmd/envoysim, or have a test binary call [Main]:
 // it takes a JSON config (-c) and Envoy's flags; see docs/envoysim.md.
 //
 // # Lifecycle

@@ -7,7 +7,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )

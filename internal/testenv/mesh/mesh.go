@@ -35,7 +35,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/draind/draind/internal/testutil"
+	"github.com/draind/draind/internal/testenv/testutil"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )

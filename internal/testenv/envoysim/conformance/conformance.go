@@ -31,7 +31,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/envoy/envoysim"
+	"github.com/draind/draind/internal/testenv/envoysim"
 )
 
 // Target is what scenarios run against.

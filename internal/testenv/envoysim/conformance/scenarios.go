@@ -3,7 +3,7 @@ package conformance
 import (
 	"time"
 
-	"github.com/draind/draind/internal/envoy/envoysim"
+	"github.com/draind/draind/internal/testenv/envoysim"
 )
 
 // Stat names of the scenarios' listeners, named by stat_prefix so that a
