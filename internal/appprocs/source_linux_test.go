@@ -923,3 +923,40 @@ func TestDormantSource(t *testing.T) {
 		})
 	}
 }
+
+// firstMountID tells a process that has left its namespaces (here a
+// zombie; a process still exiting has the same state between
+// exit_task_namespaces and exit_notify, while /proc/PID/stat shows it
+// running) from one whose mountinfo is readable, so the /proc backend
+// never classifies an exiting hook as the app's for want of its container.
+func TestFirstMountIDExiting(t *testing.T) {
+	if id, exiting := firstMountID("/proc/self"); id == 0 || exiting {
+		t.Fatalf("self: id %d exiting %v; want an id", id, exiting)
+	}
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	dir := "/proc/" + strconv.Itoa(cmd.Process.Pid)
+	deadline := time.Now().Add(procsWait)
+	for {
+		stat, err := os.ReadFile(dir + "/stat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, rest, _ := strings.Cut(string(stat), ") "); strings.HasPrefix(rest, "Z") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never a zombie: %s", dir, stat)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if id, exiting := firstMountID(dir); !exiting {
+		t.Errorf("zombie: id %d, exiting false", id)
+	}
+	if _, exiting := firstMountID("/proc/0"); !exiting {
+		t.Error("no such process: exiting false")
+	}
+}
