@@ -12,6 +12,7 @@ import (
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 	"go.uber.org/zap"
 )
 
@@ -214,7 +215,7 @@ func (t *Tracker) Listening(owner Owner, ports []uint16) (missing []uint16, err 
 	has := func(p uint16) bool { return t.table.Listens(owner, p) }
 	if !t.live.Load() {
 		found := make(map[uint16]bool, len(ports))
-		err = t.diag.EachLocalPort(sockdiag.Mask(sockdiag.Listen), ports, func(s *sockdiag.Socket) {
+		err = t.diag.EachLocalPort(sockdiag.Mask(tcpstate.Listen), ports, func(s *sockdiag.Socket) {
 			if f := t.onDemand.Flow(s); f.Owner == owner {
 				found[s.Local.Port()] = true
 			}
@@ -236,7 +237,7 @@ func (t *Tracker) Listening(owner Owner, ports []uint16) (missing []uint16, err 
 // answer to Summary and Snapshot). The classifier and the dump buffer are
 // the tracker's: one at a time, under mu.
 func (t *Tracker) dumpNowLocked() Snapshot {
-	socks, err := t.diag.Sockets(TableMask | sockdiag.Mask(sockdiag.Listen))
+	socks, err := t.diag.Sockets(TableMask | sockdiag.Mask(tcpstate.Listen))
 	if err != nil {
 		t.log.Debug("sock_diag dump on demand", zap.Error(err))
 		return Snapshot{Taken: time.Now(), Namespace: t.name}
@@ -372,7 +373,7 @@ func (t *Tracker) resyncLocked() error {
 	var err error
 	for range dumpRetries {
 		t.table.beginReplace()
-		err = t.diag.Each(TableMask|sockdiag.Mask(sockdiag.Listen), t.replaceFn)
+		err = t.diag.Each(TableMask|sockdiag.Mask(tcpstate.Listen), t.replaceFn)
 		if !errors.Is(err, sockdiag.ErrDumpInterrupted) {
 			break
 		}

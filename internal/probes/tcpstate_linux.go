@@ -17,7 +17,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
-	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 	"golang.org/x/sys/unix"
 )
 
@@ -301,8 +301,8 @@ func decodeEvent(b []byte, ev *TCPEvent) error {
 	ev.Cookie = le.Uint64(b[evCookie:])
 	ev.SkAddr = le.Uint64(b[evSkaddr:])
 	ev.UID = le.Uint32(b[evUID:])
-	ev.OldState = sockdiag.State(b[evOldState])
-	ev.NewState = sockdiag.State(b[evNewState])
+	ev.OldState = tcpstate.State(b[evOldState])
+	ev.NewState = tcpstate.State(b[evNewState])
 	family := le.Uint16(b[evFamily:])
 	ev.Family = uint8(family)
 	sport, dport := le.Uint16(b[evSport:]), le.Uint16(b[evDport:])
