@@ -106,9 +106,6 @@ func (s *Summary) Counts() [len(SummaryKeys)]int {
 // AppHolding is the number of app flows that still hold the drain.
 func (s Summary) AppHolding() int { return s.AppInbound + s.AppOutbound - s.AppIdle }
 
-// ProxyHolding is the number of proxy flows that still hold the drain.
-func (s Summary) ProxyHolding() int { return s.ProxyFlows - s.ProxyIdle }
-
 // Classifier attributes sockets under a Policy. It remembers which ports
 // each owner listens on, so listeners must be observed (Observe or
 // Classify over a full set) before the flows that use them.
@@ -282,9 +279,6 @@ func (c *Classifier) classify(s *sockdiag.Socket, accepted bool) (k class) {
 
 // Count adds one attributed flow to the summary.
 func (s *Summary) Count(f *Flow) { s.add(1, classOf(f), f.State) }
-
-// Uncount removes a flow counted by Count.
-func (s *Summary) Uncount(f *Flow) { s.add(-1, classOf(f), f.State) }
 
 // add counts (delta 1) or uncounts (-1) a flow of this class.
 func (s *Summary) add(delta int, k class, state tcpstate.State) {

@@ -281,9 +281,6 @@ func (t *FlowTable) Summary() Summary { return t.sum }
 // Listens reports whether owner has a listener on port in the table.
 func (t *FlowTable) Listens(owner Owner, port uint16) bool { return t.cls.Listens(owner, port) }
 
-// Len is the number of sockets in the table.
-func (t *FlowTable) Len() int { return t.recs.n }
-
 // socketOf rebuilds record pos as the socket it was made from.
 func (t *FlowTable) socketOf(pos int) sockdiag.Socket {
 	r := t.recs.at(pos)

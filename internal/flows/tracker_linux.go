@@ -324,7 +324,7 @@ func (t *Tracker) Subscribe() (<-chan struct{}, func()) {
 }
 
 // Watch returns a channel of every change, buffered by buf; changes a slow
-// reader does not take are counted by Dropped, never block the tracker.
+// reader does not take are counted (t.dropped), never block the tracker.
 func (t *Tracker) Watch(buf int) (<-chan Change, func()) {
 	ch := make(chan Change, buf)
 	return ch, register(&t.mu, t.watches, ch)
@@ -341,9 +341,6 @@ func register[C comparable](mu *sync.Mutex, set map[C]struct{}, ch C) func() {
 		mu.Unlock()
 	}
 }
-
-// Dropped counts changes not delivered to slow watchers.
-func (t *Tracker) Dropped() uint64 { return t.dropped.Load() }
 
 // LastSnapshot is when the table was last read whole from sock_diag: the
 // time its flows' idle times (IdleMS) were measured. Flows added by events
