@@ -43,8 +43,12 @@ NODEARGS ?=
 bench-node: ## a node full of idle draind pods: its neighbours' TCP and fork rates, as root (NODEARGS="--pods 10,40")
 	bash tools/bench/node.sh $(NODEARGS)
 
-generate: ## regenerate the eBPF objects (needs clang, llvm, libbpf-dev, bpftool)
-	$(GO) generate ./...
+# clang pinned to Debian bookworm's clang-16 (apt: clang-16 llvm-16): the
+# committed objects are what this compiler makes, and .ci/run checks them.
+BPF_CC    ?= clang-16
+BPF_STRIP ?= llvm-strip-16
+generate: ## regenerate the eBPF objects (needs clang-16, llvm-16, libbpf-dev, bpftool)
+	BPF2GO_CC=$(BPF_CC) BPF2GO_STRIP=$(BPF_STRIP) $(GO) generate ./...
 
 # ARCH=arm64: arm64 kernels under qemu-system-aarch64; CGROUP2=1: cgroup v2 only.
 VMFLAGS   = --kernels "$(KERNELS)" $(if $(ARCH),--arch $(ARCH)) $(if $(CGROUP2),--cgroup2)

@@ -4,7 +4,7 @@
  * namespace, delivered to user space through a ring buffer.
  *
  * Loaded by internal/probes/tcpstate_linux.go. Compiled by bpf2go with
- * common.h only (no vmlinux.h): see the comment there.
+ * tcpstate.h only (no vmlinux.h): see the comment there.
  *
  * Both programs run for every TCP state change of the node, in every
  * namespace, for as long as they are attached (draind attaches them only
@@ -18,7 +18,7 @@
  * and never checks it, and events carry cookie = 0; user space keys them by
  * skaddr + 5-tuple instead.
  */
-#include "common.h"
+#include "tcpstate.h"
 
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -33,15 +33,15 @@ char LICENSE[] SEC("license") = "GPL";
  * together, and the size assertion in internal/probes/tcpstate_linux_test.go.
  */
 struct event {
-	__u64 ts_ns;     /* bpf_ktime_get_ns() */
-	__u64 cookie;    /* bpf_get_socket_cookie(sk), 0 when unavailable */
-	__u64 skaddr;    /* kernel address of the struct sock */
-	__u8 saddr[16];  /* local address, network order; AF_INET: first 4 bytes */
-	__u8 daddr[16];  /* remote address, same layout */
-	__u32 uid;       /* sk->sk_uid (kuid, init user namespace) */
-	__u16 sport;     /* local port, host order */
-	__u16 dport;     /* remote port, host order */
-	__u16 family;    /* AF_INET or AF_INET6 */
+	__u64 ts_ns;    /* bpf_ktime_get_ns() */
+	__u64 cookie;   /* bpf_get_socket_cookie(sk), 0 when unavailable */
+	__u64 skaddr;   /* kernel address of the struct sock */
+	__u8 saddr[16]; /* local address, network order; AF_INET: first 4 bytes */
+	__u8 daddr[16]; /* remote address, same layout */
+	__u32 uid;      /* sk->sk_uid (kuid, init user namespace) */
+	__u16 sport;    /* local port, host order */
+	__u16 dport;    /* remote port, host order */
+	__u16 family;   /* AF_INET or AF_INET6 */
 	__u8 oldstate;
 	__u8 newstate;
 	__u8 _pad[4];
