@@ -32,6 +32,9 @@ vet: ## go vet the product, the tools and the kubelet tests
 	$(GO) -C tools vet ./...
 	$(GO) -C e2e/kubelet vet ./...
 
+check-refs: ## every path a comment or doc names is a file of this repository (tools/checkrefs)
+	bash tools/checkrefs/checkrefs.sh
+
 peers: ## build the test peers the tests use (Istio's pilot-agent and istioctl; cached)
 	bash tools/peers/pilot-agent.sh
 	bash tools/peers/istioctl.sh
@@ -66,7 +69,7 @@ vmtest-cgroup2: ## cgroup v2 only (6.12): the key e2e tests
 demo: build ## a self-contained drain on this machine, as root
 	$(GO) -C tools run ./demo --bin $(abspath $(BIN))
 
-.PHONY: help build tools test test-tools vet peers bench bench-node generate vmtest vmtest-arm64 vmtest-cgroup2 demo
+.PHONY: help build tools test test-tools vet check-refs peers bench bench-node generate vmtest vmtest-arm64 vmtest-cgroup2 demo
 
 # ---- e2e-kubelet: draind under a real kubelet (e2e/kubelet, docs/kubernetes.md) ----
 KUBELET_VERSION ?= v1.34.2

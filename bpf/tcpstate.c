@@ -56,7 +56,7 @@ volatile const __u8 use_cookie = 1;    /* 0 before 5.12 */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 8 << 20); /* overridden at load: ProbeOptions.RingSize */
+	__uint(max_entries, 8 << 20); /* overridden at load: TCPStateOptions.RingSize */
 } events SEC(".maps");
 
 /* Failed ring buffer reservations, per CPU: the lost-event counter. */
@@ -167,9 +167,8 @@ static __always_inline void emit(const struct sock *sk, __u64 skaddr, int oldsta
 
 	/*
 	 * LISTEN -> SYN_RECV fires on the child while inet_csk_clone_lock is
-	 * still turning a copy of the listener into it: on some kernels
-	 * (NOTES-kernel.md) its cookie is still the listener's (6.18 already
-	 * gives the child's). Never report it: the child's own comes with its
+	 * still turning a copy of the listener into it: on some kernels its
+	 * cookie is still the listener's (6.18 already gives the child's). Never report it: the child's own comes with its
 	 * next change (SYN_RECV -> ESTABLISHED, in the same softirq).
 	 */
 	e->cookie = 0;

@@ -117,7 +117,7 @@ func (t *refTable) Replace(socks []sockdiag.Socket, now time.Time) []Change {
 func (t *refTable) Apply(ev *probes.TCPEvent, now time.Time) (Change, bool) {
 	if ev.OldState == tcpstate.Listen && ev.NewState == tcpstate.SynRecv {
 		// Fired on the new child while it still carries the listener's
-		// identity (NOTES-kernel.md): the child shows up on its own
+		// identity: the child shows up on its own
 		// SYN_RECV→ESTABLISHED.
 		return Change{}, false
 	}

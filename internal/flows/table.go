@@ -18,10 +18,10 @@ import (
 // kernel reports CLOSE for the full socket), and sock_diag shows it in
 // FIN_WAIT2 without tcp_info.
 //
-// Known gap (NOTES-kernel.md): under heavy loopback churn the kernel now
-// and then reports ESTABLISHED→FIN_WAIT1 for a socket and nothing after.
-// Such an entry never holds a drain; it goes when a new socket is born at
-// its kernel address, or at the next reconcile.
+// Known gap: under heavy loopback churn the kernel now and then reports
+// ESTABLISHED→FIN_WAIT1 for a socket and nothing after. Such an entry
+// never holds a drain; it goes when a new socket is born at its kernel
+// address, or at the next reconcile.
 var TableMask = sockdiag.AllStates &^ sockdiag.Mask(tcpstate.Close, tcpstate.TimeWait, tcpstate.SynRecv, tcpstate.NewSynRecv)
 
 // Change is one state change of one socket, as the table saw it.
@@ -478,7 +478,7 @@ func (t *FlowTable) emitReplaced(now time.Time, keep func(*record) bool, emit fu
 func (t *FlowTable) Apply(ev *probes.TCPEvent, now time.Time) (Change, bool) {
 	if ev.OldState == tcpstate.Listen && ev.NewState == tcpstate.SynRecv {
 		// Fired on the new child while it still carries the listener's
-		// identity (NOTES-kernel.md): the child shows up on its own
+		// identity: the child shows up on its own
 		// SYN_RECV→ESTABLISHED.
 		return Change{}, false
 	}

@@ -1024,7 +1024,7 @@ func probeChurnBench(b *testing.B, p *TCPState, ns *testutil.NetNS, open int, wo
 	b.ReportMetric(float64(st.RecursionMisses), "primary-misses")
 	b.ReportMetric(float64(covered), "backup-covered")
 	// Sockets whose next change did not follow their last one: a gap no
-	// counter saw (see the report in probe_linux.go, "Known gaps").
+	// counter saw (see tcpstate_linux.go, "Known gaps").
 	b.ReportMetric(float64(broken), "chain-breaks")
 	if lost != 0 {
 		b.Errorf("lost %d events", lost)
