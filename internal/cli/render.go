@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/flows"
-	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 )
 
 // flushAt is how much output the writers below gather before a write.
@@ -177,7 +177,7 @@ type tableRow struct {
 	lport, rport  uint16
 	uid, inode    uint32
 	idleMS        int64
-	state         sockdiag.State
+	state         tcpstate.State
 	owner         flows.Owner
 	dir           flows.Direction
 	bits          uint8 // address kinds (2 bits each), holds, idle expired
@@ -282,7 +282,7 @@ func (r *tableRow) cells(b []byte) ([]byte, [len(tableHeader)]int) {
 	cell(2)
 	b = r.localAddr().AppendTo(b)
 	cell(3)
-	if r.state == sockdiag.Listen {
+	if r.state == tcpstate.Listen {
 		b = append(b, '*')
 	} else {
 		b = r.remoteAddr().AppendTo(b)
@@ -290,7 +290,7 @@ func (r *tableRow) cells(b []byte) ([]byte, [len(tableHeader)]int) {
 	cell(4)
 	b = strconv.AppendUint(b, uint64(r.uid), 10)
 	cell(5)
-	if r.idleMS >= 0 && r.state != sockdiag.Listen {
+	if r.idleMS >= 0 && r.state != tcpstate.Listen {
 		b = append(b, (time.Duration(r.idleMS) * time.Millisecond).String()...)
 	} else {
 		b = append(b, '-')
@@ -301,7 +301,7 @@ func (r *tableRow) cells(b []byte) ([]byte, [len(tableHeader)]int) {
 		b = append(b, "yes"...)
 	case r.bits&rowIdleExp != 0:
 		b = append(b, "idle"...)
-	case r.state == sockdiag.Listen:
+	case r.state == tcpstate.Listen:
 		b = append(b, '-')
 	default:
 		b = append(b, "no"...)
@@ -316,7 +316,7 @@ func (r *tableRow) cells(b []byte) ([]byte, [len(tableHeader)]int) {
 func (t *TableWriter) End(w io.Writer, namespace string, s *flows.Summary) error {
 	slices.SortStableFunc(t.order, func(i, j uint32) int {
 		a, b := t.row(i), t.row(j)
-		if la, lb := a.state == sockdiag.Listen, b.state == sockdiag.Listen; la != lb {
+		if la, lb := a.state == tcpstate.Listen, b.state == tcpstate.Listen; la != lb {
 			if la {
 				return -1
 			}

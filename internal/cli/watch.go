@@ -11,7 +11,7 @@ import (
 
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/flows"
-	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 	"go.uber.org/zap"
 )
 
@@ -121,8 +121,8 @@ type watchJSON struct {
 	Cookie    uint64          `json:"cookie"`
 	Owner     flows.Owner     `json:"owner"`
 	Direction flows.Direction `json:"direction"`
-	OldState  sockdiag.State  `json:"old_state"`
-	NewState  sockdiag.State  `json:"new_state"`
+	OldState  tcpstate.State  `json:"old_state"`
+	NewState  tcpstate.State  `json:"new_state"`
 	Local     string          `json:"local"`
 	Remote    string          `json:"remote"`
 	UID       uint32          `json:"uid"`

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 )
 
 // A FlowTable keeps each socket as a record: 48 bytes, no pointers (the
@@ -40,9 +41,9 @@ type record struct {
 	// cgroup is the socket's cgroup id as 1 + its index in the table's
 	// cgroup list; 0: none (or past the list's 65,535 entries).
 	cgroup uint16
-	state  sockdiag.State
+	state  tcpstate.State
 	// prevState is the state before the Replace in progress.
-	prevState sockdiag.State
+	prevState tcpstate.State
 	flags     recFlags
 }
 
@@ -170,7 +171,7 @@ func (r *record) owner() Owner {
 // LISTEN socket, and of no other), else inbound or outbound.
 func (r *record) direction() Direction {
 	switch {
-	case r.state == sockdiag.Listen:
+	case r.state == tcpstate.Listen:
 		return DirListen
 	case r.flags&flInbound != 0:
 		return DirInbound

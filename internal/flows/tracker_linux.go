@@ -12,6 +12,7 @@ import (
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 	"go.uber.org/zap"
 )
 
@@ -214,7 +215,7 @@ func (t *Tracker) Listening(owner Owner, ports []uint16) (missing []uint16, err 
 	has := func(p uint16) bool { return t.table.Listens(owner, p) }
 	if !t.live.Load() {
 		found := make(map[uint16]bool, len(ports))
-		err = t.diag.EachLocalPort(sockdiag.Mask(sockdiag.Listen), ports, func(s *sockdiag.Socket) {
+		err = t.diag.EachLocalPort(sockdiag.Mask(tcpstate.Listen), ports, func(s *sockdiag.Socket) {
 			if f := t.onDemand.Flow(s); f.Owner == owner {
 				found[s.Local.Port()] = true
 			}
@@ -236,7 +237,7 @@ func (t *Tracker) Listening(owner Owner, ports []uint16) (missing []uint16, err 
 // answer to Summary and Snapshot). The classifier and the dump buffer are
 // the tracker's: one at a time, under mu.
 func (t *Tracker) dumpNowLocked() Snapshot {
-	socks, err := t.diag.Sockets(TableMask | sockdiag.Mask(sockdiag.Listen))
+	socks, err := t.diag.Sockets(TableMask | sockdiag.Mask(tcpstate.Listen))
 	if err != nil {
 		t.log.Debug("sock_diag dump on demand", zap.Error(err))
 		return Snapshot{Taken: time.Now(), Namespace: t.name}
@@ -323,7 +324,7 @@ func (t *Tracker) Subscribe() (<-chan struct{}, func()) {
 }
 
 // Watch returns a channel of every change, buffered by buf; changes a slow
-// reader does not take are counted by Dropped, never block the tracker.
+// reader does not take are counted (t.dropped), never block the tracker.
 func (t *Tracker) Watch(buf int) (<-chan Change, func()) {
 	ch := make(chan Change, buf)
 	return ch, register(&t.mu, t.watches, ch)
@@ -340,9 +341,6 @@ func register[C comparable](mu *sync.Mutex, set map[C]struct{}, ch C) func() {
 		mu.Unlock()
 	}
 }
-
-// Dropped counts changes not delivered to slow watchers.
-func (t *Tracker) Dropped() uint64 { return t.dropped.Load() }
 
 // LastSnapshot is when the table was last read whole from sock_diag: the
 // time its flows' idle times (IdleMS) were measured. Flows added by events
@@ -372,7 +370,7 @@ func (t *Tracker) resyncLocked() error {
 	var err error
 	for range dumpRetries {
 		t.table.beginReplace()
-		err = t.diag.Each(TableMask|sockdiag.Mask(sockdiag.Listen), t.replaceFn)
+		err = t.diag.Each(TableMask|sockdiag.Mask(tcpstate.Listen), t.replaceFn)
 		if !errors.Is(err, sockdiag.ErrDumpInterrupted) {
 			break
 		}

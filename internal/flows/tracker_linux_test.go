@@ -11,6 +11,7 @@ import (
 
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 	"github.com/draind/draind/internal/testenv/testutil"
 )
 
@@ -177,7 +178,7 @@ func TestTrackerChurn(t *testing.T) {
 			// difference reported: the kernel sometimes skips a closing
 			// socket's last changes (see TableMask); they never hold.
 			testutil.Eventually(t, "table equals a fresh snapshot", func() error {
-				socks, err := d.Sockets(TableMask | sockdiag.Mask(sockdiag.Listen))
+				socks, err := d.Sockets(TableMask | sockdiag.Mask(tcpstate.Listen))
 				if err != nil {
 					return err
 				}
@@ -211,7 +212,7 @@ func TestTrackerChurn(t *testing.T) {
 func keys(fs []TrackedFlow, holding bool) string {
 	var out []string
 	for _, f := range fs {
-		if holding && f.State != sockdiag.Listen && !f.State.HoldsDrain() {
+		if holding && f.State != tcpstate.Listen && !HoldsDrain(f.State) {
 			continue
 		}
 		out = append(out, fmt.Sprintf("%s %s %s", f.State, f.Local, f.Remote))
