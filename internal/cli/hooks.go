@@ -95,7 +95,10 @@ func runPrestop(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
-	return err
+	if err != nil {
+		return fmt.Errorf("prestop: %w", err)
+	}
+	return nil
 }
 
 // runDrain is `draind drain`, a native sidecar's preStop hook: it asks the
