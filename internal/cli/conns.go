@@ -29,6 +29,8 @@ type nsFlags struct {
 	// The pod's control plane (with a target: conns, watch, prestop).
 	adminAddr, statusAddr string
 	exclude               portList
+	// caps is what parse's raiseFileCaps did, for the command to report.
+	caps capsRaise
 }
 
 func (n *nsFlags) register(fs *flagSet, withTarget bool) {
@@ -54,7 +56,7 @@ func (n *nsFlags) parse(fs *flagSet, args []string) error {
 	if err := fs.parse(args); err != nil {
 		return err
 	}
-	raiseFileCaps()
+	n.caps = raiseFileCaps()
 	return n.validate(fs.Name())
 }
 
@@ -138,6 +140,7 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if fs.NArg() > 0 {
 		return usageErr("conns: unexpected argument %q", fs.Arg(0))
 	}
+	nf.caps.warn(stderr, "conns")
 	ns, err := nf.open()
 	if err != nil {
 		return err

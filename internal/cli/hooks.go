@@ -77,6 +77,7 @@ func runPrestop(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer log.Sync()
+	nf.caps.log(log)
 	ns, err := nf.open()
 	if err != nil {
 		return err

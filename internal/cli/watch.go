@@ -28,6 +28,7 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := nf.parse(fs, args); err != nil {
 		return helped(err)
 	}
+	nf.caps.warn(stderr, "watch")
 	ns, err := nf.open()
 	if err != nil {
 		return err
