@@ -115,10 +115,10 @@ func configErr(format string, args ...any) error {
 // Validate checks the settings against each other; the first problem is
 // returned, as one line.
 func (c *Config) Validate() error {
-	if _, _, err := splitPort(c.AdminAddr); err != nil {
+	if _, _, err := SplitHostPort(c.AdminAddr); err != nil {
 		return configErr("--admin-addr %q: %v", c.AdminAddr, err)
 	}
-	if _, _, err := splitPort(c.StatusAddr); err != nil {
+	if _, _, err := SplitHostPort(c.StatusAddr); err != nil {
 		return configErr("--status-addr %q: %v", c.StatusAddr, err)
 	}
 	if err := c.Drain.Validate(); err != nil {
@@ -150,9 +150,11 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// splitPort returns an address's host and port. Its errors do not repeat
-// the address (the caller quotes it): they stay one line.
-func splitPort(addr string) (string, uint16, error) {
+// SplitHostPort returns an address's host and port: the one reading of
+// --admin-addr and --status-addr, for run and for the commands that look
+// into a pod. Its errors do not repeat the address (the caller quotes it):
+// they stay one line.
+func SplitHostPort(addr string) (string, uint16, error) {
 	host, p, err := net.SplitHostPort(addr)
 	if err != nil {
 		var ae *net.AddrError
@@ -243,7 +245,7 @@ func (c *Config) resolveIstio() (istioResolved, error) {
 	}
 	if !c.StatusAddrSet {
 		c.StatusAddr = ":" + strconv.Itoa(int(pilotAgentStatusPort(ist.StatusPort, ist.AdminPort)))
-	} else if _, p, err := splitPort(c.StatusAddr); err == nil && p == ist.StatusPort {
+	} else if _, p, err := SplitHostPort(c.StatusAddr); err == nil && p == ist.StatusPort {
 		return r, configErr("--status-addr %s: port %d is pilot-agent's status port (ProxyConfig statusPort%s): it serves Istio's readiness and the app probes Istio rewrote; leave --status-addr unset (draind then takes %d) or pick another",
 			c.StatusAddr, p, fromSuffix(ist.StatusPortFrom), pilotAgentStatusPort(ist.StatusPort, ist.AdminPort))
 	}

@@ -110,8 +110,8 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		return Result{}, configErr("--status-addr %s: %v", cfg.StatusAddr, errors.Unwrap(err))
 	}
 	closers = append(closers, func() error { ln.Close(); return nil })
-	_, statusPort, _ := splitPort(ln.Addr().String())
-	_, adminPort, _ := splitPort(cfg.AdminAddr)
+	_, statusPort, _ := SplitHostPort(ln.Addr().String())
+	_, adminPort, _ := SplitHostPort(cfg.AdminAddr)
 
 	if a.ns, err = namespace.Current(); err != nil {
 		return Result{}, err

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -86,7 +84,7 @@ func (n *nsFlags) validate(cmd string) error {
 		return usageErr("%s: --idle-timeout must not be negative", cmd)
 	}
 	for _, a := range []struct{ flag, v string }{{"admin-addr", n.adminAddr}, {"status-addr", n.statusAddr}} {
-		if _, _, err := splitPort(a.v); a.v != "" && err != nil {
+		if _, _, err := agent.SplitHostPort(a.v); a.v != "" && err != nil {
 			return usageErr("%s: --%s %q: %v", cmd, a.flag, a.v, err)
 		}
 	}
@@ -105,8 +103,8 @@ func (n *nsFlags) open() (*namespace.Net, error) {
 
 func (n *nsFlags) policy() flows.Policy {
 	p := flows.Policy{ProxyUID: uint32(n.proxyUID), ProxyPorts: n.proxyPorts, IdleTimeout: n.idleTimeout}
-	_, admin, errA := splitPort(n.adminAddr)
-	_, status, errS := splitPort(n.statusAddr)
+	_, admin, errA := agent.SplitHostPort(n.adminAddr)
+	_, status, errS := agent.SplitHostPort(n.statusAddr)
 	if n.adminAddr == "" || errA != nil || errS != nil {
 		return p
 	}
@@ -114,16 +112,6 @@ func (n *nsFlags) policy() flows.Policy {
 	p.ProxyRemotePorts = []uint16{admin, status}
 	p.ControlPorts = append(append([]uint16(nil), n.exclude...), admin, status)
 	return p
-}
-
-// splitPort returns an address's port.
-func splitPort(addr string) (string, uint16, error) {
-	host, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "", 0, err
-	}
-	port, err := strconv.ParseUint(p, 10, 16)
-	return host, uint16(port), err
 }
 
 func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) error {
