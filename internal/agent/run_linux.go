@@ -117,19 +117,13 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		return Result{}, err
 	}
 	closers = append(closers, a.ns.Close)
-	remote := []uint16{adminPort, statusPort}
+	pod := PodPolicy{ProxyUID: cfg.ProxyUID, ProxyPorts: cfg.ProxyPorts, AdminPort: adminPort, StatusPort: statusPort,
+		ExcludePorts: cfg.ExcludePorts, IdleTimeout: cfg.Drain.IdleTimeout}
 	if cfg.pilotAgent() {
 		// draind's readiness asks pilot-agent's over loopback.
-		remote = append(remote, ist.settings.StatusPort)
+		pod.ProxyLoopbackPorts = []uint16{ist.settings.StatusPort}
 		a.pilotAgent = newPilotAgentReadiness(ist.settings.StatusPort)
 		closers = append(closers, a.pilotAgent.Close)
-	}
-	policy := flows.Policy{
-		ProxyUID:         cfg.ProxyUID,
-		ProxyPorts:       append(slices.Clone(cfg.ProxyPorts), statusPort),
-		ProxyRemotePorts: remote,
-		ControlPorts:     append(slices.Clone(cfg.ExcludePorts), adminPort, statusPort),
-		IdleTimeout:      cfg.Drain.IdleTimeout,
 	}
 	client := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second), envoy.WithExclude(envoy.ExcludeSet{Ports: cfg.ExcludePorts, Names: cfg.ExcludeListeners}))
 	closers = append(closers, func() error { client.CloseIdleConnections(); return nil })
@@ -202,7 +196,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		background()
 		// Dormant: loaded and verified now, attached at the drain trigger
 		// (docs/design.md, "Track only while draining").
-		a.tracker, trErr = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: policy, Logger: log, RingSize: cfg.RingSize, BTFCache: cache, Dormant: true})
+		a.tracker, trErr = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: pod.Flows(), Logger: log, RingSize: cfg.RingSize, BTFCache: cache, Dormant: true})
 	})
 	loads.Go(func() {
 		background()
@@ -231,8 +225,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	// back to the kernel now, not at some later collection: the idle RSS.
 	debug.FreeOSMemory()
 
-	nonTraffic := portSet(cfg.ExcludePorts)
-	nonTraffic[statusPort], nonTraffic[adminPort] = true, true
+	nonTraffic := portSet(pod.ControlPorts())
 	var appOnly map[uint16]bool
 	if a.hostNet {
 		// The node's listeners and flows are not the app's: only its

@@ -101,17 +101,12 @@ func (n *nsFlags) open() (*namespace.Net, error) {
 	return namespace.Current()
 }
 
+// policy is the pod's attribution policy these flags describe
+// (validate checked the addresses).
 func (n *nsFlags) policy() flows.Policy {
-	p := flows.Policy{ProxyUID: uint32(n.proxyUID), ProxyPorts: n.proxyPorts, IdleTimeout: n.idleTimeout}
-	_, admin, errA := agent.SplitHostPort(n.adminAddr)
-	_, status, errS := agent.SplitHostPort(n.statusAddr)
-	if n.adminAddr == "" || errA != nil || errS != nil {
-		return p
-	}
-	p.ProxyPorts = append(append([]uint16(nil), p.ProxyPorts...), status)
-	p.ProxyRemotePorts = []uint16{admin, status}
-	p.ControlPorts = append(append([]uint16(nil), n.exclude...), admin, status)
-	return p
+	p := agent.PodPolicy{ProxyUID: uint32(n.proxyUID), ProxyPorts: n.proxyPorts, ExcludePorts: n.exclude, IdleTimeout: n.idleTimeout}
+	p.SetAddrs(n.adminAddr, n.statusAddr)
+	return p.Flows()
 }
 
 func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) error {
