@@ -367,7 +367,7 @@ const dumpRetries = 5
 // place and updates its record (sockdiag.Conn.Each, FlowTable.beginReplace):
 // no copy of the namespace is made, however large.
 func (t *Tracker) resyncLocked() error {
-	start := ktimeNow()
+	start := probes.KtimeNow()
 	before := t.table.Summary()
 	var err error
 	for range dumpRetries {
