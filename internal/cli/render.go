@@ -187,8 +187,10 @@ const (
 	rowIdleExp = 1 << 5
 )
 
-func (r *tableRow) localAddr() netip.AddrPort  { return flows.UnpackAddr(&r.local, r.bits&3, r.lport) }
-func (r *tableRow) remoteAddr() netip.AddrPort { return flows.UnpackAddr(&r.remote, r.bits>>2&3, r.rport) }
+func (r *tableRow) localAddr() netip.AddrPort { return flows.UnpackAddr(&r.local, r.bits&3, r.lport) }
+func (r *tableRow) remoteAddr() netip.AddrPort {
+	return flows.UnpackAddr(&r.remote, r.bits>>2&3, r.rport)
+}
 
 // TableWriter writes an ss-like table: listeners first, then flows, each
 // sorted by owner and local address (then remote), then a summary line.
