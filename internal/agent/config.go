@@ -10,7 +10,9 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/proxy"
 	"go.uber.org/zap"
 )
@@ -27,7 +29,7 @@ type Config struct {
 	// ProxyKind is what the proxy command is: ProxyEnvoy, ProxyPilotAgent
 	// (Istio's agent, which runs Envoy), or ProxyAuto (pilot-agent when the
 	// command's file name is pilot-agent).
-	ProxyKind string
+	ProxyKind ProxyKind
 	// DeadlineSource names the setting that gave Drain.Deadline when
 	// DeadlineSet (--drain-deadline, or the variable that set it).
 	DeadlineSource string
@@ -53,30 +55,51 @@ type Config struct {
 	// deadline was given explicitly (drain.Config.Reconcile).
 	Drain       drain.Config
 	DeadlineSet bool
-	// Tracker is auto, ebpf or sockdiag; AppProcs is auto, ebpf, proc or
-	// off (the socket approximation).
-	Tracker  string
-	AppProcs string
+	// Tracker is how sockets are followed; AppProcs how the app's
+	// processes are (off: the socket approximation).
+	Tracker  flows.TrackerMode
+	AppProcs appprocs.Mode
 	// RingSize is the eBPF ring buffer of TCP state events, in bytes (0:
 	// the default). A debugging knob: a tiny ring forces losses and resyncs.
 	RingSize int
 	// ProcRingSize is the same for the app's process events.
 	ProcRingSize int
-	// HostNetwork is auto, true or false: whether the pod shares the node's
-	// network namespace (auto: told by the kernel where it can be).
-	HostNetwork string
+	// HostNetwork says whether the pod shares the node's network
+	// namespace (auto: told by the kernel where it can be).
+	HostNetwork HostNetwork
 	// Command is the proxy's argv.
 	Command []string
 	Proxy   proxy.Options
 	Logger  *zap.Logger
 }
 
-// The proxy kinds (--proxy).
+// ProxyKind is what the proxy command is (--proxy).
+type ProxyKind string
+
+// The proxy kinds.
 const (
-	ProxyAuto       = "auto"
-	ProxyEnvoy      = "envoy"
-	ProxyPilotAgent = "pilot-agent"
+	ProxyAuto       ProxyKind = "auto"
+	ProxyEnvoy      ProxyKind = "envoy"
+	ProxyPilotAgent ProxyKind = "pilot-agent"
 )
+
+// ProxyKinds are the kinds --proxy accepts, validation checks and errors
+// name.
+var ProxyKinds = []ProxyKind{ProxyAuto, ProxyEnvoy, ProxyPilotAgent}
+
+// HostNetwork is --host-network.
+type HostNetwork string
+
+// --host-network's values.
+const (
+	HostNetworkAuto  HostNetwork = "auto"
+	HostNetworkTrue  HostNetwork = "true"
+	HostNetworkFalse HostNetwork = "false"
+)
+
+// HostNetworks are the values --host-network accepts, validation checks
+// and errors name.
+var HostNetworks = []HostNetwork{HostNetworkAuto, HostNetworkTrue, HostNetworkFalse}
 
 // Defaults.
 const (
@@ -98,9 +121,9 @@ func DefaultConfig() Config {
 		ProxyUID:     DefaultProxyUID,
 		ExcludePorts: DefaultExcludePorts,
 		Drain:        drain.DefaultConfig(),
-		Tracker:      "auto",
-		AppProcs:     "auto",
-		HostNetwork:  "auto",
+		Tracker:      flows.ModeAuto,
+		AppProcs:     appprocs.ModeAuto,
+		HostNetwork:  HostNetworkAuto,
 	}
 }
 
@@ -124,30 +147,30 @@ func (c *Config) Validate() error {
 	if err := c.Drain.Validate(); err != nil {
 		return err
 	}
-	switch c.ProxyKind {
-	case ProxyAuto, ProxyEnvoy, ProxyPilotAgent:
-	default:
-		return configErr("--proxy %q: must be %s, %s or %s", c.ProxyKind, ProxyAuto, ProxyEnvoy, ProxyPilotAgent)
+	if err := mustBeOneOf("--proxy", c.ProxyKind, ProxyKinds); err != nil {
+		return err
 	}
-	switch c.Tracker {
-	case "auto", "ebpf", "sockdiag":
-	default:
-		return configErr("--tracker %q: must be auto, ebpf or sockdiag", c.Tracker)
+	if err := mustBeOneOf("--tracker", c.Tracker, flows.TrackerModes); err != nil {
+		return err
 	}
-	switch c.AppProcs {
-	case "auto", "ebpf", "proc", "off":
-	default:
-		return configErr("--app-procs %q: must be auto, ebpf, proc or off", c.AppProcs)
+	if err := mustBeOneOf("--app-procs", c.AppProcs, appprocs.Modes); err != nil {
+		return err
 	}
-	switch c.HostNetwork {
-	case "auto", "true", "false":
-	default:
-		return configErr("--host-network %q: must be auto, true or false", c.HostNetwork)
+	if err := mustBeOneOf("--host-network", c.HostNetwork, HostNetworks); err != nil {
+		return err
 	}
 	if len(c.Command) == 0 {
 		return configErr("no proxy command: draind run [flags] -- COMMAND [ARGS...]")
 	}
 	return nil
+}
+
+// mustBeOneOf is a configuration error naming flag when v is not in its list.
+func mustBeOneOf[T ~string](flag string, v T, list []T) error {
+	if slices.Contains(list, v) {
+		return nil
+	}
+	return configErr("%s %q: must be one of %s", flag, v, flows.Words(list, "|"))
 }
 
 // SplitHostPort returns an address's host and port: the one reading of

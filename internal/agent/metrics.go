@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/flows"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -109,7 +110,7 @@ func newMetrics(a *agent) *metrics {
 			Name: "draind_tracker_resyncs_total", Help: "Full sock_diag snapshots taken after the first.",
 		}, func() float64 { return float64(a.tracker.Resyncs()) }),
 		newOneOf("draind_tracker_info", "1 for the tracker mode that runs now (it can fall back to polling).", "mode",
-			[]string{"ebpf", "sockdiag"}, func() string { mode, _ := a.tracker.Mode(); return mode }),
+			names(flows.RunningModes), func() string { mode, _ := a.tracker.Mode(); return string(mode) }),
 		gauge("draind_app_processes", "The app's processes in the pod's network namespace (-1: not followed).", func() float64 {
 			if a.procs == nil {
 				return -1

@@ -214,7 +214,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	closers = append(closers, a.tracker.Close)
 	mode, why := a.tracker.Mode()
 	load, first := a.tracker.Opened()
-	log.Info("tracker", zap.String("mode", mode), zap.String("reason", why), zap.Duration("probe_load", load), zap.Duration("first_snapshot", first))
+	log.Info("tracker", zap.Stringer("mode", mode), zap.String("reason", why), zap.Duration("probe_load", load), zap.Duration("first_snapshot", first))
 	if why := a.exitWithAppRefused(); why != "" {
 		killProxy()
 		return Result{}, configErr("--exit-with-app %s: %s", cfg.Drain.ExitWithApp, why)
@@ -320,19 +320,12 @@ func portSet(ports []uint16) map[uint16]bool {
 // app done?") and tells a hostNetwork pod, logging which and why.
 func (a *agent) openAppProcs(cache *btf.Cache) {
 	start := time.Now()
-	if a.cfg.AppProcs == "off" || a.cfg.Drain.Gateway {
-		a.hostNet = a.cfg.HostNetwork == "true"
+	if a.cfg.AppProcs == appprocs.ModeOff || a.cfg.Drain.Gateway {
+		a.hostNet = a.cfg.HostNetwork == HostNetworkTrue
 		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "process tracking off"))
 		return
 	}
 	rules := appprocs.Rules{SelfPIDs: []int{os.Getpid()}, ProxyUID: a.cfg.ProxyUID, ProxyPIDs: []int{a.proxy.Pid()}}
-	mode := appprocs.ModeAuto
-	switch a.cfg.AppProcs {
-	case "ebpf":
-		mode = appprocs.ModeEBPF
-	case "proc":
-		mode = appprocs.ModeProc
-	}
 	opts := []appprocs.Option{appprocs.WithBTFCache(cache)}
 	if !a.watchesAppWhileReady() {
 		opts = append(opts, appprocs.WithDormant())
@@ -340,7 +333,7 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 	if a.cfg.ProcRingSize > 0 {
 		opts = append(opts, appprocs.WithRingSize(a.cfg.ProcRingSize))
 	}
-	src, reason, err := appprocs.Open(a.ns.Inode(), rules, mode, opts...)
+	src, reason, err := appprocs.Open(a.ns.Inode(), rules, a.cfg.AppProcs, opts...)
 	var host hostNetVerdict
 	if err == nil {
 		host = detectHostNet(a.cfg.HostNetwork, a.ns, src)
@@ -364,7 +357,7 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 		src.Close()
 		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "hostNetwork: the namespace's processes and listeners are the node's; the app is its --app-ports"))
 		return
-	case src.Kind() == "proc" && a.cfg.AppProcs == "auto" && src.Count() == 0:
+	case src.Kind() == appprocs.ModeProc && a.cfg.AppProcs == appprocs.ModeAuto && src.Count() == 0:
 		// /proc shows only our own PID namespace: with no app process in
 		// view, the app is most likely in another container, not absent.
 		src.Close()
@@ -382,7 +375,7 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 		a.log.Info("own container: its processes are never the app", zap.Stringer("whose", c.Class), zap.Uint64("mnt_ns", c.MountNS), zap.Strings("processes", procs))
 	}
 	cov := src.Coverage()
-	a.log.Info("app liveness", zap.String("source", src.Kind()), zap.String("reason", reason), zap.Int("app_processes", src.Count()),
+	a.log.Info("app liveness", zap.Stringer("source", src.Kind()), zap.String("reason", reason), zap.Int("app_processes", src.Count()),
 		zap.Bool("complete", cov.Complete), zap.String("coverage", cov.Reason), zap.Duration("took", time.Since(start)))
 }
 
@@ -438,7 +431,7 @@ func (a *agent) exitWithAppRefused() string {
 		return ""
 	case a.procs == nil:
 		return "the app's processes cannot be followed here (no eBPF, no shared PID namespace, or hostNetwork): draind could not tell the app's work is done"
-	case mode == drain.ExitWithAppSuccess && a.procs.Kind() != "ebpf":
+	case mode == drain.ExitWithAppSuccess && a.procs.Kind() != appprocs.ModeEBPF:
 		return "success needs the app's exit codes, which only the eBPF process tracker reads (/proc does not): use any, or grant CAP_BPF and CAP_PERFMON"
 	}
 	return ""
@@ -466,11 +459,11 @@ type hostNetVerdict struct {
 // namespace draind is in); else, from the host's PID namespace only,
 // /proc/1's. In a container without eBPF nothing can tell: the flag is the
 // way, and the answer is "no".
-func detectHostNet(flag string, ns *namespace.Net, src appprocs.Source) hostNetVerdict {
+func detectHostNet(flag HostNetwork, ns *namespace.Net, src appprocs.Source) hostNetVerdict {
 	switch flag {
-	case "true":
+	case HostNetworkTrue:
 		return hostNetVerdict{true, "--host-network"}
-	case "false":
+	case HostNetworkFalse:
 		return hostNetVerdict{false, "--host-network"}
 	}
 	if src != nil {

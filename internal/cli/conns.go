@@ -67,9 +67,9 @@ func helped(err error) error {
 }
 
 // trackerFlag is --tracker: how sockets are followed.
-func trackerFlag(fs *flagSet) *oneOf {
-	t := &oneOf{val: "auto", words: []string{"auto", "ebpf", "sockdiag"}}
-	fs.Var(t, "tracker", "how sockets are followed: auto|ebpf|sockdiag")
+func trackerFlag(fs *flagSet) *oneOf[flows.TrackerMode] {
+	t := newOneOf(flows.ModeAuto, flows.TrackerModes)
+	fs.Var(t, "tracker", "how sockets are followed: "+t.choices())
 	return t
 }
 
@@ -113,7 +113,7 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := newFlagSet("conns", "conns [--netns PATH | --pid PID] [--proxy-uid N] [-o table|json]", stdout)
 	var nf nsFlags
 	nf.register(fs, true)
-	out := &oneOf{val: "table", words: []string{"table", "json"}}
+	out := newOneOf(outputTable, outputFormats)
 	fs.Var(out, "o", "output format: table (sorted by owner and address) or json (streamed in the kernel's order as it is read, summary last)")
 	withProcs := fs.Bool("procs", false, "also list the app's processes in the namespace (eBPF task iterator, else /proc)")
 	withIdle := fs.Bool("idle", true, "read each flow's idle time (tcp_info; most of the cost of a large dump)")
@@ -135,7 +135,7 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer d.Close()
 	d.SetInfo(*withIdle || nf.idleTimeout > 0)
-	if out.val == "json" {
+	if out.val == outputJSON {
 		var extra []byte
 		if *withProcs {
 			extra = procsJSON(ns, uint32(nf.proxyUID))
@@ -250,7 +250,7 @@ func appProcesses(ns *namespace.Net, proxyUID uint32) ([]appprocs.Process, strin
 		return nil, "", err
 	}
 	defer src.Close()
-	return src.Processes(), src.Kind() + ": " + reason, nil
+	return src.Processes(), src.Kind().String() + ": " + reason, nil
 }
 
 func writeProcs(w io.Writer, procs []appprocs.Process, source string) error {

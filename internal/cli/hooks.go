@@ -64,8 +64,7 @@ func runPrestop(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Var(&appPorts, "app-ports", "with --wait-listeners: the app ports whose listeners must close")
 	waitListeners := fs.Bool("wait-listeners", false, "also wait for the app's listeners to close")
 	tracker := trackerFlag(fs)
-	logFormat := &oneOf{val: "json", words: []string{"json", "console"}}
-	fs.Var(logFormat, "log-format", "json|console")
+	logFormat := logFormatFlag(fs)
 	if err := nf.parse(fs, args); err != nil {
 		return helped(err)
 	}
