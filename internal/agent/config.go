@@ -12,6 +12,7 @@ import (
 
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/envoy"
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/proxy"
 	"go.uber.org/zap"
@@ -101,16 +102,12 @@ const (
 // and errors name.
 var HostNetworks = []HostNetwork{HostNetworkAuto, HostNetworkTrue, HostNetworkFalse}
 
-// Defaults.
+// Defaults. The proxy's uid is flows.DefaultProxyUID, the listeners that
+// carry no traffic envoy.DefaultExclude's ports.
 const (
 	DefaultAdminAddr  = "127.0.0.1:15000"
 	DefaultStatusAddr = ":15020"
-	DefaultProxyUID   = 1337
 )
-
-// DefaultExcludePorts are Istio's status (15020, 15021) and Prometheus
-// (15090) listeners.
-var DefaultExcludePorts = []uint16{15020, 15021, 15090}
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
@@ -118,8 +115,8 @@ func DefaultConfig() Config {
 		AdminAddr:    DefaultAdminAddr,
 		StatusAddr:   DefaultStatusAddr,
 		ProxyKind:    ProxyAuto,
-		ProxyUID:     DefaultProxyUID,
-		ExcludePorts: DefaultExcludePorts,
+		ProxyUID:     flows.DefaultProxyUID,
+		ExcludePorts: envoy.DefaultExclude().Ports,
 		Drain:        drain.DefaultConfig(),
 		Tracker:      flows.ModeAuto,
 		AppProcs:     appprocs.ModeAuto,

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/draind/draind/internal/envoy"
 	"github.com/draind/draind/internal/flows"
 )
 
@@ -11,7 +12,8 @@ import (
 // proxy's; the admin API and the status server are control traffic, with
 // --exclude-ports; an address not given adds no port.
 func TestPodPolicyFlows(t *testing.T) {
-	p := PodPolicy{ProxyUID: 1337, ProxyPorts: []uint16{9000}, ExcludePorts: DefaultExcludePorts}
+	defaultExclude := envoy.DefaultExclude().Ports
+	p := PodPolicy{ProxyUID: 1337, ProxyPorts: []uint16{9000}, ExcludePorts: defaultExclude}
 	if err := p.SetAddrs(DefaultAdminAddr, ":15022"); err != nil {
 		t.Fatal(err)
 	}
@@ -21,8 +23,8 @@ func TestPodPolicyFlows(t *testing.T) {
 	if got := p.Flows(); !reflect.DeepEqual(got, want) {
 		t.Errorf("policy %+v, want %+v", got, want)
 	}
-	if p.ProxyPorts[0] != 9000 || len(p.ProxyPorts) != 1 || len(DefaultExcludePorts) != 3 {
-		t.Errorf("Flows changed its inputs: %v %v", p.ProxyPorts, DefaultExcludePorts)
+	if p.ProxyPorts[0] != 9000 || len(p.ProxyPorts) != 1 || len(defaultExclude) != 3 {
+		t.Errorf("Flows changed its inputs: %v %v", p.ProxyPorts, defaultExclude)
 	}
 	var none PodPolicy
 	if err := none.SetAddrs("", ""); err != nil {

@@ -66,7 +66,7 @@ func TestPrestopTrackerFailureEndsIt(t *testing.T) {
 	done := make(chan outcome, 1)
 	go func() {
 		res, err := Prestop(context.Background(), nsh, PrestopConfig{
-			Tracker: flows.TrackerConfig{Mode: flows.ModeSockDiag, Policy: flows.Policy{ProxyUID: DefaultProxyUID}, Logger: zap.New(core)},
+			Tracker: flows.TrackerConfig{Mode: flows.ModeSockDiag, Policy: flows.Policy{ProxyUID: flows.DefaultProxyUID}, Logger: zap.New(core)},
 			Timeout: timeout,
 			Logger:  zap.New(core),
 		})

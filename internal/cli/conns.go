@@ -11,6 +11,7 @@ import (
 
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/appprocs"
+	"github.com/draind/draind/internal/envoy"
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/sockdiag"
@@ -40,10 +41,10 @@ func (n *nsFlags) register(fs *flagSet, withTarget bool) {
 		// as run's).
 		fs.StringVar(&n.adminAddr, "admin-addr", agent.DefaultAdminAddr, "Envoy's admin API in the pod (its flows are control traffic)")
 		fs.StringVar(&n.statusAddr, "status-addr", agent.DefaultStatusAddr, "draind run's status server in the pod (its flows are control traffic)")
-		n.exclude = portList(append([]uint16(nil), agent.DefaultExcludePorts...))
-		fs.Var(&n.exclude, "exclude-ports", "Envoy listener ports that carry no traffic (status, metrics)")
 	}
-	fs.UintVar(&n.proxyUID, "proxy-uid", agent.DefaultProxyUID, "uid whose sockets are the proxy's")
+	n.exclude = portList(envoy.DefaultExclude().Ports)
+	fs.Var(&n.exclude, "exclude-ports", "Envoy listener ports that carry no traffic (status, metrics)")
+	fs.UintVar(&n.proxyUID, "proxy-uid", flows.DefaultProxyUID, "uid whose sockets are the proxy's")
 	fs.Var(&n.proxyPorts, "proxy-ports", "extra ports whose sockets are the proxy's (comma-separated)")
 	fs.durationVar(&n.idleTimeout, "idle-timeout", 0, "a flow idle longer than this stops holding the drain (0: off)")
 }

@@ -84,8 +84,6 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	nf.register(fs, false)
 	appPorts := portList{}
 	fs.Var(&appPorts, "app-ports", "ports the app must listen on before the pod is ready (comma-separated)")
-	exclude := portList(append([]uint16(nil), agent.DefaultExcludePorts...))
-	fs.Var(&exclude, "exclude-ports", "Envoy listener ports that carry no traffic (status, metrics)")
 	var excludeNames nameList
 	fs.Var(&excludeNames, "exclude-listeners", "Envoy listeners that carry no traffic, by name: a listener's name or its stat_prefix (comma-separated); mapped to their ports once Envoy is LIVE")
 	d := &cfg.Drain
@@ -136,7 +134,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	cfg.StatusAddrSet, cfg.AdminAddrSet = fs.isSet("status-addr"), fs.isSet("admin-addr")
 	cfg.ProxyKind = proxyKind.val
 	cfg.AppPorts = appPorts
-	cfg.ExcludePorts = exclude
+	cfg.ExcludePorts = nf.exclude
 	cfg.ExcludeListeners = excludeNames
 	cfg.Tracker = tracker.val
 	cfg.AppProcs = procs.val
