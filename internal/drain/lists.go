@@ -9,3 +9,9 @@ var AppExits = []AppExit{AppExitWait, AppExitFlows}
 
 // ExitWithApps are the --exit-with-app policies.
 var ExitWithApps = []ExitWithApp{ExitWithAppOff, ExitWithAppSuccess, ExitWithAppAny}
+
+// DrainListenersStates are the states of the drain_listeners call.
+var DrainListenersStates = []DrainListenersState{DrainListenersNotSent, DrainListenersRetrying, DrainListenersDone, DrainListenersGaveUp}
+
+// GaugesStates are the states of the gauge check.
+var GaugesStates = []GaugesState{GaugesUnknown, GaugesPresent, GaugesAbsent}
