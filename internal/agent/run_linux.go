@@ -219,7 +219,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		killProxy()
 		return Result{}, configErr("--exit-with-app %s: %s", cfg.Drain.ExitWithApp, why)
 	}
-	log.Info("pod shape", zap.String("shape", a.shape()), zap.String("exit_with_app", string(cfg.Drain.ExitWithApp)))
+	log.Info("pod shape", zap.Stringer("shape", cfg.Drain.StartShape()), zap.String("exit_with_app", string(cfg.Drain.ExitWithApp)))
 	a.dropPrivileges() // privs: eBPF loaded, namespaces open, proxy started: keep only what the run still uses
 	// Start-up's garbage (decoded BTF, the first snapshot's buffers) goes
 	// back to the kernel now, not at some later collection: the idle RSS.
@@ -435,17 +435,6 @@ func (a *agent) exitWithAppRefused() string {
 		return "success needs the app's exit codes, which only the eBPF process tracker reads (/proc does not): use any, or grant CAP_BPF and CAP_PERFMON"
 	}
 	return ""
-}
-
-// shape is the pod shape draind can tell at start; the drain tells the rest.
-func (a *agent) shape() string {
-	switch {
-	case a.cfg.Drain.Gateway:
-		return "gateway (no app: every listener drains)"
-	case a.cfg.Drain.ExitWithApp == drain.ExitWithAppSuccess || a.cfg.Drain.ExitWithApp == drain.ExitWithAppAny:
-		return "run to completion (a Job: the proxy ends with the app's work)"
-	}
-	return "sidecar (classic, or native when the preStop hook drains it: told at the drain)"
 }
 
 type hostNetVerdict struct {
