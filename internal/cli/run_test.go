@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/probes"
 )
 
 // Istio's variables, as Istio defines them, with their precedence: a flag
@@ -121,5 +123,22 @@ func TestRunModeFlagsReadTheirLists(t *testing.T) {
 	cfg.Tracker = "bogus"
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), flows.Words(flows.TrackerModes, "|")) {
 		t.Errorf("Validate with tracker bogus: %v", err)
+	}
+}
+
+// --debug-ring-size's default is the probe's: run passes 0, which the
+// tracker and the probe read as probes.DefaultTCPRingSize, the size the
+// help names.
+func TestDebugRingSizeDefault(t *testing.T) {
+	var help strings.Builder
+	if _, _, err := runConfig([]string{"-h"}, &help); err == nil {
+		t.Fatal("-h: no errHelp")
+	}
+	if want := fmt.Sprintf("0: %d KiB", probes.DefaultTCPRingSize>>10); !strings.Contains(help.String(), want) {
+		t.Errorf("help does not say %q:\n%s", want, help.String())
+	}
+	cfg, _, err := runConfig([]string{"--", "envoy"}, io.Discard)
+	if err != nil || cfg.RingSize != 0 {
+		t.Errorf("default ring size %d (%v), want 0 (the probe's default)", cfg.RingSize, err)
 	}
 }
