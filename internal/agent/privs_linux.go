@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/privs"
 	"go.uber.org/zap"
@@ -88,8 +89,8 @@ func (a *agent) dropPrivileges() {
 	mode, _ := a.tracker.Mode()
 	needs := privs.Needs{BPFObjects: mode == flows.ModeEBPF}
 	if a.procs != nil {
-		needs.BPFObjects = needs.BPFObjects || a.procs.Kind() == "ebpf"
-		needs.OtherUsersProcs = a.procs.Kind() == "proc"
+		needs.BPFObjects = needs.BPFObjects || a.procs.Kind() == appprocs.ModeEBPF
+		needs.OtherUsersProcs = a.procs.Kind() == appprocs.ModeProc
 	}
 	if c := a.cfg.Proxy.Credential; c != nil && int(c.Uid) != os.Getuid() && int(c.Uid) != os.Geteuid() {
 		needs.SignalOtherUID = true

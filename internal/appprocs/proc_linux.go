@@ -91,7 +91,7 @@ func openProc(netnsInode uint64, rules Rules, o options) (Source, error) {
 	return s, nil
 }
 
-func (s *procSource) Kind() string { return string(ModeProc) }
+func (s *procSource) Kind() Mode { return ModeProc }
 
 // Lost is 0: polls have no events to lose.
 func (s *procSource) Lost() uint64 { return 0 }

@@ -540,7 +540,7 @@ func testAppProcs(t *testing.T, start procsOpener) {
 			t.Errorf("pid %d: class %v (seen %v), want %v\n%s", c.p.pid, got, ok, c.want, dumpProcs(tr))
 		}
 	}
-	if tr.Kind() == string(ModeEBPF) {
+	if tr.Kind() == ModeEBPF {
 		// The parked thread puts the test process in the namespace: seen,
 		// and draind's own.
 		if got, ok := classOf(tr, os.Getpid()); !ok || got != ClassSelf {
@@ -665,13 +665,13 @@ func TestOpen(t *testing.T) {
 	spawnDetached(t, ns, -1, "sleep", "infinity")
 	for _, c := range []struct {
 		mode   Mode
-		source string
-	}{{ModeAuto, "ebpf"}, {ModeEBPF, "ebpf"}, {ModeProc, "proc"}} {
+		source Mode
+	}{{ModeAuto, ModeEBPF}, {ModeEBPF, ModeEBPF}, {ModeProc, ModeProc}} {
 		tr, reason, err := Open(ns.Inode, Rules{ProxyUID: istioUID}, c.mode)
 		if err != nil {
 			t.Fatalf("%s: %v", c.mode, err)
 		}
-		if tr.Kind() != c.source || !strings.HasPrefix(reason, c.source+":") {
+		if tr.Kind() != c.source || !strings.HasPrefix(reason, string(c.source)+":") {
 			t.Errorf("%s: source %q, reason %q; want %s", c.mode, tr.Kind(), reason, c.source)
 		}
 		if tr.Count() != 1 {

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"io"
 	"net/netip"
 	"slices"
@@ -188,48 +187,10 @@ const (
 	rowIdleExp = 1 << 5
 )
 
-func packRowAddr(a *[16]byte, ap netip.AddrPort) uint8 {
-	switch addr := ap.Addr(); {
-	case addr.Is4():
-		b := addr.As4()
-		copy(a[:], b[:])
-		return 1
-	case addr.IsValid():
-		*a = addr.As16()
-		return 2
-	}
-	return 0
+func (r *tableRow) localAddr() netip.AddrPort { return flows.UnpackAddr(&r.local, r.bits&3, r.lport) }
+func (r *tableRow) remoteAddr() netip.AddrPort {
+	return flows.UnpackAddr(&r.remote, r.bits>>2&3, r.rport)
 }
-
-func unpackRowAddr(a *[16]byte, kind uint8, port uint16) netip.AddrPort {
-	switch kind {
-	case 1:
-		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(a[:4])), port)
-	case 2:
-		return netip.AddrPortFrom(netip.AddrFrom16(*a), port)
-	}
-	return netip.AddrPortFrom(netip.Addr{}, port)
-}
-
-// compareRowAddr orders packed addresses as netip.AddrPort.Compare does:
-// invalid, then IPv4, then IPv6 (by bit length), then by bytes, then by
-// port.
-func compareRowAddr(ka uint8, a *[16]byte, pa uint16, kb uint8, b *[16]byte, pb uint16) int {
-	if ka != kb {
-		return int(ka) - int(kb)
-	}
-	n := 16
-	if ka == 1 {
-		n = 4
-	}
-	if c := bytes.Compare(a[:n], b[:n]); c != 0 {
-		return c
-	}
-	return int(pa) - int(pb)
-}
-
-func (r *tableRow) localAddr() netip.AddrPort  { return unpackRowAddr(&r.local, r.bits&3, r.lport) }
-func (r *tableRow) remoteAddr() netip.AddrPort { return unpackRowAddr(&r.remote, r.bits>>2&3, r.rport) }
 
 // TableWriter writes an ss-like table: listeners first, then flows, each
 // sorted by owner and local address (then remote), then a summary line.
@@ -248,7 +209,7 @@ const rowChunk = 1024
 func (t *TableWriter) Add(f *flows.Flow) {
 	r := tableRow{uid: f.UID, inode: f.Inode, idleMS: f.IdleMS, state: f.State, owner: f.Owner, dir: f.Direction,
 		lport: f.Local.Port(), rport: f.Remote.Port()}
-	r.bits = packRowAddr(&r.local, f.Local) | packRowAddr(&r.remote, f.Remote)<<2
+	r.bits = flows.PackAddr(&r.local, f.Local) | flows.PackAddr(&r.remote, f.Remote)<<2
 	if f.Holds {
 		r.bits |= rowHolds
 	}
@@ -325,10 +286,10 @@ func (t *TableWriter) End(w io.Writer, namespace string, s *flows.Summary) error
 		if a.owner != b.owner {
 			return int(a.owner) - int(b.owner)
 		}
-		if c := compareRowAddr(a.bits&3, &a.local, a.lport, b.bits&3, &b.local, b.lport); c != 0 {
+		if c := flows.ComparePacked(a.bits&3, &a.local, a.lport, b.bits&3, &b.local, b.lport); c != 0 {
 			return c
 		}
-		return compareRowAddr(a.bits>>2&3, &a.remote, a.rport, b.bits>>2&3, &b.remote, b.rport)
+		return flows.ComparePacked(a.bits>>2&3, &a.remote, a.rport, b.bits>>2&3, &b.remote, b.rport)
 	})
 	// Column widths: the widest cell plus two spaces (the last column is
 	// not padded).

@@ -118,7 +118,7 @@ func (t *FlowTable) keyOf(cookie uint64, local, remote netip.AddrPort) key {
 		return key{cookie: cookie}
 	}
 	k := key{lport: local.Port(), rport: remote.Port()}
-	k.kinds = recFlags(packAddr(&k.local, local)) | recFlags(packAddr(&k.remote, remote))<<2
+	k.kinds = recFlags(PackAddr(&k.local, local)) | recFlags(PackAddr(&k.remote, remote))<<2
 	return k
 }
 
@@ -146,11 +146,11 @@ func (t *FlowTable) addrBytes(pos int) (local, remote [16]byte) {
 		v6 := t.recs.v6(pos, false)
 		local, remote = v6[0], v6[1]
 	}
-	if uint8(r.flags&flLocalKind) == addr4 {
+	if uint8(r.flags&flLocalKind) == Addr4 {
 		local = [16]byte{}
 		copy(local[:], r.local4[:])
 	}
-	if uint8(r.flags&flRemoteKind)>>2 == addr4 {
+	if uint8(r.flags&flRemoteKind)>>2 == Addr4 {
 		remote = [16]byte{}
 		copy(remote[:], r.remote4[:])
 	}
@@ -160,7 +160,7 @@ func (t *FlowTable) addrBytes(pos int) (local, remote [16]byte) {
 // setTuple stores record pos's addresses and their kinds.
 func (t *FlowTable) setTuple(pos int, local, remote netip.AddrPort) {
 	var l, rm [16]byte
-	lk, rk := packAddr(&l, local), packAddr(&rm, remote)
+	lk, rk := PackAddr(&l, local), PackAddr(&rm, remote)
 	r := t.recs.at(pos)
 	r.lport, r.rport = local.Port(), remote.Port()
 	r.flags = r.flags&^(flLocalKind|flRemoteKind) | recFlags(lk) | recFlags(rk)<<2
@@ -173,13 +173,13 @@ func (t *FlowTable) setTuple(pos int, local, remote netip.AddrPort) {
 func (t *FlowTable) localAddr(pos int) netip.AddrPort {
 	r := t.recs.at(pos)
 	local, _ := t.addrBytes(pos)
-	return unpackAddr(&local, uint8(r.flags&flLocalKind), r.lport)
+	return UnpackAddr(&local, uint8(r.flags&flLocalKind), r.lport)
 }
 
 func (t *FlowTable) remoteAddr(pos int) netip.AddrPort {
 	r := t.recs.at(pos)
 	_, remote := t.addrBytes(pos)
-	return unpackAddr(&remote, uint8(r.flags&flRemoteKind)>>2, r.rport)
+	return UnpackAddr(&remote, uint8(r.flags&flRemoteKind)>>2, r.rport)
 }
 
 func (t *FlowTable) hashRecSk(pos int) uint64 { return t.recs.at(pos).skaddr }

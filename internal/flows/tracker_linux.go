@@ -16,18 +16,11 @@ import (
 	"go.uber.org/zap"
 )
 
-// Tracker modes.
-const (
-	ModeAuto     = "auto"
-	ModeEBPF     = "ebpf"
-	ModeSockDiag = "sockdiag"
-)
-
 // TrackerConfig configures OpenTracker. The zero value tracks in auto mode
 // with the defaults of docs/design.md.
 type TrackerConfig struct {
-	// Mode is auto, ebpf or sockdiag. auto tries eBPF and falls back.
-	Mode   string
+	// Mode is one of TrackerModes ("": ModeAuto).
+	Mode   TrackerMode
 	Policy Policy
 	// PollPeriod is the sock_diag polling period (sockdiag mode).
 	PollPeriod time.Duration
@@ -66,7 +59,7 @@ type Tracker struct {
 	name   string
 	diag   *sockdiag.Conn
 	probe  *probes.TCPState
-	mode   string
+	mode   TrackerMode
 	reason string
 	log    *zap.Logger
 
@@ -98,7 +91,7 @@ type Tracker struct {
 }
 
 // ErrTrackerMode is returned for an unknown mode.
-var ErrTrackerMode = errors.New("tracker mode must be auto, ebpf or sockdiag")
+var ErrTrackerMode = errors.New("tracker mode must be " + Words(TrackerModes, ", "))
 
 // OpenTracker opens the sources for ns (which must stay open while the
 // tracker runs) and takes the first snapshot. Call Run to keep it live.
@@ -149,7 +142,7 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 			}
 		}
 	default:
-		return nil, fmt.Errorf("%w, not %q", ErrTrackerMode, cfg.Mode)
+		return nil, errTrackerMode(cfg.Mode)
 	}
 	t.table = NewFlowTable(cfg.Policy, t.probe == nil || t.probe.UsesCookie())
 	t.replaceFn, t.emitFn = t.table.replaceSocket, t.emitLocked
@@ -257,7 +250,7 @@ func (t *Tracker) Opened() (probeLoad, firstSnapshot time.Duration) {
 
 // Mode returns the mode that runs and why it was chosen. It changes once
 // at most, when a probe failure after load makes Run fall back to polling.
-func (t *Tracker) Mode() (mode, reason string) {
+func (t *Tracker) Mode() (mode TrackerMode, reason string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.mode, t.reason
@@ -365,7 +358,7 @@ const dumpRetries = 5
 // place and updates its record (sockdiag.Conn.Each, FlowTable.beginReplace):
 // no copy of the namespace is made, however large.
 func (t *Tracker) resyncLocked() error {
-	start := ktimeNow()
+	start := probes.KtimeNow()
 	before := t.table.Summary()
 	var err error
 	for range dumpRetries {

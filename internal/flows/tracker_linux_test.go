@@ -16,7 +16,7 @@ import (
 )
 
 // startTracker opens a tracker on ns in mode and runs it until the test ends.
-func startTracker(t *testing.T, ns *testutil.NetNS, mode string, p Policy) *Tracker {
+func startTracker(t *testing.T, ns *testutil.NetNS, mode TrackerMode, p Policy) *Tracker {
 	t.Helper()
 	if mode == ModeEBPF {
 		testutil.RequireBTF(t)
@@ -75,8 +75,8 @@ func waitSummary(t *testing.T, tr *Tracker, want Summary) {
 }
 
 func TestTrackerFollowsFlows(t *testing.T) {
-	for _, mode := range []string{ModeEBPF, ModeSockDiag} {
-		t.Run(mode, func(t *testing.T) {
+	for _, mode := range RunningModes {
+		t.Run(string(mode), func(t *testing.T) {
 			ns := testutil.NewNetNS(t)
 			tr := startTracker(t, ns, mode, DefaultPolicy())
 			waitSummary(t, tr, Summary{})
@@ -127,8 +127,8 @@ func TestTrackerChurn(t *testing.T) {
 	if testing.Short() {
 		n = 2000
 	}
-	for _, mode := range []string{ModeEBPF, ModeSockDiag} {
-		t.Run(mode, func(t *testing.T) {
+	for _, mode := range RunningModes {
+		t.Run(string(mode), func(t *testing.T) {
 			ns := testutil.NewNetNS(t)
 			tr := startTracker(t, ns, mode, DefaultPolicy())
 			ln := ns.ListenAs(t, 0, "127.0.0.1:7000")
@@ -262,8 +262,8 @@ func TestTrackerFallbackMode(t *testing.T) {
 // snapshots: a flow opened before it and one opened after are both seen,
 // and the table follows from there as a live tracker's does.
 func TestTrackerDormant(t *testing.T) {
-	for _, mode := range []string{ModeEBPF, ModeSockDiag} {
-		t.Run(mode, func(t *testing.T) {
+	for _, mode := range RunningModes {
+		t.Run(string(mode), func(t *testing.T) {
 			if mode == ModeEBPF {
 				testutil.RequireBTF(t)
 			}
