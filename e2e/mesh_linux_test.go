@@ -20,8 +20,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/testenv/envoysim/conformance"
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/testenv/envoysim/conformance"
 	"github.com/draind/draind/internal/testenv/mesh"
 	"golang.org/x/sys/unix"
 )

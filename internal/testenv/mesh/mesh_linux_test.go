@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/testenv/testutil"
 	"github.com/draind/draind/internal/testenv/mesh"
+	"github.com/draind/draind/internal/testenv/testutil"
 	"golang.org/x/sys/unix"
 )
 
