@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // Tracking starts the kernel's live view of the pod (package agent: the
@@ -372,7 +374,7 @@ func (m *Machine) Run(ctx context.Context) Result {
 // enter is the one place the phase changes.
 func (m *Machine) enter(p Phase, fields ...zap.Field) {
 	m.phase.Store(int32(p))
-	m.log.Info("phase", append([]zap.Field{zap.String("phase", p.String())}, fields...)...)
+	m.log.Info("phase", append([]zap.Field{logevent.Phase.Field(), zap.String("phase", p.String())}, fields...)...)
 }
 
 // watchLive asks the admin API until Envoy is LIVE with its workers
@@ -446,7 +448,8 @@ func (m *Machine) checkGauges(ctx context.Context) {
 		m.gauges.Store(int32(GaugesPresent))
 	default:
 		m.gauges.Store(int32(GaugesAbsent))
-		m.log.Warn("Envoy keeps no downstream_cx_active listener gauges (e.g. Istio's stats matcher without EXIT_ON_ZERO_ACTIVE_CONNECTIONS): the kernel's view of Envoy's downstream connections decides alone")
+		m.log.Warn("Envoy keeps no downstream_cx_active listener gauges (e.g. Istio's stats matcher without EXIT_ON_ZERO_ACTIVE_CONNECTIONS): the kernel's view of Envoy's downstream connections decides alone",
+			logevent.NoListenerGauges.Field())
 	}
 }
 
@@ -496,7 +499,7 @@ func (m *Machine) watchAppDone() {
 	case !done && m.timers.appDone != nil:
 		m.timers.appDone.Stop()
 		m.timers.appDone = nil
-		m.log.Info("the app is back within the restart grace: the proxy stays")
+		m.log.Info("the app is back within the restart grace: the proxy stays", logevent.AppBack.Field())
 	}
 }
 
@@ -515,17 +518,17 @@ func (m *Machine) onTrigger(c Cause) {
 			if p == Draining && m.appGone() {
 				m.timers.minDrain.Stop()
 				m.timers.minDrain = nil
-				m.log.Info("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now")
+				m.log.Info("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now", logevent.SigtermEndsMinDrain.Field())
 				m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.flows.Observe()))
 			} else {
-				m.log.Info("SIGTERM after the preStop drain (native sidecar): the gate no longer waits for it")
+				m.log.Info("SIGTERM after the preStop drain (native sidecar): the gate no longer waits for it", logevent.SigtermAfterPrestop.Field())
 			}
 			return
 		}
-		m.log.Info("drain trigger ignored: already draining", zap.Stringer("trigger", c), zap.Stringer("phase", p),
+		m.log.Info("drain trigger ignored: already draining", logevent.TriggerIgnored.Field(), zap.Stringer("trigger", c), zap.Stringer("phase", p),
 			zap.Stringer("drain_trigger", m.Cause()))
 	default:
-		m.log.Info("drain trigger ignored: already draining", zap.Stringer("trigger", c), zap.Stringer("phase", p),
+		m.log.Info("drain trigger ignored: already draining", logevent.TriggerIgnored.Field(), zap.Stringer("trigger", c), zap.Stringer("phase", p),
 			zap.Stringer("drain_trigger", m.Cause()))
 	}
 }
@@ -597,11 +600,11 @@ func (m *Machine) startTracking() {
 	}
 	start := time.Now()
 	if err := m.tracking.Start(); err != nil {
-		m.log.Error("tracking did not start: the gate reads what the views have", zap.Error(err))
+		m.log.Error("tracking did not start: the gate reads what the views have", logevent.TrackingFailed.Field(), zap.Error(err))
 		return
 	}
 	took := time.Since(start)
-	m.log.Info("tracking live", zap.Duration("took", took), zap.Float64("tracking_live_ms", float64(took.Microseconds())/1e3))
+	m.log.Info("tracking live", logevent.TrackingLive.Field(), zap.Duration("took", took), zap.Float64("tracking_live_ms", float64(took.Microseconds())/1e3))
 }
 
 // startDrainListeners sends POST /drain_listeners until it succeeds or the
@@ -627,7 +630,7 @@ func (m *Machine) startDrainListeners() {
 			ccancel()
 			if err == nil {
 				m.dlState.Store(int32(DrainListenersDone))
-				m.log.Info("drain_listeners sent", zap.Bool("inbound_only", inbound), zap.Int64("attempts", m.dlTries.Load()))
+				m.log.Info("drain_listeners sent", logevent.DrainListenersSent.Field(), zap.Bool("inbound_only", inbound), zap.Int64("attempts", m.dlTries.Load()))
 				return
 			}
 			if ctx.Err() != nil {
@@ -635,7 +638,7 @@ func (m *Machine) startDrainListeners() {
 			}
 			if e := err.Error(); e != lastErr {
 				lastErr = e
-				m.log.Warn("drain_listeners failed; retrying until it succeeds or the drain ends", zap.Error(err), zap.Int64("attempts", m.dlTries.Load()))
+				m.log.Warn("drain_listeners failed; retrying until it succeeds or the drain ends", logevent.DrainListenersFailed.Field(), zap.Error(err), zap.Int64("attempts", m.dlTries.Load()))
 			}
 			select {
 			case <-ctx.Done():
@@ -650,7 +653,7 @@ func (m *Machine) startDrainListeners() {
 		wg.Wait()
 		if DrainListenersState(m.dlState.Load()) == DrainListenersRetrying {
 			m.dlState.Store(int32(DrainListenersGaveUp))
-			m.log.Warn("drain_listeners never succeeded", zap.Int64("attempts", m.dlTries.Load()))
+			m.log.Warn("drain_listeners never succeeded", logevent.DrainListenersGaveUp.Field(), zap.Int64("attempts", m.dlTries.Load()))
 		}
 	}
 }
@@ -671,7 +674,7 @@ func (m *Machine) evaluate(ctx context.Context) (Result, bool) {
 	}
 	if k := v.Kinds(); k != m.holds {
 		m.holds = k
-		m.log.Info("gate holds", zap.Stringers("holds", v.Holds), zap.Duration("since_drain", time.Since(m.started)))
+		m.log.Info("gate holds", logevent.GateHolds.Field(), zap.Stringers("holds", v.Holds), zap.Duration("since_drain", time.Since(m.started)))
 	}
 	// Wake on the next change, or at a computed moment: the end of
 	// --settle, a flow's idle expiry, or a re-ask of an admin API that lags
@@ -758,7 +761,8 @@ func (m *Machine) gateInput(ctx context.Context) GateInput {
 		in.EnvoyKnown, in.EnvoyActive = true, n
 	case errors.Is(err, ErrNoGauges):
 		if m.gauges.Swap(int32(GaugesAbsent)) != int32(GaugesAbsent) {
-			m.log.Warn("Envoy keeps no downstream_cx_active listener gauges: the kernel's view of Envoy's downstream connections decides alone")
+			m.log.Warn("Envoy keeps no downstream_cx_active listener gauges: the kernel's view of Envoy's downstream connections decides alone",
+				logevent.NoListenerGauges.Field())
 		}
 	default:
 		// A hung or failing admin API must not add its timeout to every
@@ -772,7 +776,7 @@ func (m *Machine) gateInput(ctx context.Context) GateInput {
 // deadline stops the proxy anyway, naming every flow that still held.
 func (m *Machine) deadline() Result {
 	open := m.flows.Holding()
-	fields := []zap.Field{zap.Duration("after", time.Since(m.started)), zap.Int("open_flows", len(open))}
+	fields := []zap.Field{logevent.DeadlineReached.Field(), zap.Duration("after", time.Since(m.started)), zap.Int("open_flows", len(open))}
 	if m.apps != nil {
 		n, view := m.apps.Count()
 		fields = append(fields, zap.Int("app_processes", n), zap.Bool("app_processes_complete", view == ProcsComplete))
@@ -783,7 +787,7 @@ func (m *Machine) deadline() Result {
 	}
 	m.log.Warn(msg, fields...)
 	for _, f := range open {
-		m.log.Warn("open flow at deadline",
+		m.log.Warn("open flow at deadline", logevent.OpenFlowAtDeadline.Field(),
 			zap.String("local", f.Local.String()), zap.String("remote", f.Remote.String()),
 			zap.String("owner", f.Owner), zap.String("direction", f.Direction), zap.String("state", f.State),
 			zap.Int64("idle_ms", f.IdleMS), zap.Duration("age", f.Age))

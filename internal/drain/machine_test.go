@@ -15,6 +15,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // The machine runs here against fakes of its four inputs: no root, no
@@ -357,12 +359,17 @@ func (r *rig) log() string {
 	return b.String()
 }
 
-func (r *rig) count(msg string) int { return r.logs.FilterMessage(msg).Len() }
+// lines are the lines logged as ev.
+func (r *rig) lines(ev logevent.Event) *observer.ObservedLogs {
+	return r.logs.Filter(func(e observer.LoggedEntry) bool { return e.ContextMap()[logevent.Key] == string(ev) })
+}
+
+func (r *rig) count(ev logevent.Event) int { return r.lines(ev).Len() }
 
 // phases is the sequence of phases the machine logged.
 func (r *rig) phases() []string {
 	var out []string
-	for _, e := range r.logs.FilterMessage("phase").All() {
+	for _, e := range r.lines(logevent.Phase).All() {
 		out = append(out, e.ContextMap()["phase"].(string))
 	}
 	return out
@@ -409,7 +416,7 @@ func TestTriggers(t *testing.T) {
 				t.Errorf("drain_listeners %s inbound %v", st, r.admin.dlInbound.Load())
 			}
 			// The app's completion needs no endpoint propagation wait.
-			minDrain := r.logs.FilterMessage("phase").Filter(func(e observer.LoggedEntry) bool { return e.ContextMap()["phase"] == "draining" }).All()[0].ContextMap()["min_drain"]
+			minDrain := r.lines(logevent.Phase).Filter(func(e observer.LoggedEntry) bool { return e.ContextMap()["phase"] == "draining" }).All()[0].ContextMap()["min_drain"]
 			want := 30 * time.Millisecond
 			if c == CauseAppDone {
 				want = 0
@@ -469,7 +476,7 @@ func TestGateWaitsForEnvoyDownstream(t *testing.T) {
 		if n := r.admin.activeCalls.Load(); n < 2 {
 			t.Errorf("admin asked %d times, want a re-ask", n)
 		}
-		if n := r.count("gate holds"); n != 2 {
+		if n := r.count(logevent.GateHolds); n != 2 {
 			// app and envoy, then envoy alone (the kernel's count, then the
 			// admin API's): logged when what holds changes, not its counts.
 			t.Errorf("%d 'gate holds' lines, want 2; log:\n%s", n, r.log())
@@ -488,11 +495,11 @@ func TestGateHoldsLoggedOnlyWhenTheyChange(t *testing.T) {
 			r.flows.set(func(v *FlowView) { v.Downstream = i })
 			synctest.Wait() // the machine has read this count before the next
 		}
-		if n := r.count("gate holds"); n != 1 {
+		if n := r.count(logevent.GateHolds); n != 1 {
 			t.Errorf("%d 'gate holds' lines for 40 count changes, want 1; log:\n%s", n, r.log())
 		}
 		r.apps.exit()
-		r.waitForLog("gate holds", "[envoy: 39")
+		r.waitForLog(logevent.GateHolds, "[envoy: 39")
 		r.flows.set(func(v *FlowView) { v.Downstream = 0 })
 		r.wantResult(r.result(), 0, true, "drained")
 	})
@@ -509,7 +516,7 @@ func TestGateNoGauges(t *testing.T) {
 		if n := r.admin.activeCalls.Load(); n != 0 {
 			t.Errorf("asked for gauges Envoy does not keep %d times", n)
 		}
-		if r.count("Envoy keeps no downstream_cx_active listener gauges (e.g. Istio's stats matcher without EXIT_ON_ZERO_ACTIVE_CONNECTIONS): the kernel's view of Envoy's downstream connections decides alone") != 1 {
+		if r.count(logevent.NoListenerGauges) != 1 {
 			t.Errorf("no warning about the missing gauges; log:\n%s", r.log())
 		}
 	})
@@ -534,17 +541,19 @@ func TestMachineSettle(t *testing.T) {
 		r.m.Trigger(CauseSignal)
 		r.waitPhase(Gating)
 		r.apps.exit()
-		r.waitForLog("gate holds", "settle")
+		r.waitForLog(logevent.GateHolds, "settle")
 		r.apps.set(1) // a break restarts the settle
 		r.apps.set(0)
 		r.wantResult(r.result(), 0, true, "drained")
 	})
 }
 
-func (r *rig) waitForLog(msg, contains string) {
+// waitForLog waits for a line logged as ev whose fields, printed, contain
+// contains.
+func (r *rig) waitForLog(ev logevent.Event, contains string) {
 	r.t.Helper()
-	r.waitFor(fmt.Sprintf("a %q line with %q", msg, contains), func() bool {
-		for _, e := range r.logs.FilterMessage(msg).All() {
+	r.waitFor(fmt.Sprintf("a %s line with %q", ev, contains), func() bool {
+		for _, e := range r.lines(ev).All() {
 			if strings.Contains(fmt.Sprint(e.ContextMap()), contains) {
 				return true
 			}
@@ -601,7 +610,7 @@ func TestSecondSignalIgnored(t *testing.T) {
 		r.m.Trigger(CauseSignal)
 		r.waitPhase(Draining)
 		r.m.Trigger(CauseSignal)
-		r.waitForLog("drain trigger ignored: already draining", "signal")
+		r.waitForLog(logevent.TriggerIgnored, "signal")
 		if r.m.Phase() != Draining {
 			t.Errorf("a second signal ended the min-drain")
 		}
@@ -620,7 +629,7 @@ func TestNativeSidecarSIGTERMAfterPreStop(t *testing.T) {
 		r.apps.exit()
 		r.m.Trigger(CauseSignal) // the kubelet: every app container has exited
 		r.wantResult(r.result(), 0, true, "drained")
-		if r.count("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now") != 1 {
+		if r.count(logevent.SigtermEndsMinDrain) != 1 {
 			t.Errorf("no native-sidecar line; log:\n%s", r.log())
 		}
 	}))
@@ -630,7 +639,7 @@ func TestNativeSidecarSIGTERMAfterPreStop(t *testing.T) {
 		r.m.Trigger(CausePreStop)
 		r.waitPhase(Gating)
 		r.apps.exit()
-		r.waitForLog("gate holds", "kubelet: the sidecar's SIGTERM")
+		r.waitForLog(logevent.GateHolds, "kubelet: the sidecar's SIGTERM")
 		r.notDone(50 * time.Millisecond)
 		r.m.Trigger(CauseSignal)
 		r.wantResult(r.result(), 0, true, "drained")
@@ -642,7 +651,7 @@ func TestNativeSidecarSIGTERMAfterPreStop(t *testing.T) {
 		r.waitPhase(Ready)
 		r.m.Trigger(CausePreStop)
 		r.m.Trigger(CauseSignal)
-		r.waitForLog("SIGTERM after the preStop drain (native sidecar): the gate no longer waits for it", "")
+		r.waitForLog(logevent.SigtermAfterPrestop, "")
 		r.waitPhase(Gating)
 		r.notDone(30 * time.Millisecond)
 		r.apps.exit()
@@ -783,7 +792,7 @@ func TestDeadlineInEachPhase(t *testing.T) {
 		r.m.Trigger(CauseSignal)
 		res := r.result() // the app never exits
 		r.wantResult(res, 0, false, "deadline")
-		if r.count("drain deadline reached: stopping the proxy with flows still open") != 1 || r.count("open flow at deadline") != 1 {
+		if r.count(logevent.DeadlineReached) != 1 || r.count(logevent.OpenFlowAtDeadline) != 1 {
 			t.Errorf("deadline report missing; log:\n%s", r.log())
 		}
 	}))
@@ -832,7 +841,7 @@ func TestDrainListenersRetried(t *testing.T) {
 		if _, n := r.m.DrainListeners(); n != 4 {
 			t.Errorf("%d attempts, want 4", n)
 		}
-		if r.count("drain_listeners failed; retrying until it succeeds or the drain ends") != 1 {
+		if r.count(logevent.DrainListenersFailed) != 1 {
 			t.Errorf("the same failure logged more than once; log:\n%s", r.log())
 		}
 		r.apps.exit()
@@ -879,7 +888,7 @@ func TestPrestop(t *testing.T) {
 		r := newRig(t, withoutApps(), withConfig(func(c *Config) { c.Prestop = true; c.AppExit = AppExitFlows; c.Deadline = 100 * time.Millisecond }),
 			setup(func(r *rig) { r.flows.v = FlowView{AppHolding: 1} }))
 		r.wantResult(r.result(), 0, false, "deadline")
-		if r.count("prestop deadline reached: returning with app flows still open") != 1 {
+		if r.count(logevent.DeadlineReached) != 1 {
 			t.Errorf("no prestop deadline line; log:\n%s", r.log())
 		}
 	}))
@@ -974,11 +983,11 @@ func TestExitWithAppRestartWithinGrace(t *testing.T) {
 			r.notDone(100 * time.Millisecond) // inside the grace: the proxy stays
 			r.apps.set(1)
 			r.waitFor("the app's return", func() bool {
-				return r.count("the app is back within the restart grace: the proxy stays") == i+1
+				return r.count(logevent.AppBack) == i+1
 			})
 		}
 		r.notDone(500 * time.Millisecond)
-		if r.m.Phase() != Ready || r.count("the app is back within the restart grace: the proxy stays") != 3 {
+		if r.m.Phase() != Ready || r.count(logevent.AppBack) != 3 {
 			t.Fatalf("phase %s; log:\n%s", r.m.Phase(), r.log())
 		}
 		r.m.Quit()
@@ -1038,11 +1047,11 @@ func TestTrackingStartsAtTheTrigger(t *testing.T) {
 				if tr.dlAtStart == DrainListenersNotSent {
 					t.Errorf("tracking started before drain_listeners was under way")
 				}
-				want := "tracking live"
+				want := logevent.TrackingLive
 				if fail {
-					want = "tracking did not start: the gate reads what the views have"
+					want = logevent.TrackingFailed
 				}
-				if r.logs.FilterMessage(want).Len() != 1 {
+				if r.count(want) != 1 {
 					t.Errorf("no %q in the log:\n%s", want, r.log())
 				}
 			}))
