@@ -223,7 +223,7 @@ func runCapRow(t *testing.T, r capRow) {
 	// After start-up draind has dropped what it does not keep.
 	var after map[string]any
 	for end := time.Now().Add(10 * time.Second); after == nil && time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		after = findLogWith(pd.draindLog(-1), "capabilities", "stage", "after start-up")
+		after = findLogWith(pd.draindLog(-1), logevent.Capabilities, "stage", "after start-up")
 	}
 	logs := pd.draindLog(-1)
 	tracker, live := findLog(logs, logevent.Tracker), findLog(logs, logevent.AppLiveness)

@@ -674,7 +674,12 @@ func (m *Machine) evaluate(ctx context.Context) (Result, bool) {
 	}
 	if k := v.Kinds(); k != m.holds {
 		m.holds = k
-		m.log.Info("gate holds", logevent.GateHolds.Field(), zap.Stringers("holds", v.Holds), zap.Duration("since_drain", time.Since(m.started)))
+		kinds := make([]HoldKind, len(v.Holds))
+		for i, h := range v.Holds {
+			kinds[i] = h.Kind
+		}
+		m.log.Info("gate holds", logevent.GateHolds.Field(), zap.Stringers("holds", v.Holds), zap.Stringers("hold_kinds", kinds),
+			zap.Duration("since_drain", time.Since(m.started)))
 	}
 	// Wake on the next change, or at a computed moment: the end of
 	// --settle, a flow's idle expiry, or a re-ask of an admin API that lags

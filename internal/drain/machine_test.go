@@ -499,7 +499,7 @@ func TestGateHoldsLoggedOnlyWhenTheyChange(t *testing.T) {
 			t.Errorf("%d 'gate holds' lines for 40 count changes, want 1; log:\n%s", n, r.log())
 		}
 		r.apps.exit()
-		r.waitForLog(logevent.GateHolds, "[envoy: 39")
+		r.waitForLog(logevent.GateHolds, "hold_kinds", fmt.Sprint([]HoldKind{HoldEnvoyActive})) // the kernel's count stands in
 		r.flows.set(func(v *FlowView) { v.Downstream = 0 })
 		r.wantResult(r.result(), 0, true, "drained")
 	})
@@ -541,20 +541,20 @@ func TestMachineSettle(t *testing.T) {
 		r.m.Trigger(CauseSignal)
 		r.waitPhase(Gating)
 		r.apps.exit()
-		r.waitForLog(logevent.GateHolds, "settle")
+		r.waitForLog(logevent.GateHolds, "hold_kinds", fmt.Sprint([]HoldKind{HoldSettle}))
 		r.apps.set(1) // a break restarts the settle
 		r.apps.set(0)
 		r.wantResult(r.result(), 0, true, "drained")
 	})
 }
 
-// waitForLog waits for a line logged as ev whose fields, printed, contain
-// contains.
-func (r *rig) waitForLog(ev logevent.Event, contains string) {
+// waitForLog waits for a line logged as ev whose field key, printed,
+// is want (any line when key is "").
+func (r *rig) waitForLog(ev logevent.Event, key, want string) {
 	r.t.Helper()
-	r.waitFor(fmt.Sprintf("a %s line with %q", ev, contains), func() bool {
+	r.waitFor(fmt.Sprintf("a %s line with %s=%s", ev, key, want), func() bool {
 		for _, e := range r.lines(ev).All() {
-			if strings.Contains(fmt.Sprint(e.ContextMap()), contains) {
+			if key == "" || fmt.Sprint(e.ContextMap()[key]) == want {
 				return true
 			}
 		}
@@ -610,7 +610,7 @@ func TestSecondSignalIgnored(t *testing.T) {
 		r.m.Trigger(CauseSignal)
 		r.waitPhase(Draining)
 		r.m.Trigger(CauseSignal)
-		r.waitForLog(logevent.TriggerIgnored, "signal")
+		r.waitForLog(logevent.TriggerIgnored, "trigger", CauseSignal.String())
 		if r.m.Phase() != Draining {
 			t.Errorf("a second signal ended the min-drain")
 		}
@@ -639,7 +639,7 @@ func TestNativeSidecarSIGTERMAfterPreStop(t *testing.T) {
 		r.m.Trigger(CausePreStop)
 		r.waitPhase(Gating)
 		r.apps.exit()
-		r.waitForLog(logevent.GateHolds, "kubelet: the sidecar's SIGTERM")
+		r.waitForLog(logevent.GateHolds, "hold_kinds", fmt.Sprint([]HoldKind{HoldAwaitSignal}))
 		r.notDone(50 * time.Millisecond)
 		r.m.Trigger(CauseSignal)
 		r.wantResult(r.result(), 0, true, "drained")
@@ -651,7 +651,7 @@ func TestNativeSidecarSIGTERMAfterPreStop(t *testing.T) {
 		r.waitPhase(Ready)
 		r.m.Trigger(CausePreStop)
 		r.m.Trigger(CauseSignal)
-		r.waitForLog(logevent.SigtermAfterPrestop, "")
+		r.waitForLog(logevent.SigtermAfterPrestop, "", "")
 		r.waitPhase(Gating)
 		r.notDone(30 * time.Millisecond)
 		r.apps.exit()
