@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"slices"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -56,7 +55,7 @@ func oneDrain(b *testing.B, p *pod, mode string) time.Duration {
 	for _, l := range p.logLines(logevent.Phase) {
 		if l["phase"] == "stopping" {
 			ns, _ := l["quit_sent_unix_ns"].(float64)
-			if !strings.Contains(p.draindLog.String(), `"phase":"gating"`) {
+			if p.phaseTime("gating").IsZero() {
 				b.Fatalf("no gating phase:\n%s", p.draindLog.String())
 			}
 			return time.Unix(0, int64(ns)).Sub(closedAt)

@@ -137,12 +137,7 @@ func (m *meshPod) wantGauges(statsMatcher string) string {
 // checkGaugeWarning: with no gauges draind warned exactly once, else never.
 func (m *meshPod) checkGaugeWarning(state string) {
 	m.t.Helper()
-	n := 0
-	for line := range strings.SplitSeq(m.draindLog.String(), "\n") {
-		if strings.Contains(line, "Envoy keeps no downstream_cx_active listener gauges") {
-			n++
-		}
-	}
+	n := len(m.logLines(logevent.NoListenerGauges))
 	if want := map[string]int{"present": 0, "absent": 1}[state]; n != want {
 		m.t.Errorf("gauges %s: draind warned %d times that Envoy keeps no listener gauges, want %d", state, n, want)
 	}

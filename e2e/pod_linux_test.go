@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/cli"
+	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/testenv/envoysim"
 	"github.com/draind/draind/internal/testenv/testutil"
@@ -419,6 +420,17 @@ func (p *pod) logLines(ev logevent.Event) []map[string]any {
 		}
 	}
 	return out
+}
+
+// gateHeldBy reports whether draind logged the gate held by kind.
+func (p *pod) gateHeldBy(kind drain.HoldKind) bool {
+	for _, l := range p.logLines(logevent.GateHolds) {
+		kinds, _ := l["hold_kinds"].([]any)
+		if slices.Contains(kinds, any(kind.String())) {
+			return true
+		}
+	}
+	return false
 }
 
 // phaseTime is when draind logged entering phase.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/logevent"
 )
 
@@ -50,7 +51,7 @@ func TestAppIgnoringSIGTERM(t *testing.T) {
 			t.Fatalf("draind exited (%d) while the app still ran; log:\n%s", p.draind.code, p.draindLog.String())
 		default:
 		}
-		if !strings.Contains(p.draindLog.String(), "app: 1 processes") {
+		if !p.gateHeldBy(drain.HoldAppProcs) {
 			t.Errorf("log does not say the app's process holds the drain:\n%s", p.draindLog.String())
 		}
 		killed := time.Now()
