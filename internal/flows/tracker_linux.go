@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/btf"
+	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
@@ -530,7 +531,7 @@ func (t *Tracker) resyncIfLost() {
 		return
 	}
 	t.resyncs.Add(1)
-	t.log.Info("resynced after lost events", zap.Uint64("lost", lost))
+	t.log.Info("resynced after lost events", logevent.Resynced.Field(), zap.Uint64("lost", lost))
 }
 
 // Close releases the probe and the netlink socket. Safe twice; call it
