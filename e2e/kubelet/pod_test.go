@@ -595,17 +595,20 @@ func (pd *pod) dumpLogs() {
 		proxySeen = proxySeen || c.name == pd.proxyName()
 	}
 	if !proxySeen {
-		pd.t.Logf("no %s container; kubelet log tail:\n%s", pd.proxyName(), tailFile(filepath.Join(pd.n.Config().StateDir, "kubelet.log"), 40))
+		pd.t.Logf("no %s container; the kubelet's last errors:\n%s", pd.proxyName(), tailErrors(filepath.Join(pd.n.Config().StateDir, "kubelet.log"), 20))
 	}
 }
 
-func tailFile(path string, n int) string {
+// tailErrors is the last n error lines (klog's E prefix) of the log at path.
+func tailErrors(path string, n int) string {
 	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
+	var errs []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "E") {
+			errs = append(errs, l)
+		}
 	}
-	return strings.Join(lines, "\n")
+	return strings.Join(errs[max(0, len(errs)-n):], "\n")
 }
 
 // upstream is the service the app calls through the proxy, on the host.
