@@ -10,9 +10,10 @@ import (
 	"strings"
 	"unicode"
 
+	"go.uber.org/zap"
+
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/proxy"
-	"go.uber.org/zap"
 )
 
 // Config is everything `draind run` is told.

@@ -4,9 +4,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/draind/draind/internal/drain"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/draind/draind/internal/drain"
 )
 
 // metrics are draind's Prometheus metrics. Every value is read at scrape

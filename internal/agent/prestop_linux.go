@@ -4,10 +4,11 @@ import (
 	"context"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/namespace"
-	"go.uber.org/zap"
 )
 
 // PrestopConfig configures Prestop.

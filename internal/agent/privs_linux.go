@@ -7,9 +7,10 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/privs"
-	"go.uber.org/zap"
 )
 
 // draind's privileges over a run (docs/threat-model.md, "Privileges"): Run

@@ -16,15 +16,16 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/btf"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/envoy"
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/proxy"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 )
 
 // Result is how a run ended (drain.Result: exit code and reason).

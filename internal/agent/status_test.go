@@ -15,10 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/drain"
-	"github.com/draind/draind/internal/testenv/testutil"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // The status server is served on real sockets in a pod's network
