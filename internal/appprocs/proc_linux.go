@@ -11,8 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/draind/draind/internal/namespace"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/namespace"
 )
 
 // procSource is the /proc backend: /proc read on a period, every /proc/PID

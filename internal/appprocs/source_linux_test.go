@@ -17,8 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/testenv/testutil"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // The test binary doubles as the helper processes of these tests: it is
