@@ -13,9 +13,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/sockdiag"
-	"golang.org/x/sys/unix"
 )
 
 func testSnapshot() flows.Snapshot {
