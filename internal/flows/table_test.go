@@ -9,9 +9,10 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
-	"golang.org/x/sys/unix"
 )
 
 // TestFlowTableEvents replays event sequences the probe delivers, with and

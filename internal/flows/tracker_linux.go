@@ -9,10 +9,11 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/btf"
+	"go.uber.org/zap"
+
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
-	"go.uber.org/zap"
 )
 
 // Tracker modes.
