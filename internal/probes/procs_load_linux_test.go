@@ -11,9 +11,10 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/testenv/testutil"
-	"golang.org/x/sys/unix"
 )
 
 // loadProcsForStats loads the procs object as OpenProcs does, with the

@@ -22,11 +22,12 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/sockdiag"
 	"github.com/draind/draind/internal/testenv/testutil"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 )
 
 // --- layout and pure helpers -------------------------------------------
