@@ -10,9 +10,10 @@ import (
 	"syscall"
 	"unsafe"
 
-	"github.com/draind/draind/internal/namespace"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/namespace"
 )
 
 // errTruncated means a datagram did not fit the receive buffer.
