@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/testenv/testutil"
 	"github.com/draind/draind/internal/testenv/mesh"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // The test binary doubles as the pod's processes: the proxy (uid 1337 with

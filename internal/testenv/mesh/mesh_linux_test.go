@@ -12,9 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/testenv/testutil"
-	"github.com/draind/draind/internal/testenv/mesh"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/testenv/mesh"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 const (
