@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/e2e/kubelet/internal/ociimage"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/draind/draind/e2e/kubelet/internal/ociimage"
 )
 
 // Who is the app, under the kubelet: nothing of the proxy's own container
