@@ -20,12 +20,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/draind/draind/internal/namespace"
-	"github.com/draind/draind/internal/testenv/nsrun"
-	"github.com/draind/draind/internal/sockdiag"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/namespace"
+	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/testenv/nsrun"
 )
 
 // PerChild bounds the connections one child holds.

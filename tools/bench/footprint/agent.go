@@ -16,8 +16,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/draind/draind/tools/bench/benchns"
 	"github.com/vishvananda/netns"
+
+	"github.com/draind/draind/tools/bench/benchns"
 )
 
 // proxySetup is how draind is run: `draind run` with envoysim as its

@@ -19,8 +19,9 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/draind/draind/tools/bench/benchns"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/tools/bench/benchns"
 )
 
 // footprint node: what a node full of idle draind pods costs its
