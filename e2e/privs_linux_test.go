@@ -15,8 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/privs"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/privs"
 )
 
 // draind's privileges in a pod, with the real binary: static
