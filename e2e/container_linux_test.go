@@ -162,7 +162,8 @@ func containerInit(args []string) int {
 		}
 	}
 	if uid >= 0 {
-		if err := unix.Setgroups(nil); err == nil {
+		err = unix.Setgroups(nil)
+		if err == nil {
 			err = unix.Setresgid(uid, uid, uid)
 		}
 		if err == nil {

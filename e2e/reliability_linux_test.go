@@ -154,16 +154,6 @@ func watchPid(t testing.TB, pid int, what string) *procWatch {
 	return w
 }
 
-// gone reports whether the process has exited.
-func (w *procWatch) gone() bool {
-	select {
-	case <-w.exited:
-		return true
-	default:
-		return false
-	}
-}
-
 // waitGone waits for the exit, at most d.
 func (w *procWatch) waitGone(d time.Duration) bool {
 	select {
