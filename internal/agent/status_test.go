@@ -313,7 +313,7 @@ func TestStatusLimits(t *testing.T) {
 			c := sp.dial(t, "pod", addr)
 			io.WriteString(c, tc.partial)
 			b, err := io.ReadAll(c) // until the server closes; the conn's deadline is 10 s
-			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 				t.Fatalf("the server kept the connection: %v", err)
 			}
 			if err != nil && !errors.Is(err, unix.ECONNRESET) {
