@@ -167,13 +167,13 @@ func (s *procSource) scan() (map[int]Process, error) {
 		}
 		dir := s.root + "/" + name
 		in := false
-		switch err := unix.Stat(dir+"/ns/net", &st); {
-		case err == nil:
+		switch err := unix.Stat(dir+"/ns/net", &st); err {
+		case nil:
 			in = st.Ino == s.netns
-		case err == unix.EACCES || err == unix.EPERM:
+		case unix.EACCES, unix.EPERM:
 			in = !s.hostView // see openProc
 			s.unreadable.Add(1)
-		case err == unix.ENOENT:
+		case unix.ENOENT:
 			// Gone, a zombie, or a leader that exited before its other
 			// threads (its nsproxy is gone, theirs is not).
 			in = threadInNS(dir, pid, s.netns)

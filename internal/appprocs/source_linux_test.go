@@ -220,7 +220,10 @@ func procsPidNSHelper() string {
 				return strconv.Atoi(n)
 			}
 		}
-		return 0, fmt.Errorf("detach: %v: %s", err, out)
+		if err != nil {
+			return 0, fmt.Errorf("detach: %w: %s", err, out)
+		}
+		return 0, fmt.Errorf("detach: no pid in its output: %s", out)
 	}
 	app, err := start()
 	if err != nil {
