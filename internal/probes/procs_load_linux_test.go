@@ -57,10 +57,7 @@ func TestProcsVerifierStats(t *testing.T) {
 		"procs_exec": objs.ProcsExec,
 		"procs_exit": objs.ProcsExit,
 	} {
-		var stats []string
-		for _, m := range verifierStatsRe.FindAllString(p.VerifierLog, -1) {
-			stats = append(stats, m)
-		}
+		stats := verifierStatsRe.FindAllString(p.VerifierLog, -1)
 		t.Logf("%s: %s", name, strings.Join(stats, "; "))
 	}
 	t.Logf("load and verify (stats log): %v", d)
