@@ -32,6 +32,18 @@ vet: ## go vet the product, the tools and the kubelet tests
 	$(GO) -C tools vet ./...
 	$(GO) -C e2e/kubelet vet ./...
 
+# golangci-lint at a pinned version (.golangci.yml is v2's format), installed
+# once through the Go module proxy into TOOLS_CACHE.
+GOLANGCI_LINT_VERSION ?= v2.15.0
+TOOLS_CACHE ?= $(HOME)/.cache/draind-tools
+GOLANGCI_LINT = $(TOOLS_CACHE)/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-lint
+$(GOLANGCI_LINT):
+	GOBIN=$(dir $@) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+lint: $(GOLANGCI_LINT) ## golangci-lint (.golangci.yml) on the product, the tools and the kubelet tests
+	$(GOLANGCI_LINT) run ./...
+	cd tools && $(GOLANGCI_LINT) run ./...
+	cd e2e/kubelet && $(GOLANGCI_LINT) run ./...
+
 peers: ## build the test peers the tests use (Istio's pilot-agent and istioctl; cached)
 	bash tools/peers/pilot-agent.sh
 	bash tools/peers/istioctl.sh
@@ -62,7 +74,7 @@ vmtest-cgroup2: ## cgroup v2 only (6.12): the key e2e tests
 demo: build ## a self-contained drain on this machine, as root
 	$(GO) -C tools run ./demo --bin $(abspath $(BIN))
 
-.PHONY: help build tools test test-tools vet peers bench bench-node generate vmtest vmtest-arm64 vmtest-cgroup2 demo
+.PHONY: help build tools test test-tools vet lint peers bench bench-node generate vmtest vmtest-arm64 vmtest-cgroup2 demo
 
 # ---- e2e-kubelet: draind under a real kubelet (e2e/kubelet, docs/kubernetes.md) ----
 KUBELET_VERSION ?= v1.34.2
