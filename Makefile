@@ -27,8 +27,13 @@ test: ## run every test of the product (as root for the kernel tests)
 test-tools: ## run the developer tools' own tests (the tools module)
 	$(GO) -C tools test -count=1 ./...
 
-vet: ## go vet the product, the tools and the kubelet tests
+# The packages that build on every system (Linux parts in _linux.go files,
+# the rest in _other.go stubs); vet checks them for darwin.
+PORTABLE_PKGS ?= ./internal/appprocs ./internal/drain ./internal/envoy ./internal/flows ./internal/namespace \
+	./internal/privs ./internal/probes ./internal/sockdiag ./internal/testenv/envoysim ./internal/testenv/envoysim/conformance
+vet: ## go vet the product (and its portable packages for darwin), the tools and the kubelet tests
 	$(GO) vet ./...
+	GOOS=darwin $(GO) vet $(PORTABLE_PKGS)
 	$(GO) -C tools vet ./...
 	$(GO) -C e2e/kubelet vet ./...
 
