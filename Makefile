@@ -13,8 +13,10 @@ VME2E    ?= TestContainerIsolation|TestAppShutdownInItsOwnContainer|TestNothingA
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-build: ## build draind and envoysim into ./bin
-	CGO_ENABLED=0 $(GO) build -o $(BIN)/draind ./cmd/draind
+# What `draind version` prints (the Dockerfile stamps it the same way).
+VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+build: ## build draind (its version stamped: git describe) and envoysim into ./bin
+	CGO_ENABLED=0 $(GO) build -ldflags "-X github.com/draind/draind/internal/cli.Version=$(VERSION)" -o $(BIN)/draind ./cmd/draind
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/envoysim ./internal/testenv/envoysim/cmd/envoysim
 
 tools: ## build the developer tools (tools/: vmexec, benchsnap, demo) into ./bin
