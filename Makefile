@@ -23,8 +23,10 @@ tools: ## build the developer tools (tools/: vmexec, benchsnap, demo) into ./bin
 	CGO_ENABLED=0 $(GO) -C tools build -o $(abspath $(BIN))/ ./vmtest/vmexec ./bench/benchsnap ./demo
 	CGO_ENABLED=0 GOARCH=arm64 $(GO) -C tools build -o $(abspath $(BIN))/vmexec-arm64 ./vmtest/vmexec
 
-test: ## run every test of the product (as root for the kernel tests)
-	$(GO) test -count=1 -p 1 -timeout 20m $(PKGS)
+# go test's output, then what was skipped and why (tools/testsummary).
+test: ## run every test of the product (as root for the kernel tests); ends naming the skipped tests
+	@mkdir -p $(BIN) && CGO_ENABLED=0 $(GO) -C tools build -o $(abspath $(BIN))/testsummary ./testsummary
+	$(BIN)/testsummary $(GO) test -json -count=1 -p 1 -timeout 20m $(PKGS)
 
 # The pure packages: their tests need no root (those that do skip, saying
 # why). As root, unit and unit-race run them as nobody, with Go caches of
