@@ -199,7 +199,7 @@ func (s *summary) printSkips() {
 		pkg := strings.TrimPrefix(sk.pkg, module+"/")
 		byReason[sk.reason] = append(byReason[sk.reason], pkg+"."+sk.test)
 	}
-	fmt.Fprintf(s.w, "\n%d tests skipped:\n", len(s.skips))
+	fmt.Fprintf(s.w, "\nskipped (%d):\n", len(s.skips))
 	for _, r := range reasons {
 		fmt.Fprintf(s.w, "  %s\n", r)
 		line := ""

@@ -42,7 +42,7 @@ func TestSummary(t *testing.T) {
 		"=== RUN   TestFail\n    b_test.go:7: got 1, want 2\n--- FAIL: TestFail (0.00s)\n" +
 		"=== RUN   TestStuck\npanic: test timed out after 1s\n" +
 		"FAIL\tgithub.com/draind/draind/internal/b\t1.0s\n" +
-		"\n2 tests skipped:\n" +
+		"\nskipped (2):\n" +
 		"  the pilot-agent peer is not built: make peers\n" +
 		"      internal/a.TestPeer internal/b.TestPeer2\n"
 	if got := out.String(); got != want {
