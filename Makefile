@@ -33,7 +33,7 @@ test: ## run every test of the product (as root for the kernel tests); ends nami
 # its own in UNIT_CACHE, so that they are the rootless tests wherever run.
 UNIT_PKGS ?= ./internal/agent ./internal/appprocs ./internal/cli ./internal/drain ./internal/envoy \
 	./internal/flows ./internal/namespace ./internal/privs ./internal/probes ./internal/proxy ./internal/sockdiag
-UNIT_CACHE ?= /tmp/draind-unit
+UNIT_CACHE ?= /var/tmp/draind-unit
 UNIT_AS = $(if $(filter 0,$(shell id -u)),setpriv --reuid=65534 --regid=65534 --clear-groups \
 	env HOME=$(UNIT_CACHE) GOCACHE=$(UNIT_CACHE)/go-build GOPATH=$(UNIT_CACHE)/go GOFLAGS=-buildvcs=false PATH="$(PATH)")
 unit-cache:
