@@ -68,6 +68,9 @@ lint: $(GOLANGCI_LINT) ## golangci-lint (.golangci.yml) on the product, the tool
 	cd tools && $(GOLANGCI_LINT) run ./...
 	cd e2e/kubelet && $(GOLANGCI_LINT) run ./...
 
+check-refs: ## every path a comment or doc names is a file of this repository (tools/checkrefs)
+	bash tools/checkrefs/checkrefs.sh
+
 peers: ## build the test peers the tests use (Istio's pilot-agent and istioctl; cached)
 	bash tools/peers/pilot-agent.sh
 	bash tools/peers/istioctl.sh
@@ -79,8 +82,12 @@ NODEARGS ?=
 bench-node: ## a node full of idle draind pods: its neighbours' TCP and fork rates, as root (NODEARGS="--pods 10,40")
 	bash tools/bench/node.sh $(NODEARGS)
 
-generate: ## regenerate the eBPF objects (needs clang, llvm, libbpf-dev, bpftool)
-	$(GO) generate ./...
+# clang pinned to Debian bookworm's clang-16 (apt: clang-16 llvm-16): the
+# committed objects are what this compiler makes, and .ci/run checks them.
+BPF_CC    ?= clang-16
+BPF_STRIP ?= llvm-strip-16
+generate: ## regenerate the eBPF objects (needs clang-16, llvm-16, libbpf-dev, bpftool)
+	BPF2GO_CC=$(BPF_CC) BPF2GO_STRIP=$(BPF_STRIP) $(GO) generate ./...
 
 # ARCH=arm64: arm64 kernels under qemu-system-aarch64; CGROUP2=1: cgroup v2 only.
 VMFLAGS   = --kernels "$(KERNELS)" $(if $(ARCH),--arch $(ARCH)) $(if $(CGROUP2),--cgroup2)
@@ -98,7 +105,7 @@ vmtest-cgroup2: ## cgroup v2 only (6.12): the key e2e tests
 demo: build ## a self-contained drain on this machine, as root
 	$(GO) -C tools run ./demo --bin $(abspath $(BIN))
 
-.PHONY: help build tools test unit-cache unit unit-race test-tools vet lint peers bench bench-node generate vmtest vmtest-arm64 vmtest-cgroup2 demo
+.PHONY: help build tools test unit-cache unit unit-race test-tools vet lint check-refs peers bench bench-node generate vmtest vmtest-arm64 vmtest-cgroup2 demo
 
 # ---- e2e-kubelet: draind under a real kubelet (e2e/kubelet, docs/kubernetes.md) ----
 KUBELET_VERSION ?= v1.34.2

@@ -4,7 +4,7 @@
  * namespace, delivered to user space through a ring buffer.
  *
  * Loaded by internal/probes/tcpstate_linux.go. Compiled by bpf2go with
- * common.h only (no vmlinux.h): see the comment there.
+ * tcpstate.h only (no vmlinux.h): see the comment there.
  *
  * Both programs run for every TCP state change of the node, in every
  * namespace, for as long as they are attached (draind attaches them only
@@ -18,7 +18,7 @@
  * and never checks it, and events carry cookie = 0; user space keys them by
  * skaddr + 5-tuple instead.
  */
-#include "common.h"
+#include "tcpstate.h"
 
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -33,15 +33,15 @@ char LICENSE[] SEC("license") = "GPL";
  * together, and the size assertion in internal/probes/tcpstate_linux_test.go.
  */
 struct event {
-	__u64 ts_ns;     /* bpf_ktime_get_ns() */
-	__u64 cookie;    /* bpf_get_socket_cookie(sk), 0 when unavailable */
-	__u64 skaddr;    /* kernel address of the struct sock */
-	__u8 saddr[16];  /* local address, network order; AF_INET: first 4 bytes */
-	__u8 daddr[16];  /* remote address, same layout */
-	__u32 uid;       /* sk->sk_uid (kuid, init user namespace) */
-	__u16 sport;     /* local port, host order */
-	__u16 dport;     /* remote port, host order */
-	__u16 family;    /* AF_INET or AF_INET6 */
+	__u64 ts_ns;    /* bpf_ktime_get_ns() */
+	__u64 cookie;   /* bpf_get_socket_cookie(sk), 0 when unavailable */
+	__u64 skaddr;   /* kernel address of the struct sock */
+	__u8 saddr[16]; /* local address, network order; AF_INET: first 4 bytes */
+	__u8 daddr[16]; /* remote address, same layout */
+	__u32 uid;      /* sk->sk_uid (kuid, init user namespace) */
+	__u16 sport;    /* local port, host order */
+	__u16 dport;    /* remote port, host order */
+	__u16 family;   /* AF_INET or AF_INET6 */
 	__u8 oldstate;
 	__u8 newstate;
 	__u8 _pad[4];
@@ -56,7 +56,7 @@ volatile const __u8 use_cookie = 1;    /* 0 before 5.12 */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 8 << 20); /* overridden at load: ProbeOptions.RingSize */
+	__uint(max_entries, 8 << 20); /* overridden at load: TCPStateOptions.RingSize */
 } events SEC(".maps");
 
 /* Failed ring buffer reservations, per CPU: the lost-event counter. */
@@ -167,9 +167,8 @@ static __always_inline void emit(const struct sock *sk, __u64 skaddr, int oldsta
 
 	/*
 	 * LISTEN -> SYN_RECV fires on the child while inet_csk_clone_lock is
-	 * still turning a copy of the listener into it: on some kernels
-	 * (NOTES-kernel.md) its cookie is still the listener's (6.18 already
-	 * gives the child's). Never report it: the child's own comes with its
+	 * still turning a copy of the listener into it: on some kernels its
+	 * cookie is still the listener's (6.18 already gives the child's). Never report it: the child's own comes with its
 	 * next change (SYN_RECV -> ESTABLISHED, in the same softirq).
 	 */
 	e->cookie = 0;

@@ -13,7 +13,7 @@ import (
 // target: p99 ≤ 20 ms with eBPF, ≤ one poll period + 5 ms with sock_diag;
 // pilot-agent polls once a second). Each drain: a pod with an app that
 // exits on SIGTERM and one client connection through Envoy, closed by the
-// client after min-drain. Run: scripts/bench-exit.sh.
+// client after min-drain. Run: tools/bench/exit.sh.
 func BenchmarkExitLatency(b *testing.B) {
 	for _, mode := range []string{"ebpf", "sockdiag"} {
 		b.Run(mode, func(b *testing.B) {

@@ -20,7 +20,7 @@ import (
 // from the module proxy at the pilot-agent peer's Istio version:
 // tools/peers/istioctl.sh) injects the manifests of deploy/istio with the
 // injector configuration `istioctl manifest generate` renders from Istio's
-// charts (../shared/peers-istioctl.md); the test checks that the injected
+// charts; the test checks that the injected
 // pods run draind above pilot-agent with Istio's args, env and the rest
 // intact. The injected pods are kept in e2e/kubelet/testdata/istio, where
 // the kubelet suite runs them (go test -run TestIstioKubeInject

@@ -55,7 +55,7 @@ type istioPod struct {
 // newIstioPod makes the pod, pilot-agent's working directory (it writes
 // ./etc/istio/proxy and ./var/run relative to it: the test's, here p.dir)
 // and the variables Istio's injector sets, plus those that let pilot-agent
-// run without istiod and a CA (../shared/peers-pilot-agent.md). proxyConfig
+// run without istiod and a CA (docs/peers.md). proxyConfig
 // is merged over the ProxyConfig every pod needs.
 func newIstioPod(t *testing.T, proxyConfig map[string]any) *istioPod {
 	t.Helper()

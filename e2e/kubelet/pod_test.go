@@ -175,12 +175,15 @@ func runPod(t *testing.T, p podParams, manifest []byte) *pod {
 	})
 	go pd.watch()
 	// The sandbox's address, then draind's readiness, seen from the host.
-	deadline := time.Now().Add(60 * time.Second)
+	// Scaled: under emulation (make e2e-kubelet-vm) the kubelet took more
+	// than 60 s to start pilot-agent's containers.
+	startBound := scaled(60 * time.Second)
+	deadline := time.Now().Add(startBound)
 	for pd.ip == "" {
 		pd.ip = pd.sandboxIP()
 		if time.Now().After(deadline) {
 			pd.dumpLogs()
-			t.Fatalf("pod %s: no sandbox address after 60s", p.Name)
+			t.Fatalf("pod %s: no sandbox address after %v", p.Name, startBound)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -194,7 +197,7 @@ func runPod(t *testing.T, p podParams, manifest []byte) *pod {
 	for pd.get(pd.statusPort(), "/healthz/ready") != 200 || pd.get(pd.statusPort(), "/metrics") != 200 {
 		if time.Now().After(deadline) {
 			pd.dumpLogs()
-			t.Fatalf("pod %s: draind not ready after 60s", p.Name)
+			t.Fatalf("pod %s: draind not ready after %v", p.Name, startBound)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -203,7 +206,7 @@ func runPod(t *testing.T, p podParams, manifest []byte) *pod {
 	for !p.NoServer && pd.get(inboundPort, "/") != 200 {
 		if time.Now().After(deadline) {
 			pd.dumpLogs()
-			t.Fatalf("pod %s: the app does not answer through the proxy after 60s", p.Name)
+			t.Fatalf("pod %s: the app does not answer through the proxy after %v", p.Name, startBound)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -581,15 +584,17 @@ func (pd *pod) dumpLogs() {
 		recs = append(recs, *c)
 	}
 	pd.mu.Unlock()
+	proxySeen := false
 	for _, c := range recs {
 		b := c.log
 		if b == nil {
 			b, _ = os.ReadFile(c.logPath)
 		}
 		pd.t.Logf("container %s (attempt %d, %s, exit %d %s %s) log:\n%s", c.name, c.attempt, c.state, c.exitCode, c.reason, c.msg, b)
+		proxySeen = proxySeen || c.name == pd.proxyName()
 	}
-	if len(recs) == 0 {
-		pd.t.Logf("no containers; kubelet log tail:\n%s", tailFile(filepath.Join(pd.n.Config().StateDir, "kubelet.log"), 40))
+	if !proxySeen {
+		pd.t.Logf("no %s container; kubelet log tail:\n%s", pd.proxyName(), tailFile(filepath.Join(pd.n.Config().StateDir, "kubelet.log"), 40))
 	}
 }
 

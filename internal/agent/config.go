@@ -10,10 +10,12 @@ import (
 	"strings"
 	"unicode"
 
-	"go.uber.org/zap"
-
+	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/envoy"
+	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/proxy"
+	"go.uber.org/zap"
 )
 
 // Config is everything `draind run` is told.
@@ -28,7 +30,7 @@ type Config struct {
 	// ProxyKind is what the proxy command is: ProxyEnvoy, ProxyPilotAgent
 	// (Istio's agent, which runs Envoy), or ProxyAuto (pilot-agent when the
 	// command's file name is pilot-agent).
-	ProxyKind string
+	ProxyKind ProxyKind
 	// DeadlineSource names the setting that gave Drain.Deadline when
 	// DeadlineSet (--drain-deadline, or the variable that set it).
 	DeadlineSource string
@@ -54,41 +56,58 @@ type Config struct {
 	// deadline was given explicitly (drain.Config.Reconcile).
 	Drain       drain.Config
 	DeadlineSet bool
-	// Tracker is auto, ebpf or sockdiag; AppProcs is auto, ebpf, proc or
-	// off (the socket approximation).
-	Tracker  string
-	AppProcs string
+	// Tracker is how sockets are followed; AppProcs how the app's
+	// processes are (off: the socket approximation).
+	Tracker  flows.TrackerMode
+	AppProcs appprocs.Mode
 	// RingSize is the eBPF ring buffer of TCP state events, in bytes (0:
 	// the default). A debugging knob: a tiny ring forces losses and resyncs.
 	RingSize int
 	// ProcRingSize is the same for the app's process events.
 	ProcRingSize int
-	// HostNetwork is auto, true or false: whether the pod shares the node's
-	// network namespace (auto: told by the kernel where it can be).
-	HostNetwork string
+	// HostNetwork says whether the pod shares the node's network
+	// namespace (auto: told by the kernel where it can be).
+	HostNetwork HostNetwork
 	// Command is the proxy's argv.
 	Command []string
 	Proxy   proxy.Options
 	Logger  *zap.Logger
 }
 
-// The proxy kinds (--proxy).
+// ProxyKind is what the proxy command is (--proxy).
+type ProxyKind string
+
+// The proxy kinds.
 const (
-	ProxyAuto       = "auto"
-	ProxyEnvoy      = "envoy"
-	ProxyPilotAgent = "pilot-agent"
+	ProxyAuto       ProxyKind = "auto"
+	ProxyEnvoy      ProxyKind = "envoy"
+	ProxyPilotAgent ProxyKind = "pilot-agent"
 )
 
-// Defaults.
+// ProxyKinds are the kinds --proxy accepts, validation checks and errors
+// name.
+var ProxyKinds = []ProxyKind{ProxyAuto, ProxyEnvoy, ProxyPilotAgent}
+
+// HostNetwork is --host-network.
+type HostNetwork string
+
+// --host-network's values.
+const (
+	HostNetworkAuto  HostNetwork = "auto"
+	HostNetworkTrue  HostNetwork = "true"
+	HostNetworkFalse HostNetwork = "false"
+)
+
+// HostNetworks are the values --host-network accepts, validation checks
+// and errors name.
+var HostNetworks = []HostNetwork{HostNetworkAuto, HostNetworkTrue, HostNetworkFalse}
+
+// Defaults. The proxy's uid is flows.DefaultProxyUID, the listeners that
+// carry no traffic envoy.DefaultExclude's ports.
 const (
 	DefaultAdminAddr  = "127.0.0.1:15000"
 	DefaultStatusAddr = ":15020"
-	DefaultProxyUID   = 1337
 )
-
-// DefaultExcludePorts are Istio's status (15020, 15021) and Prometheus
-// (15090) listeners.
-var DefaultExcludePorts = []uint16{15020, 15021, 15090}
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
@@ -96,12 +115,12 @@ func DefaultConfig() Config {
 		AdminAddr:    DefaultAdminAddr,
 		StatusAddr:   DefaultStatusAddr,
 		ProxyKind:    ProxyAuto,
-		ProxyUID:     DefaultProxyUID,
-		ExcludePorts: DefaultExcludePorts,
+		ProxyUID:     flows.DefaultProxyUID,
+		ExcludePorts: envoy.DefaultExclude().Ports,
 		Drain:        drain.DefaultConfig(),
-		Tracker:      "auto",
-		AppProcs:     "auto",
-		HostNetwork:  "auto",
+		Tracker:      flows.ModeAuto,
+		AppProcs:     appprocs.ModeAuto,
+		HostNetwork:  HostNetworkAuto,
 	}
 }
 
@@ -116,34 +135,26 @@ func configErr(format string, args ...any) error {
 // Validate checks the settings against each other; the first problem is
 // returned, as one line.
 func (c *Config) Validate() error {
-	if _, _, err := splitPort(c.AdminAddr); err != nil {
+	if _, _, err := SplitHostPort(c.AdminAddr); err != nil {
 		return configErr("--admin-addr %q: %v", c.AdminAddr, err)
 	}
-	if _, _, err := splitPort(c.StatusAddr); err != nil {
+	if _, _, err := SplitHostPort(c.StatusAddr); err != nil {
 		return configErr("--status-addr %q: %v", c.StatusAddr, err)
 	}
 	if err := c.Drain.Validate(); err != nil {
 		return err
 	}
-	switch c.ProxyKind {
-	case ProxyAuto, ProxyEnvoy, ProxyPilotAgent:
-	default:
-		return configErr("--proxy %q: must be %s, %s or %s", c.ProxyKind, ProxyAuto, ProxyEnvoy, ProxyPilotAgent)
+	if err := mustBeOneOf("--proxy", c.ProxyKind, ProxyKinds); err != nil {
+		return err
 	}
-	switch c.Tracker {
-	case "auto", "ebpf", "sockdiag":
-	default:
-		return configErr("--tracker %q: must be auto, ebpf or sockdiag", c.Tracker)
+	if err := mustBeOneOf("--tracker", c.Tracker, flows.TrackerModes); err != nil {
+		return err
 	}
-	switch c.AppProcs {
-	case "auto", "ebpf", "proc", "off":
-	default:
-		return configErr("--app-procs %q: must be auto, ebpf, proc or off", c.AppProcs)
+	if err := mustBeOneOf("--app-procs", c.AppProcs, appprocs.Modes); err != nil {
+		return err
 	}
-	switch c.HostNetwork {
-	case "auto", "true", "false":
-	default:
-		return configErr("--host-network %q: must be auto, true or false", c.HostNetwork)
+	if err := mustBeOneOf("--host-network", c.HostNetwork, HostNetworks); err != nil {
+		return err
 	}
 	if len(c.Command) == 0 {
 		return configErr("no proxy command: draind run [flags] -- COMMAND [ARGS...]")
@@ -151,9 +162,19 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// splitPort returns an address's host and port. Its errors do not repeat
-// the address (the caller quotes it): they stay one line.
-func splitPort(addr string) (string, uint16, error) {
+// mustBeOneOf is a configuration error naming flag when v is not in its list.
+func mustBeOneOf[T ~string](flag string, v T, list []T) error {
+	if slices.Contains(list, v) {
+		return nil
+	}
+	return configErr("%s %q: must be one of %s", flag, v, flows.Words(list, "|"))
+}
+
+// SplitHostPort returns an address's host and port: the one reading of
+// --admin-addr and --status-addr, for run and for the commands that look
+// into a pod. Its errors do not repeat the address (the caller quotes it):
+// they stay one line.
+func SplitHostPort(addr string) (string, uint16, error) {
 	host, p, err := net.SplitHostPort(addr)
 	if err != nil {
 		var ae *net.AddrError
@@ -244,7 +265,7 @@ func (c *Config) resolveIstio() (istioResolved, error) {
 	}
 	if !c.StatusAddrSet {
 		c.StatusAddr = ":" + strconv.Itoa(int(pilotAgentStatusPort(ist.StatusPort, ist.AdminPort)))
-	} else if _, p, err := splitPort(c.StatusAddr); err == nil && p == ist.StatusPort {
+	} else if _, p, err := SplitHostPort(c.StatusAddr); err == nil && p == ist.StatusPort {
 		return r, configErr("--status-addr %s: port %d is pilot-agent's status port (ProxyConfig statusPort%s): it serves Istio's readiness and the app probes Istio rewrote; leave --status-addr unset (draind then takes %d) or pick another",
 			c.StatusAddr, p, fromSuffix(ist.StatusPortFrom), pilotAgentStatusPort(ist.StatusPort, ist.AdminPort))
 	}

@@ -4,10 +4,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/flows"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-
-	"github.com/draind/draind/internal/drain"
 )
 
 // metrics are draind's Prometheus metrics. Every value is read at scrape
@@ -88,10 +88,10 @@ func newMetrics(a *agent) *metrics {
 		newOneOf("draind_drain_trigger", "1 for what started the drain (none before).", "trigger",
 			append([]string{drain.CauseNone.String()}, names(drain.Causes)...), func() string { return mc.Cause().String() }),
 		newOneOf("draind_drain_listeners", "1 for where POST /drain_listeners stands.", "state",
-			[]string{"not-sent", "retrying", "done", "gave-up"}, func() string { s, _ := mc.DrainListeners(); return s.String() }),
+			names(drain.DrainListenersStates), func() string { s, _ := mc.DrainListeners(); return s.String() }),
 		gauge("draind_drain_listeners_attempts", "POST /drain_listeners calls made.", func() float64 { _, n := mc.DrainListeners(); return float64(n) }),
 		newOneOf("draind_envoy_listener_gauges", "1 for whether Envoy keeps downstream_cx_active listener gauges (absent: the kernel decides alone).", "state",
-			[]string{"unknown", "present", "absent"}, func() string { return mc.Gauges().String() }),
+			names(drain.GaugesStates), func() string { return mc.Gauges().String() }),
 		gauge("draind_drain_duration_seconds", "Time from the drain's trigger to the proxy's stop (set once stopping).",
 			func() float64 { return mc.DrainDuration().Seconds() }),
 		flowsOf("app_listeners", func() int { return sum().AppListeners }),
@@ -110,7 +110,7 @@ func newMetrics(a *agent) *metrics {
 			Name: "draind_tracker_resyncs_total", Help: "Full sock_diag snapshots taken after the first.",
 		}, func() float64 { return float64(a.tracker.Resyncs()) }),
 		newOneOf("draind_tracker_info", "1 for the tracker mode that runs now (it can fall back to polling).", "mode",
-			[]string{"ebpf", "sockdiag"}, func() string { mode, _ := a.tracker.Mode(); return mode }),
+			names(flows.RunningModes), func() string { mode, _ := a.tracker.Mode(); return string(mode) }),
 		gauge("draind_app_processes", "The app's processes in the pod's network namespace (-1: not followed).", func() float64 {
 			if a.procs == nil {
 				return -1

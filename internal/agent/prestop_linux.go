@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"go.uber.org/zap"
@@ -45,11 +47,17 @@ func Prestop(ctx context.Context, ns *namespace.Net, cfg PrestopConfig) (drain.R
 	}
 	defer tr.Close()
 	mode, why := tr.Mode()
-	log.Info("tracker", zap.String("mode", mode), zap.String("reason", why))
+	log.Info("tracker", zap.Stringer("mode", mode), zap.String("reason", why))
+	// The tracker runs until the machine ends; a tracker that stops (a
+	// failed poll) ends the machine at once: its table would no longer
+	// change, and the wait would run to --timeout on stale counts.
 	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); tr.Run(rctx) }()
-	defer func() { cancel(); <-done }()
+	trErr := make(chan error, 1)
+	go func() {
+		defer cancel()
+		trErr <- tr.Run(rctx)
+	}()
+	defer func() { cancel(); <-trErr }()
 
 	var ports map[uint16]bool
 	if cfg.WaitListeners && len(cfg.AppPorts) > 0 {
@@ -57,6 +65,19 @@ func Prestop(ctx context.Context, ns *namespace.Net, cfg PrestopConfig) (drain.R
 	}
 	fv := newFlowView(tr, nil, ports, dc.IdleTimeout)
 	defer fv.Close()
-	res := drain.New(dc, drain.Parts{Flows: fv, Log: log}).Run(ctx)
-	return res, ctx.Err()
+	res := drain.New(dc, drain.Parts{Flows: fv, Log: log}).Run(rctx)
+	if ctx.Err() != nil {
+		return res, ctx.Err()
+	}
+	if rctx.Err() != nil {
+		// Only the tracker cancels rctx while ctx lives.
+		err := <-trErr
+		trErr <- err // for the deferred wait
+		if err == nil {
+			err = errors.New("stopped")
+		}
+		log.Error("tracker stopped: the app's flows can no longer be seen", zap.Error(err))
+		return res, fmt.Errorf("tracker: %w", err)
+	}
+	return res, nil
 }

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"time"
 
-	"go.uber.org/zap"
-
+	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/privs"
+	"go.uber.org/zap"
 )
 
 // draind's privileges over a run (docs/threat-model.md, "Privileges"): Run
@@ -89,8 +89,8 @@ func (a *agent) dropPrivileges() {
 	mode, _ := a.tracker.Mode()
 	needs := privs.Needs{BPFObjects: mode == flows.ModeEBPF}
 	if a.procs != nil {
-		needs.BPFObjects = needs.BPFObjects || a.procs.Kind() == "ebpf"
-		needs.OtherUsersProcs = a.procs.Kind() == "proc"
+		needs.BPFObjects = needs.BPFObjects || a.procs.Kind() == appprocs.ModeEBPF
+		needs.OtherUsersProcs = a.procs.Kind() == appprocs.ModeProc
 	}
 	if c := a.cfg.Proxy.Credential; c != nil && int(c.Uid) != os.Getuid() && int(c.Uid) != os.Geteuid() {
 		needs.SignalOtherUID = true

@@ -111,26 +111,20 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		return Result{}, configErr("--status-addr %s: %v", cfg.StatusAddr, errors.Unwrap(err))
 	}
 	closers = append(closers, func() error { ln.Close(); return nil })
-	_, statusPort, _ := splitPort(ln.Addr().String())
-	_, adminPort, _ := splitPort(cfg.AdminAddr)
+	_, statusPort, _ := SplitHostPort(ln.Addr().String())
+	_, adminPort, _ := SplitHostPort(cfg.AdminAddr)
 
 	if a.ns, err = namespace.Current(); err != nil {
 		return Result{}, err
 	}
 	closers = append(closers, a.ns.Close)
-	remote := []uint16{adminPort, statusPort}
+	pod := PodPolicy{ProxyUID: cfg.ProxyUID, ProxyPorts: cfg.ProxyPorts, AdminPort: adminPort, StatusPort: statusPort,
+		ExcludePorts: cfg.ExcludePorts, IdleTimeout: cfg.Drain.IdleTimeout}
 	if cfg.pilotAgent() {
 		// draind's readiness asks pilot-agent's over loopback.
-		remote = append(remote, ist.settings.StatusPort)
+		pod.ProxyLoopbackPorts = []uint16{ist.settings.StatusPort}
 		a.pilotAgent = newPilotAgentReadiness(ist.settings.StatusPort)
 		closers = append(closers, a.pilotAgent.Close)
-	}
-	policy := flows.Policy{
-		ProxyUID:         cfg.ProxyUID,
-		ProxyPorts:       append(slices.Clone(cfg.ProxyPorts), statusPort),
-		ProxyRemotePorts: remote,
-		ControlPorts:     append(slices.Clone(cfg.ExcludePorts), adminPort, statusPort),
-		IdleTimeout:      cfg.Drain.IdleTimeout,
 	}
 	client := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second), envoy.WithExclude(envoy.ExcludeSet{Ports: cfg.ExcludePorts, Names: cfg.ExcludeListeners}))
 	closers = append(closers, func() error { client.CloseIdleConnections(); return nil })
@@ -203,7 +197,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		background()
 		// Dormant: loaded and verified now, attached at the drain trigger
 		// (docs/design.md, "Track only while draining").
-		a.tracker, trErr = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: policy, Logger: log, RingSize: cfg.RingSize, BTFCache: cache, Dormant: true})
+		a.tracker, trErr = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: pod.Flows(), Logger: log, RingSize: cfg.RingSize, BTFCache: cache, Dormant: true})
 	})
 	loads.Go(func() {
 		background()
@@ -221,19 +215,18 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	closers = append(closers, a.tracker.Close)
 	mode, why := a.tracker.Mode()
 	load, first := a.tracker.Opened()
-	log.Info("tracker", zap.String("mode", mode), zap.String("reason", why), zap.Duration("probe_load", load), zap.Duration("first_snapshot", first))
+	log.Info("tracker", zap.Stringer("mode", mode), zap.String("reason", why), zap.Duration("probe_load", load), zap.Duration("first_snapshot", first))
 	if why := a.exitWithAppRefused(); why != "" {
 		killProxy()
 		return Result{}, configErr("--exit-with-app %s: %s", cfg.Drain.ExitWithApp, why)
 	}
-	log.Info("pod shape", zap.String("shape", a.shape()), zap.String("exit_with_app", string(cfg.Drain.ExitWithApp)))
+	log.Info("pod shape", zap.Stringer("shape", cfg.Drain.StartShape()), zap.String("exit_with_app", string(cfg.Drain.ExitWithApp)))
 	a.dropPrivileges() // privs: eBPF loaded, namespaces open, proxy started: keep only what the run still uses
 	// Start-up's garbage (decoded BTF, the first snapshot's buffers) goes
 	// back to the kernel now, not at some later collection: the idle RSS.
 	debug.FreeOSMemory()
 
-	nonTraffic := portSet(cfg.ExcludePorts)
-	nonTraffic[statusPort], nonTraffic[adminPort] = true, true
+	nonTraffic := portSet(pod.ControlPorts())
 	var appOnly map[uint16]bool
 	if a.hostNet {
 		// The node's listeners and flows are not the app's: only its
@@ -328,19 +321,12 @@ func portSet(ports []uint16) map[uint16]bool {
 // app done?") and tells a hostNetwork pod, logging which and why.
 func (a *agent) openAppProcs(cache *btf.Cache) {
 	start := time.Now()
-	if a.cfg.AppProcs == "off" || a.cfg.Drain.Gateway {
-		a.hostNet = a.cfg.HostNetwork == "true"
+	if a.cfg.AppProcs == appprocs.ModeOff || a.cfg.Drain.Gateway {
+		a.hostNet = a.cfg.HostNetwork == HostNetworkTrue
 		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "process tracking off"))
 		return
 	}
 	rules := appprocs.Rules{SelfPIDs: []int{os.Getpid()}, ProxyUID: a.cfg.ProxyUID, ProxyPIDs: []int{a.proxy.Pid()}}
-	mode := appprocs.ModeAuto
-	switch a.cfg.AppProcs {
-	case "ebpf":
-		mode = appprocs.ModeEBPF
-	case "proc":
-		mode = appprocs.ModeProc
-	}
 	opts := []appprocs.Option{appprocs.WithBTFCache(cache)}
 	if !a.watchesAppWhileReady() {
 		opts = append(opts, appprocs.WithDormant())
@@ -348,7 +334,7 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 	if a.cfg.ProcRingSize > 0 {
 		opts = append(opts, appprocs.WithRingSize(a.cfg.ProcRingSize))
 	}
-	src, reason, err := appprocs.Open(a.ns.Inode(), rules, mode, opts...)
+	src, reason, err := appprocs.Open(a.ns.Inode(), rules, a.cfg.AppProcs, opts...)
 	var host hostNetVerdict
 	if err == nil {
 		host = detectHostNet(a.cfg.HostNetwork, a.ns, src)
@@ -372,7 +358,7 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 		src.Close()
 		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "hostNetwork: the namespace's processes and listeners are the node's; the app is its --app-ports"))
 		return
-	case src.Kind() == "proc" && a.cfg.AppProcs == "auto" && src.Count() == 0:
+	case src.Kind() == appprocs.ModeProc && a.cfg.AppProcs == appprocs.ModeAuto && src.Count() == 0:
 		// /proc shows only our own PID namespace: with no app process in
 		// view, the app is most likely in another container, not absent.
 		src.Close()
@@ -390,7 +376,7 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 		a.log.Info("own container: its processes are never the app", zap.Stringer("whose", c.Class), zap.Uint64("mnt_ns", c.MountNS), zap.Strings("processes", procs))
 	}
 	cov := src.Coverage()
-	a.log.Info("app liveness", zap.String("source", src.Kind()), zap.String("reason", reason), zap.Int("app_processes", src.Count()),
+	a.log.Info("app liveness", zap.Stringer("source", src.Kind()), zap.String("reason", reason), zap.Int("app_processes", src.Count()),
 		zap.Bool("complete", cov.Complete), zap.String("coverage", cov.Reason), zap.Duration("took", time.Since(start)))
 }
 
@@ -446,21 +432,10 @@ func (a *agent) exitWithAppRefused() string {
 		return ""
 	case a.procs == nil:
 		return "the app's processes cannot be followed here (no eBPF, no shared PID namespace, or hostNetwork): draind could not tell the app's work is done"
-	case mode == drain.ExitWithAppSuccess && a.procs.Kind() != "ebpf":
+	case mode == drain.ExitWithAppSuccess && a.procs.Kind() != appprocs.ModeEBPF:
 		return "success needs the app's exit codes, which only the eBPF process tracker reads (/proc does not): use any, or grant CAP_BPF and CAP_PERFMON"
 	}
 	return ""
-}
-
-// shape is the pod shape draind can tell at start; the drain tells the rest.
-func (a *agent) shape() string {
-	switch {
-	case a.cfg.Drain.Gateway:
-		return "gateway (no app: every listener drains)"
-	case a.cfg.Drain.ExitWithApp == drain.ExitWithAppSuccess || a.cfg.Drain.ExitWithApp == drain.ExitWithAppAny:
-		return "run to completion (a Job: the proxy ends with the app's work)"
-	}
-	return "sidecar (classic, or native when the preStop hook drains it: told at the drain)"
 }
 
 type hostNetVerdict struct {
@@ -474,11 +449,11 @@ type hostNetVerdict struct {
 // namespace draind is in); else, from the host's PID namespace only,
 // /proc/1's. In a container without eBPF nothing can tell: the flag is the
 // way, and the answer is "no".
-func detectHostNet(flag string, ns *namespace.Net, src appprocs.Source) hostNetVerdict {
+func detectHostNet(flag HostNetwork, ns *namespace.Net, src appprocs.Source) hostNetVerdict {
 	switch flag {
-	case "true":
+	case HostNetworkTrue:
 		return hostNetVerdict{true, "--host-network"}
-	case "false":
+	case HostNetworkFalse:
 		return hostNetVerdict{false, "--host-network"}
 	}
 	if src != nil {

@@ -7,13 +7,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/envoy"
 	"github.com/draind/draind/internal/flows"
-	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
+	"go.uber.org/zap"
 )
 
 // The drain machine reads the pod through small interfaces (package drain);
@@ -73,12 +72,12 @@ func (v *flowView) Observe() drain.FlowView {
 	snapAt := v.tr.LastSnapshot() // before Each: Each holds the tracker's lock
 	v.tr.Each(func(f *flows.TrackedFlow) bool {
 		switch {
-		case f.State == sockdiag.Listen:
+		case f.State == tcpstate.Listen:
 			if f.Owner == flows.OwnerApp && (v.appPorts == nil || v.appPorts[f.Local.Port()]) {
 				out.AppListeners++
 			}
 			return true
-		case !f.State.HoldsDrain():
+		case !flows.HoldsDrain(f.State):
 			return true
 		}
 		down := v.downstream(&f.Flow)
@@ -123,7 +122,7 @@ func idleExpiry(f flows.Flow, snapAt time.Time, timeout time.Duration) time.Time
 func (v *flowView) Holding() []drain.OpenFlow {
 	var out []drain.OpenFlow
 	v.tr.Each(func(f *flows.TrackedFlow) bool {
-		if f.State == sockdiag.Listen || !f.State.HoldsDrain() || !(v.appFlow(&f.Flow) && f.Holds || v.downstream(&f.Flow)) {
+		if f.State == tcpstate.Listen || !flows.HoldsDrain(f.State) || !(v.appFlow(&f.Flow) && f.Holds || v.downstream(&f.Flow)) {
 			return true
 		}
 		out = append(out, drain.OpenFlow{

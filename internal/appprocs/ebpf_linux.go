@@ -91,7 +91,7 @@ func (s *ebpfSource) resync() error {
 	return nil
 }
 
-func (s *ebpfSource) Kind() string { return string(ModeEBPF) }
+func (s *ebpfSource) Kind() Mode { return ModeEBPF }
 
 // Lost is the number of events the kernel dropped for a full ring buffer.
 // Every loss is followed by a snapshot.

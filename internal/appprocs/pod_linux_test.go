@@ -580,8 +580,11 @@ func TestProcTrackerWalkCap(t *testing.T) {
 		}
 	}
 	// Still following events: the first child's exit.
+	// Asked rather than waited for: once (5.10 under qemu TCG beside other
+	// VMs, in CI) no notification came within procsWait; asking shows
+	// whether the exit was applied at all, and a failure prints the state.
 	signalProc(t, app2.kids[0], unix.SIGTERM)
-	s = tr.wait(t, "exit after the resync", func(s podState) bool { _, ok := exitOf(s, app2.kids[0]); return ok })
+	s = tr.poll(t, "exit after the resync", func(s podState) bool { _, ok := exitOf(s, app2.kids[0]); return ok })
 	if e, _ := exitOf(s, app2.kids[0]); !e.Known || e.Status.String() != "exit 5" {
 		t.Errorf("exit of %d: %+v", e.PID, e)
 	}

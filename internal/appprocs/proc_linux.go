@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strconv"
@@ -61,7 +62,7 @@ func openProc(netnsInode uint64, rules Rules, o options) (Source, error) {
 	}
 
 	if rules.SelfMountNS == 0 {
-		rules.SelfMountNS = firstMountID(o.procRoot + "/" + selfLink)
+		rules.SelfMountNS, _ = firstMountID(o.procRoot + "/" + selfLink)
 	}
 	s := &procSource{table: newTable(rules), netns: netnsInode, root: o.procRoot, period: o.pollPeriod, hostView: hostView}
 	s.self = selfPID
@@ -91,7 +92,7 @@ func openProc(netnsInode uint64, rules Rules, o options) (Source, error) {
 	return s, nil
 }
 
-func (s *procSource) Kind() string { return string(ModeProc) }
+func (s *procSource) Kind() Mode { return ModeProc }
 
 // Lost is 0: polls have no events to lose.
 func (s *procSource) Lost() uint64 { return 0 }
@@ -249,39 +250,56 @@ func readProcFiles(dir string, pid int) (p Process, ok bool) {
 	if !ok {
 		return p, false
 	}
+	mnt, exiting := firstMountID(dir)
+	if exiting {
+		// Past exit_task_namespaces, not yet a zombie: it is gone, and its
+		// container unknowable (counting it as the app's would invent an
+		// exit of the app's from a hook's or a wrapper's).
+		return p, false
+	}
 	return Process{
 		PID:       pid,
 		PPID:      ppid,
 		UID:       uid,
 		Comm:      string(stat[open+1 : closing]),
 		StartTime: start * (1e9 / userHZ),
-		MountNS:   firstMountID(dir),
+		MountNS:   mnt,
 	}, true
 }
 
 // firstMountID identifies the mount namespace of the process at dir: the id
 // of the first mount its mountinfo lists, which no other mount namespace
 // holds (mount ids are unique among the node's mounts, and each namespace
-// has mounts of its own). 0 when unreadable (a process gone, hidepid). mountinfo needs no ptrace
-// access, where ns/mnt does: draind without capabilities reads it for
-// processes of other uids (a root init wrapper, the kubelet's hooks).
-func firstMountID(dir string) uint64 {
+// has mounts of its own). 0 when unreadable (hidepid). mountinfo needs no
+// ptrace access, where ns/mnt does: draind without capabilities reads it
+// for processes of other uids (a root init wrapper, the kubelet's hooks).
+//
+// exiting is true when the process has no mount namespace left or is gone:
+// the kernel refuses to open mountinfo (EINVAL) for a task past
+// exit_task_namespaces, which /proc/PID/stat still shows running.
+func firstMountID(dir string) (id uint64, exiting bool) {
 	f, err := os.Open(dir + "/mountinfo")
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
+		return 0, true
+	}
 	if err != nil {
-		return 0
+		return 0, false
 	}
 	defer f.Close()
 	var buf [32]byte
-	n, _ := f.Read(buf[:])
+	n, err := f.Read(buf[:])
+	if n == 0 && (err == io.EOF || errors.Is(err, unix.ESRCH)) {
+		return 0, true // its namespace went between open and read
+	}
 	field, _, ok := strings.Cut(string(buf[:n]), " ")
 	if !ok {
-		return 0
+		return 0, false
 	}
-	id, err := strconv.ParseUint(field, 10, 64)
+	id, err = strconv.ParseUint(field, 10, 64)
 	if err != nil {
-		return 0
+		return 0, false
 	}
-	return id // 0 is the initial rootfs, which no process's mountinfo lists
+	return id, false // 0 is the initial rootfs, which no process's mountinfo lists
 }
 
 // statusUID returns the real uid from /proc/PID/status ("Uid:\tR\tE\tS\tF").

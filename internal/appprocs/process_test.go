@@ -250,17 +250,6 @@ func TestClasses(t *testing.T) {
 	}
 }
 
-func TestParseMode(t *testing.T) {
-	for in, want := range map[string]Mode{"": ModeAuto, "auto": ModeAuto, "EBPF": ModeEBPF, " proc ": ModeProc} {
-		if got, err := ParseMode(in); err != nil || got != want {
-			t.Errorf("ParseMode(%q) = %q, %v; want %q", in, got, err, want)
-		}
-	}
-	if _, err := ParseMode("sockdiag"); err == nil {
-		t.Error("ParseMode(sockdiag): no error")
-	}
-}
-
 func TestExitStatus(t *testing.T) {
 	tests := []struct {
 		status    ExitStatus

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/cilium/ebpf/btf"
@@ -63,8 +62,8 @@ type Source interface {
 	// Lost counts the events the kernel could not deliver (eBPF; 0 for
 	// /proc); each loss was followed by a resynchronising snapshot.
 	Lost() uint64
-	// Kind is the backend: "ebpf" or "proc".
-	Kind() string
+	// Kind is the backend: one of Kinds.
+	Kind() Mode
 	// Err is the error that stopped Run, if any.
 	Err() error
 	// Close releases what the source holds. Call it after Run returned;
@@ -157,26 +156,27 @@ const (
 	MainExitHistory = 64
 )
 
-// Mode chooses a Source's backend.
+// Mode chooses a Source's backend (--app-procs).
 type Mode string
 
 // Modes of Open; ModeEBPF and ModeProc are also the backends' Kind.
+// ModeOff is no source at all (the app is told by its sockets): Open
+// refuses it, its caller opens nothing.
 const (
 	ModeAuto Mode = "auto" // ebpf, else proc
 	ModeEBPF Mode = "ebpf"
 	ModeProc Mode = "proc"
+	ModeOff  Mode = "off"
 )
 
-// ParseMode accepts "auto", "ebpf" and "proc" ("" is auto).
-func ParseMode(s string) (Mode, error) {
-	switch m := Mode(strings.ToLower(strings.TrimSpace(s))); m {
-	case "":
-		return ModeAuto, nil
-	case ModeAuto, ModeEBPF, ModeProc:
-		return m, nil
-	}
-	return "", fmt.Errorf("unknown process tracker mode %q (want auto, ebpf or proc)", s)
-}
+func (m Mode) String() string { return string(m) }
+
+// Modes are the modes --app-procs accepts, validation checks and errors
+// name.
+var Modes = []Mode{ModeAuto, ModeEBPF, ModeProc, ModeOff}
+
+// Kinds are the backends a Source is (Source.Kind).
+var Kinds = []Mode{ModeEBPF, ModeProc}
 
 // UnavailableError says why a backend cannot run here. Reason is one line
 // for the log: one of probes.UnavailableError's reasons (eBPF), or
@@ -278,6 +278,8 @@ func Open(netnsInode uint64, rules Rules, mode Mode, opts ...Option) (src Source
 		}
 		return src, pollDesc + " (asked for)", nil
 	case ModeAuto, "":
+	case ModeOff:
+		return nil, "", errors.New("open app process source: mode off opens none")
 	default:
 		return nil, "", fmt.Errorf("open app process source: unknown mode %q", mode)
 	}

@@ -544,7 +544,7 @@ func testAppProcs(t *testing.T, start procsOpener) {
 			t.Errorf("pid %d: class %v (seen %v), want %v\n%s", c.p.pid, got, ok, c.want, dumpProcs(tr))
 		}
 	}
-	if tr.Kind() == string(ModeEBPF) {
+	if tr.Kind() == ModeEBPF {
 		// The parked thread puts the test process in the namespace: seen,
 		// and draind's own.
 		if got, ok := classOf(tr, os.Getpid()); !ok || got != ClassSelf {
@@ -669,13 +669,13 @@ func TestOpen(t *testing.T) {
 	spawnDetached(t, ns, -1, "sleep", "infinity")
 	for _, c := range []struct {
 		mode   Mode
-		source string
-	}{{ModeAuto, "ebpf"}, {ModeEBPF, "ebpf"}, {ModeProc, "proc"}} {
+		source Mode
+	}{{ModeAuto, ModeEBPF}, {ModeEBPF, ModeEBPF}, {ModeProc, ModeProc}} {
 		tr, reason, err := Open(ns.Inode, Rules{ProxyUID: istioUID}, c.mode)
 		if err != nil {
 			t.Fatalf("%s: %v", c.mode, err)
 		}
-		if tr.Kind() != c.source || !strings.HasPrefix(reason, c.source+":") {
+		if tr.Kind() != c.source || !strings.HasPrefix(reason, string(c.source)+":") {
 			t.Errorf("%s: source %q, reason %q; want %s", c.mode, tr.Kind(), reason, c.source)
 		}
 		if tr.Count() != 1 {
@@ -925,5 +925,42 @@ func TestDormantSource(t *testing.T) {
 			signalProc(t, second, unix.SIGKILL)
 			waitApp(t, src, []int{app.pid}, "second killed")
 		})
+	}
+}
+
+// firstMountID tells a process that has left its namespaces (here a
+// zombie; a process still exiting has the same state between
+// exit_task_namespaces and exit_notify, while /proc/PID/stat shows it
+// running) from one whose mountinfo is readable, so the /proc backend
+// never classifies an exiting hook as the app's for want of its container.
+func TestFirstMountIDExiting(t *testing.T) {
+	if id, exiting := firstMountID("/proc/self"); id == 0 || exiting {
+		t.Fatalf("self: id %d exiting %v; want an id", id, exiting)
+	}
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	dir := "/proc/" + strconv.Itoa(cmd.Process.Pid)
+	deadline := time.Now().Add(procsWait)
+	for {
+		stat, err := os.ReadFile(dir + "/stat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, rest, _ := strings.Cut(string(stat), ") "); strings.HasPrefix(rest, "Z") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never a zombie: %s", dir, stat)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if id, exiting := firstMountID(dir); !exiting {
+		t.Errorf("zombie: id %d, exiting false", id)
+	}
+	if _, exiting := firstMountID("/proc/0"); !exiting {
+		t.Error("no such process: exiting false")
 	}
 }

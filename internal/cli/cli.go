@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/draind/draind/internal/privs"
+	"go.uber.org/zap"
 )
 
 // exitError carries a process exit code (with or without a message).
@@ -101,9 +102,36 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // raiseFileCaps makes the capabilities the image grants draind as file
 // capabilities (`+p`: permitted, not effective, so that the binary starts
 // under any securityContext) effective, as `draind run` does. Without
-// them, or in a build that cannot change them (cgo), nothing changes and
-// each command falls back as it does without privileges.
-func raiseFileCaps() { privs.RaiseEffective() }
+// them nothing changes; when they cannot be raised (a cgo build, a capset
+// refused) the command goes on as it does without privileges, and says so
+// (capsRaise.warn, capsRaise.log): what it cannot see next is explained.
+func raiseFileCaps() capsRaise {
+	before, after, err := privs.RaiseEffective()
+	return capsRaise{before: before, after: after, err: err}
+}
+
+// capsRaise is what raiseFileCaps did.
+type capsRaise struct {
+	before, after privs.Sets
+	err           error
+}
+
+// warn writes one line to w when the raise failed (conns and watch, which
+// have no log).
+func (c capsRaise) warn(w io.Writer, cmd string) {
+	if c.err != nil {
+		fmt.Fprintf(w, "draind %s: capabilities: %v; going on without them\n", cmd, c.err)
+	}
+}
+
+// log logs the raise, as `draind run` logs its own at start.
+func (c capsRaise) log(log *zap.Logger) {
+	if c.err != nil {
+		log.Warn("capabilities: raise", zap.Error(c.err), zap.Stringer("effective", c.after.Effective), zap.Stringer("permitted", c.after.Permitted))
+		return
+	}
+	log.Info("capabilities", zap.Stringer("effective", c.after.Effective), zap.Stringer("raised", c.after.Effective&^c.before.Effective))
+}
 
 // untilSignal is ctx, cancelled by SIGTERM or SIGINT: how the kubelet ends a
 // hook, and a terminal a watch.

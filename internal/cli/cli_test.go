@@ -71,6 +71,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"conns", "--proxy-ports", "80,x"}, nil, 2, `"x" is not a port`},
 		{[]string{"conns", "--netns", "/nonexistent"}, nil, 1, "netns /nonexistent: no such file or directory"},
 		{[]string{"conns", "--pid", "1073741824"}, nil, 1, "pid 1073741824: no such process"},
+		{[]string{"conns", "--admin-addr", "127.0.0.1:99999"}, nil, 2, `conns: --admin-addr "127.0.0.1:99999": port is not a number 0-65535`},
+		{[]string{"conns", "--status-addr", "a\x01b:15020"}, nil, 2, `conns: --status-addr "a\x01b:15020": host has control characters`},
 		{[]string{"frobnicate"}, nil, 2, `unknown command "frobnicate"`},
 		{[]string{"drain", "--status-addr", "127.0.0.1:1"}, nil, 1, "drain: no draind run answers at http://127.0.0.1:1/drain?cause=prestop"},
 		{[]string{"drain", "--status-addr", "nonsense"}, nil, 2, `drain: --status-addr "nonsense"`},

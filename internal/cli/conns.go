@@ -6,13 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"strconv"
 	"text/tabwriter"
 	"time"
 
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/appprocs"
+	"github.com/draind/draind/internal/envoy"
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/sockdiag"
@@ -29,6 +28,8 @@ type nsFlags struct {
 	// The pod's control plane (with a target: conns, watch, prestop).
 	adminAddr, statusAddr string
 	exclude               portList
+	// caps is what parse's raiseFileCaps did, for the command to report.
+	caps capsRaise
 }
 
 func (n *nsFlags) register(fs *flagSet, withTarget bool) {
@@ -40,10 +41,10 @@ func (n *nsFlags) register(fs *flagSet, withTarget bool) {
 		// as run's).
 		fs.StringVar(&n.adminAddr, "admin-addr", agent.DefaultAdminAddr, "Envoy's admin API in the pod (its flows are control traffic)")
 		fs.StringVar(&n.statusAddr, "status-addr", agent.DefaultStatusAddr, "draind run's status server in the pod (its flows are control traffic)")
-		n.exclude = portList(append([]uint16(nil), agent.DefaultExcludePorts...))
-		fs.Var(&n.exclude, "exclude-ports", "Envoy listener ports that carry no traffic (status, metrics)")
 	}
-	fs.UintVar(&n.proxyUID, "proxy-uid", agent.DefaultProxyUID, "uid whose sockets are the proxy's")
+	n.exclude = portList(envoy.DefaultExclude().Ports)
+	fs.Var(&n.exclude, "exclude-ports", "Envoy listener ports that carry no traffic (status, metrics)")
+	fs.UintVar(&n.proxyUID, "proxy-uid", flows.DefaultProxyUID, "uid whose sockets are the proxy's")
 	fs.Var(&n.proxyPorts, "proxy-ports", "extra ports whose sockets are the proxy's (comma-separated)")
 	fs.durationVar(&n.idleTimeout, "idle-timeout", 0, "a flow idle longer than this stops holding the drain (0: off)")
 }
@@ -54,7 +55,7 @@ func (n *nsFlags) parse(fs *flagSet, args []string) error {
 	if err := fs.parse(args); err != nil {
 		return err
 	}
-	raiseFileCaps()
+	n.caps = raiseFileCaps()
 	return n.validate(fs.Name())
 }
 
@@ -67,9 +68,9 @@ func helped(err error) error {
 }
 
 // trackerFlag is --tracker: how sockets are followed.
-func trackerFlag(fs *flagSet) *oneOf {
-	t := &oneOf{val: "auto", words: []string{"auto", "ebpf", "sockdiag"}}
-	fs.Var(t, "tracker", "how sockets are followed: auto|ebpf|sockdiag")
+func trackerFlag(fs *flagSet) *oneOf[flows.TrackerMode] {
+	t := newOneOf(flows.ModeAuto, flows.TrackerModes)
+	fs.Var(t, "tracker", "how sockets are followed: "+t.choices())
 	return t
 }
 
@@ -84,7 +85,7 @@ func (n *nsFlags) validate(cmd string) error {
 		return usageErr("%s: --idle-timeout must not be negative", cmd)
 	}
 	for _, a := range []struct{ flag, v string }{{"admin-addr", n.adminAddr}, {"status-addr", n.statusAddr}} {
-		if _, _, err := splitPort(a.v); a.v != "" && err != nil {
+		if _, _, err := agent.SplitHostPort(a.v); a.v != "" && err != nil {
 			return usageErr("%s: --%s %q: %v", cmd, a.flag, a.v, err)
 		}
 	}
@@ -101,34 +102,19 @@ func (n *nsFlags) open() (*namespace.Net, error) {
 	return namespace.Current()
 }
 
+// policy is the pod's attribution policy these flags describe
+// (validate checked the addresses).
 func (n *nsFlags) policy() flows.Policy {
-	p := flows.Policy{ProxyUID: uint32(n.proxyUID), ProxyPorts: n.proxyPorts, IdleTimeout: n.idleTimeout}
-	_, admin, errA := splitPort(n.adminAddr)
-	_, status, errS := splitPort(n.statusAddr)
-	if n.adminAddr == "" || errA != nil || errS != nil {
-		return p
-	}
-	p.ProxyPorts = append(append([]uint16(nil), p.ProxyPorts...), status)
-	p.ProxyRemotePorts = []uint16{admin, status}
-	p.ControlPorts = append(append([]uint16(nil), n.exclude...), admin, status)
-	return p
-}
-
-// splitPort returns an address's port.
-func splitPort(addr string) (string, uint16, error) {
-	host, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "", 0, err
-	}
-	port, err := strconv.ParseUint(p, 10, 16)
-	return host, uint16(port), err
+	p := agent.PodPolicy{ProxyUID: uint32(n.proxyUID), ProxyPorts: n.proxyPorts, ExcludePorts: n.exclude, IdleTimeout: n.idleTimeout}
+	p.SetAddrs(n.adminAddr, n.statusAddr)
+	return p.Flows()
 }
 
 func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("conns", "conns [--netns PATH | --pid PID] [--proxy-uid N] [-o table|json]", stdout)
 	var nf nsFlags
 	nf.register(fs, true)
-	out := &oneOf{val: "table", words: []string{"table", "json"}}
+	out := newOneOf(outputTable, outputFormats)
 	fs.Var(out, "o", "output format: table (sorted by owner and address) or json (streamed in the kernel's order as it is read, summary last)")
 	withProcs := fs.Bool("procs", false, "also list the app's processes in the namespace (eBPF task iterator, else /proc)")
 	withIdle := fs.Bool("idle", true, "read each flow's idle time (tcp_info; most of the cost of a large dump)")
@@ -138,6 +124,7 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if fs.NArg() > 0 {
 		return usageErr("conns: unexpected argument %q", fs.Arg(0))
 	}
+	nf.caps.warn(stderr, "conns")
 	ns, err := nf.open()
 	if err != nil {
 		return err
@@ -149,7 +136,7 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer d.Close()
 	d.SetInfo(*withIdle || nf.idleTimeout > 0)
-	if out.val == "json" {
+	if out.val == outputJSON {
 		var extra []byte
 		if *withProcs {
 			extra = procsJSON(ns, uint32(nf.proxyUID))
@@ -264,7 +251,7 @@ func appProcesses(ns *namespace.Net, proxyUID uint32) ([]appprocs.Process, strin
 		return nil, "", err
 	}
 	defer src.Close()
-	return src.Processes(), src.Kind() + ": " + reason, nil
+	return src.Processes(), src.Kind().String() + ": " + reason, nil
 }
 
 func writeProcs(w io.Writer, procs []appprocs.Process, source string) error {

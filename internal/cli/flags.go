@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/draind/draind/internal/flows"
 )
 
 // flagSet is a flag.FlagSet whose flags have environment twins:
@@ -190,26 +192,56 @@ func (p *portList) Set(v string) error {
 	return nil
 }
 
-// oneOf is a string flag limited to fixed words (alias: other words that
-// mean one of them).
-type oneOf struct {
-	val   string
-	words []string
-	alias map[string]string
+// oneOf is a flag limited to the words of a list (alias: other words that
+// mean one of them): the list the help, the parse and its error read.
+type oneOf[T ~string] struct {
+	val   T
+	words []T
+	alias map[string]T
 }
 
-func (o *oneOf) String() string { return o.val }
-func (o *oneOf) Set(v string) error {
+func newOneOf[T ~string](val T, words []T) *oneOf[T] { return &oneOf[T]{val: val, words: words} }
+
+func (o *oneOf[T]) String() string { return string(o.val) }
+func (o *oneOf[T]) Set(v string) error {
 	if a, ok := o.alias[v]; ok {
-		v = a
+		o.val = a
+		return nil
 	}
-	for _, w := range o.words {
-		if v == w {
-			o.val = v
-			return nil
-		}
+	if i := slices.Index(o.words, T(v)); i >= 0 {
+		o.val = o.words[i]
+		return nil
 	}
-	return fmt.Errorf("must be one of %s", strings.Join(o.words, "|"))
+	return fmt.Errorf("must be one of %s", o.choices())
+}
+
+// choices are the words as help and errors name them: a|b|c.
+func (o *oneOf[T]) choices() string { return flows.Words(o.words, "|") }
+
+// outputFormat is -o of conns and watch.
+type outputFormat string
+
+const (
+	outputTable outputFormat = "table"
+	outputJSON  outputFormat = "json"
+)
+
+var outputFormats = []outputFormat{outputTable, outputJSON}
+
+// logFormat is --log-format of run and prestop.
+type logFormat string
+
+const (
+	logJSON    logFormat = "json"
+	logConsole logFormat = "console"
+)
+
+var logFormats = []logFormat{logJSON, logConsole}
+
+func logFormatFlag(fs *flagSet) *oneOf[logFormat] {
+	f := newOneOf(logJSON, logFormats)
+	fs.Var(f, "log-format", f.choices())
+	return f
 }
 
 // durationFlag is a time.Duration flag whose parse errors say what is wrong

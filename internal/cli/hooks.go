@@ -64,8 +64,7 @@ func runPrestop(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Var(&appPorts, "app-ports", "with --wait-listeners: the app ports whose listeners must close")
 	waitListeners := fs.Bool("wait-listeners", false, "also wait for the app's listeners to close")
 	tracker := trackerFlag(fs)
-	logFormat := &oneOf{val: "json", words: []string{"json", "console"}}
-	fs.Var(logFormat, "log-format", "json|console")
+	logFormat := logFormatFlag(fs)
 	if err := nf.parse(fs, args); err != nil {
 		return helped(err)
 	}
@@ -77,6 +76,7 @@ func runPrestop(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer log.Sync()
+	nf.caps.log(log)
 	ns, err := nf.open()
 	if err != nil {
 		return err
@@ -95,7 +95,10 @@ func runPrestop(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
-	return err
+	if err != nil {
+		return fmt.Errorf("prestop: %w", err)
+	}
+	return nil
 }
 
 // runDrain is `draind drain`, a native sidecar's preStop hook: it asks the

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"io"
 	"net/netip"
 	"slices"
@@ -9,7 +8,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/flows"
-	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 )
 
 // flushAt is how much output the writers below gather before a write.
@@ -176,7 +175,7 @@ type tableRow struct {
 	lport, rport  uint16
 	uid, inode    uint32
 	idleMS        int64
-	state         sockdiag.State
+	state         tcpstate.State
 	owner         flows.Owner
 	dir           flows.Direction
 	bits          uint8 // address kinds (2 bits each), holds, idle expired
@@ -187,48 +186,10 @@ const (
 	rowIdleExp = 1 << 5
 )
 
-func packRowAddr(a *[16]byte, ap netip.AddrPort) uint8 {
-	switch addr := ap.Addr(); {
-	case addr.Is4():
-		b := addr.As4()
-		copy(a[:], b[:])
-		return 1
-	case addr.IsValid():
-		*a = addr.As16()
-		return 2
-	}
-	return 0
+func (r *tableRow) localAddr() netip.AddrPort { return flows.UnpackAddr(&r.local, r.bits&3, r.lport) }
+func (r *tableRow) remoteAddr() netip.AddrPort {
+	return flows.UnpackAddr(&r.remote, r.bits>>2&3, r.rport)
 }
-
-func unpackRowAddr(a *[16]byte, kind uint8, port uint16) netip.AddrPort {
-	switch kind {
-	case 1:
-		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(a[:4])), port)
-	case 2:
-		return netip.AddrPortFrom(netip.AddrFrom16(*a), port)
-	}
-	return netip.AddrPortFrom(netip.Addr{}, port)
-}
-
-// compareRowAddr orders packed addresses as netip.AddrPort.Compare does:
-// invalid, then IPv4, then IPv6 (by bit length), then by bytes, then by
-// port.
-func compareRowAddr(ka uint8, a *[16]byte, pa uint16, kb uint8, b *[16]byte, pb uint16) int {
-	if ka != kb {
-		return int(ka) - int(kb)
-	}
-	n := 16
-	if ka == 1 {
-		n = 4
-	}
-	if c := bytes.Compare(a[:n], b[:n]); c != 0 {
-		return c
-	}
-	return int(pa) - int(pb)
-}
-
-func (r *tableRow) localAddr() netip.AddrPort  { return unpackRowAddr(&r.local, r.bits&3, r.lport) }
-func (r *tableRow) remoteAddr() netip.AddrPort { return unpackRowAddr(&r.remote, r.bits>>2&3, r.rport) }
 
 // TableWriter writes an ss-like table: listeners first, then flows, each
 // sorted by owner and local address (then remote), then a summary line.
@@ -247,7 +208,7 @@ const rowChunk = 1024
 func (t *TableWriter) Add(f *flows.Flow) {
 	r := tableRow{uid: f.UID, inode: f.Inode, idleMS: f.IdleMS, state: f.State, owner: f.Owner, dir: f.Direction,
 		lport: f.Local.Port(), rport: f.Remote.Port()}
-	r.bits = packRowAddr(&r.local, f.Local) | packRowAddr(&r.remote, f.Remote)<<2
+	r.bits = flows.PackAddr(&r.local, f.Local) | flows.PackAddr(&r.remote, f.Remote)<<2
 	if f.Holds {
 		r.bits |= rowHolds
 	}
@@ -281,7 +242,7 @@ func (r *tableRow) cells(b []byte) ([]byte, [len(tableHeader)]int) {
 	cell(2)
 	b = r.localAddr().AppendTo(b)
 	cell(3)
-	if r.state == sockdiag.Listen {
+	if r.state == tcpstate.Listen {
 		b = append(b, '*')
 	} else {
 		b = r.remoteAddr().AppendTo(b)
@@ -289,7 +250,7 @@ func (r *tableRow) cells(b []byte) ([]byte, [len(tableHeader)]int) {
 	cell(4)
 	b = strconv.AppendUint(b, uint64(r.uid), 10)
 	cell(5)
-	if r.idleMS >= 0 && r.state != sockdiag.Listen {
+	if r.idleMS >= 0 && r.state != tcpstate.Listen {
 		b = append(b, (time.Duration(r.idleMS) * time.Millisecond).String()...)
 	} else {
 		b = append(b, '-')
@@ -300,7 +261,7 @@ func (r *tableRow) cells(b []byte) ([]byte, [len(tableHeader)]int) {
 		b = append(b, "yes"...)
 	case r.bits&rowIdleExp != 0:
 		b = append(b, "idle"...)
-	case r.state == sockdiag.Listen:
+	case r.state == tcpstate.Listen:
 		b = append(b, '-')
 	default:
 		b = append(b, "no"...)
@@ -315,7 +276,7 @@ func (r *tableRow) cells(b []byte) ([]byte, [len(tableHeader)]int) {
 func (t *TableWriter) End(w io.Writer, namespace string, s *flows.Summary) error {
 	slices.SortStableFunc(t.order, func(i, j uint32) int {
 		a, b := t.row(i), t.row(j)
-		if la, lb := a.state == sockdiag.Listen, b.state == sockdiag.Listen; la != lb {
+		if la, lb := a.state == tcpstate.Listen, b.state == tcpstate.Listen; la != lb {
 			if la {
 				return -1
 			}
@@ -324,10 +285,10 @@ func (t *TableWriter) End(w io.Writer, namespace string, s *flows.Summary) error
 		if a.owner != b.owner {
 			return int(a.owner) - int(b.owner)
 		}
-		if c := compareRowAddr(a.bits&3, &a.local, a.lport, b.bits&3, &b.local, b.lport); c != 0 {
+		if c := flows.ComparePacked(a.bits&3, &a.local, a.lport, b.bits&3, &b.local, b.lport); c != 0 {
 			return c
 		}
-		return compareRowAddr(a.bits>>2&3, &a.remote, a.rport, b.bits>>2&3, &b.remote, b.rport)
+		return flows.ComparePacked(a.bits>>2&3, &a.remote, a.rport, b.bits>>2&3, &b.remote, b.rport)
 	})
 	// Column widths: the widest cell plus two spaces (the last column is
 	// not padded).

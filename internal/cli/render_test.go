@@ -13,20 +13,20 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
+	"golang.org/x/sys/unix"
 )
 
 func testSnapshot() flows.Snapshot {
 	socks := []sockdiag.Socket{
-		{Family: unix.AF_INET, State: sockdiag.Listen, Local: netip.MustParseAddrPort("0.0.0.0:8080"), Remote: netip.MustParseAddrPort("0.0.0.0:0"), Inode: 5, Cookie: 1},
-		{Family: unix.AF_INET6, State: sockdiag.Listen, Local: netip.MustParseAddrPort("[::]:15006"), Remote: netip.MustParseAddrPort("[::]:0"), UID: 1337, Inode: 4, Cookie: 2, HasInfo: true, LastDataRecv: time.Hour},
-		{Family: unix.AF_INET6, State: sockdiag.Established, Local: netip.MustParseAddrPort("[::1]:8080"), Remote: netip.MustParseAddrPort("[::1]:4000"), UID: 1337, Inode: 6, Cookie: 1 << 40, CgroupID: 77, HasInfo: true, LastDataSent: time.Second, LastDataRecv: 2 * time.Second},
-		{Family: unix.AF_INET, State: sockdiag.TimeWait, Local: netip.MustParseAddrPort("127.0.0.1:4001"), Remote: netip.MustParseAddrPort("127.0.0.1:8080")},
-		{Family: unix.AF_INET, State: sockdiag.Established, Transparent: true, UID: 1337, Local: netip.MustParseAddrPort("127.0.0.1:4002"), Remote: netip.MustParseAddrPort("127.0.0.1:9"), HasInfo: true, LastDataSent: time.Hour, LastDataRecv: time.Hour},
-		{Family: unix.AF_INET, State: sockdiag.Established, Local: netip.MustParseAddrPort("127.0.0.1:4001"), Remote: netip.MustParseAddrPort("127.0.0.1:8080"), UID: 1000, Inode: 9, Cookie: 9},
+		{Family: unix.AF_INET, State: tcpstate.Listen, Local: netip.MustParseAddrPort("0.0.0.0:8080"), Remote: netip.MustParseAddrPort("0.0.0.0:0"), Inode: 5, Cookie: 1},
+		{Family: unix.AF_INET6, State: tcpstate.Listen, Local: netip.MustParseAddrPort("[::]:15006"), Remote: netip.MustParseAddrPort("[::]:0"), UID: 1337, Inode: 4, Cookie: 2, HasInfo: true, LastDataRecv: time.Hour},
+		{Family: unix.AF_INET6, State: tcpstate.Established, Local: netip.MustParseAddrPort("[::1]:8080"), Remote: netip.MustParseAddrPort("[::1]:4000"), UID: 1337, Inode: 6, Cookie: 1 << 40, CgroupID: 77, HasInfo: true, LastDataSent: time.Second, LastDataRecv: 2 * time.Second},
+		{Family: unix.AF_INET, State: tcpstate.TimeWait, Local: netip.MustParseAddrPort("127.0.0.1:4001"), Remote: netip.MustParseAddrPort("127.0.0.1:8080")},
+		{Family: unix.AF_INET, State: tcpstate.Established, Transparent: true, UID: 1337, Local: netip.MustParseAddrPort("127.0.0.1:4002"), Remote: netip.MustParseAddrPort("127.0.0.1:9"), HasInfo: true, LastDataSent: time.Hour, LastDataRecv: time.Hour},
+		{Family: unix.AF_INET, State: tcpstate.Established, Local: netip.MustParseAddrPort("127.0.0.1:4001"), Remote: netip.MustParseAddrPort("127.0.0.1:8080"), UID: 1000, Inode: 9, Cookie: 9},
 	}
 	p := flows.DefaultPolicy()
 	p.IdleTimeout = time.Minute
@@ -123,11 +123,11 @@ func tabwriterTable(snap *flows.Snapshot) string {
 	}
 	for _, f := range append(sorted(snap.Listeners), sorted(snap.Flows)...) {
 		remote := f.Remote.String()
-		if f.State == sockdiag.Listen {
+		if f.State == tcpstate.Listen {
 			remote = "*"
 		}
 		idle := "-"
-		if f.IdleMS >= 0 && f.State != sockdiag.Listen {
+		if f.IdleMS >= 0 && f.State != tcpstate.Listen {
 			idle = (time.Duration(f.IdleMS) * time.Millisecond).String()
 		}
 		holds := "no"
@@ -136,7 +136,7 @@ func tabwriterTable(snap *flows.Snapshot) string {
 			holds = "yes"
 		case f.IdleExpired:
 			holds = "idle"
-		case f.State == sockdiag.Listen:
+		case f.State == tcpstate.Listen:
 			holds = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\n", f.State, f.Owner, f.Direction, f.Local, remote, f.UID, idle, holds, f.Inode)
@@ -176,7 +176,7 @@ func TestTableMatchesTabwriterRandom(t *testing.T) {
 		}
 		return netip.AddrPortFrom(netip.MustParseAddr("::ffff:10.0.0.1").Unmap(), port)
 	}
-	states := []sockdiag.State{sockdiag.Listen, sockdiag.Established, sockdiag.CloseWait, sockdiag.FinWait2}
+	states := []tcpstate.State{tcpstate.Listen, tcpstate.Established, tcpstate.CloseWait, tcpstate.FinWait2}
 	var socks []sockdiag.Socket
 	for i := range 3000 {
 		socks = append(socks, sockdiag.Socket{Family: unix.AF_INET, State: states[rng.IntN(len(states))], Local: addr(), Remote: addr(),

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/draind/draind/internal/agent"
+	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/privs"
 	"github.com/draind/draind/internal/probes"
@@ -70,7 +71,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 }
 
 // runConfig reads `draind run`'s flags and variables (errHelp after -h).
-func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
+func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error) {
 	cfg := agent.DefaultConfig()
 	fs := newFlagSet("run", "run [flags] -- COMMAND [ARGS...]", stdout)
 	for name, a := range istioAliases {
@@ -78,37 +79,33 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	}
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "Envoy's admin API address")
 	fs.StringVar(&cfg.StatusAddr, "status-addr", cfg.StatusAddr, "address of draind's status server (/healthz/ready, /metrics); under pilot-agent: the first free port from 15022 Istio does not use")
-	proxyKind := &oneOf{val: agent.ProxyAuto, words: []string{agent.ProxyAuto, agent.ProxyEnvoy, agent.ProxyPilotAgent}}
+	proxyKind := newOneOf(agent.ProxyAuto, agent.ProxyKinds)
 	fs.Var(proxyKind, "proxy", "what the proxy command is: envoy, or Istio's pilot-agent (auto: pilot-agent when the command is named so)")
 	var nf nsFlags
 	nf.register(fs, false)
 	appPorts := portList{}
 	fs.Var(&appPorts, "app-ports", "ports the app must listen on before the pod is ready (comma-separated)")
-	exclude := portList(append([]uint16(nil), agent.DefaultExcludePorts...))
-	fs.Var(&exclude, "exclude-ports", "Envoy listener ports that carry no traffic (status, metrics)")
 	var excludeNames nameList
 	fs.Var(&excludeNames, "exclude-listeners", "Envoy listeners that carry no traffic, by name: a listener's name or its stat_prefix (comma-separated); mapped to their ports once Envoy is LIVE")
 	d := &cfg.Drain
 	fs.durationVar(&d.MinDrain, "min-drain", d.MinDrain, "wait this long after draining starts (endpoint propagation)")
 	fs.durationVar(&d.Settle, "settle", 0, "the gate must stay open this long before the proxy is stopped")
-	appExit := &oneOf{val: string(d.AppExit), words: []string{string(drain.AppExitWait), string(drain.AppExitFlows)}}
-	fs.Var(appExit, "app-exit", "when the app is done: wait (for its processes, else its sockets) | flows")
+	appExit := newOneOf(d.AppExit, drain.AppExits)
+	fs.Var(appExit, "app-exit", "when the app is done: "+appExit.choices()+" (wait: for its processes, else its sockets; flows: for its flows)")
 	fs.durationVar(&d.Deadline, "drain-deadline", d.Deadline, "the whole drain, stop steps included, ends this long after it began")
 	fs.durationVar(&d.StopTimeout, "stop-timeout", d.StopTimeout, "time the proxy gets after /quitquitquit, then after SIGTERM, before SIGKILL")
 	fs.BoolVar(&d.Gateway, "gateway", false, "drain every listener, and wait for no app")
 	tracker := trackerFlag(fs)
-	exitWithApp := &oneOf{val: string(drain.ExitWithAppOff),
-		words: []string{string(drain.ExitWithAppOff), string(drain.ExitWithAppSuccess), string(drain.ExitWithAppAny)},
-		alias: map[string]string{"true": string(drain.ExitWithAppSuccess), "false": string(drain.ExitWithAppOff)}}
+	exitWithApp := newOneOf(drain.ExitWithAppOff, drain.ExitWithApps)
+	exitWithApp.alias = map[string]drain.ExitWithApp{"true": drain.ExitWithAppSuccess, "false": drain.ExitWithAppOff}
 	fs.Var(exitWithApp, "exit-with-app", "end the proxy when the app's work is done (Jobs): off | success (its main process exited 0) | any (given alone or true: success)")
 	fs.optionalValue("exit-with-app", string(drain.ExitWithAppSuccess))
 	fs.durationVar(&d.AppRestartGrace, "app-restart-grace", d.AppRestartGrace, "with --exit-with-app: an app back within this long (a restarted container) keeps the proxy")
-	hostNet := &oneOf{val: "auto", words: []string{"auto", "true", "false"}}
-	fs.Var(hostNet, "host-network", "the pod shares the node's network namespace (hostNetwork): auto|true|false")
-	procs := &oneOf{val: "auto", words: []string{"auto", "ebpf", "proc", "off"}}
-	fs.Var(procs, "app-procs", "how the app's processes are followed: auto|ebpf|proc|off (off: by its sockets)")
-	logFormat := &oneOf{val: "json", words: []string{"json", "console"}}
-	fs.Var(logFormat, "log-format", "json|console")
+	hostNet := newOneOf(agent.HostNetworkAuto, agent.HostNetworks)
+	fs.Var(hostNet, "host-network", "the pod shares the node's network namespace (hostNetwork): "+hostNet.choices())
+	procs := newOneOf(appprocs.ModeAuto, appprocs.Modes)
+	fs.Var(procs, "app-procs", "how the app's processes are followed: "+procs.choices()+" (off: by its sockets)")
+	logFormat := logFormatFlag(fs)
 	fs.IntVar(&cfg.RingSize, "debug-ring-size", 0, fmt.Sprintf("debugging: the eBPF ring buffer of TCP state events, in bytes (a power of two; 0: %d KiB)", probes.DefaultTCPRingSize>>10))
 	fs.IntVar(&cfg.ProcRingSize, "debug-proc-ring-size", 0, "debugging: the eBPF ring buffer of the app's process events, in bytes (a power of two; 0: the default)")
 	fs.Func("proxy-caps", "capabilities the proxy gets, and no other (ambient), e.g. NET_ADMIN for TPROXY; draind must hold them", func(v string) error { // privs
@@ -132,18 +129,18 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, string, error) {
 	cfg.ProxyUID = uint32(nf.proxyUID)
 	cfg.ProxyPorts = nf.proxyPorts
 	d.IdleTimeout = nf.idleTimeout
-	d.AppExit = drain.AppExit(appExit.val)
+	d.AppExit = appExit.val
 	cfg.DeadlineSet = fs.isSet("drain-deadline")
 	cfg.DeadlineSource = fs.sourceOf("drain-deadline")
 	cfg.StatusAddrSet, cfg.AdminAddrSet = fs.isSet("status-addr"), fs.isSet("admin-addr")
 	cfg.ProxyKind = proxyKind.val
 	cfg.AppPorts = appPorts
-	cfg.ExcludePorts = exclude
+	cfg.ExcludePorts = nf.exclude
 	cfg.ExcludeListeners = excludeNames
 	cfg.Tracker = tracker.val
 	cfg.AppProcs = procs.val
 	cfg.HostNetwork = hostNet.val
-	d.ExitWithApp = drain.ExitWithApp(exitWithApp.val)
+	d.ExitWithApp = exitWithApp.val
 	cfg.Command = fs.Args()
 	cfg.Proxy.ReapAll = os.Getpid() == 1
 	return cfg, logFormat.val, nil
@@ -171,12 +168,12 @@ func (n *nameList) Set(v string) error {
 }
 
 // newLogger builds the zap logger: JSON lines by default, or console.
-func newLogger(format string, w io.Writer) (*zap.Logger, error) {
+func newLogger(format logFormat, w io.Writer) (*zap.Logger, error) {
 	enc := zap.NewProductionEncoderConfig()
 	enc.EncodeTime = zapcore.ISO8601TimeEncoder
 	enc.EncodeDuration = zapcore.StringDurationEncoder
 	var e zapcore.Encoder
-	if format == "console" {
+	if format == logConsole {
 		enc.EncodeLevel = zapcore.CapitalLevelEncoder
 		e = zapcore.NewConsoleEncoder(enc)
 	} else {

@@ -1,10 +1,17 @@
 package cli
 
 import (
+	"fmt"
 	"io"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/draind/draind/internal/agent"
+	"github.com/draind/draind/internal/appprocs"
+	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/probes"
 )
 
 // Istio's variables, as Istio defines them, with their precedence: a flag
@@ -79,5 +86,59 @@ func TestRunConfigExitWithAppBare(t *testing.T) {
 	}
 	if _, _, err := runConfig([]string{"--exit-with-app=sometimes", "--", "envoy"}, io.Discard); err == nil || !strings.Contains(err.Error(), "exit-with-app") {
 		t.Errorf("a bad value: %v, want an error naming the flag", err)
+	}
+}
+
+// Each mode flag of run accepts exactly its list's words, and its error
+// names them: the lists in flows, appprocs, drain and agent are what the
+// flags, agent.Config.Validate and the errors read.
+func TestRunModeFlagsReadTheirLists(t *testing.T) {
+	for _, tc := range []struct {
+		flag  string
+		words string
+		got   func(agent.Config) string
+	}{
+		{"tracker", flows.Words(flows.TrackerModes, "|"), func(c agent.Config) string { return string(c.Tracker) }},
+		{"app-procs", flows.Words(appprocs.Modes, "|"), func(c agent.Config) string { return string(c.AppProcs) }},
+		{"host-network", flows.Words(agent.HostNetworks, "|"), func(c agent.Config) string { return string(c.HostNetwork) }},
+		{"proxy", flows.Words(agent.ProxyKinds, "|"), func(c agent.Config) string { return string(c.ProxyKind) }},
+		{"app-exit", flows.Words(drain.AppExits, "|"), func(c agent.Config) string { return string(c.Drain.AppExit) }},
+		{"exit-with-app", flows.Words(drain.ExitWithApps, "|"), func(c agent.Config) string { return string(c.Drain.ExitWithApp) }},
+	} {
+		for w := range strings.SplitSeq(tc.words, "|") {
+			cfg, _, err := runConfig([]string{"--" + tc.flag, w, "--", "envoy"}, io.Discard)
+			if err != nil || tc.got(cfg) != w {
+				t.Errorf("--%s %s: %q, %v", tc.flag, w, tc.got(cfg), err)
+			}
+			if err := cfg.Validate(); err != nil {
+				t.Errorf("--%s %s: Validate: %v", tc.flag, w, err)
+			}
+		}
+		if _, _, err := runConfig([]string{"--" + tc.flag, "bogus", "--", "envoy"}, io.Discard); err == nil || !strings.Contains(err.Error(), "must be one of "+tc.words) {
+			t.Errorf("--%s bogus: %v; want the words %s", tc.flag, err, tc.words)
+		}
+	}
+	cfg := agent.DefaultConfig()
+	cfg.Command = []string{"envoy"}
+	cfg.Tracker = "bogus"
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), flows.Words(flows.TrackerModes, "|")) {
+		t.Errorf("Validate with tracker bogus: %v", err)
+	}
+}
+
+// --debug-ring-size's default is the probe's: run passes 0, which the
+// tracker and the probe read as probes.DefaultTCPRingSize, the size the
+// help names.
+func TestDebugRingSizeDefault(t *testing.T) {
+	var help strings.Builder
+	if _, _, err := runConfig([]string{"-h"}, &help); err == nil {
+		t.Fatal("-h: no errHelp")
+	}
+	if want := fmt.Sprintf("0: %d KiB", probes.DefaultTCPRingSize>>10); !strings.Contains(help.String(), want) {
+		t.Errorf("help does not say %q:\n%s", want, help.String())
+	}
+	cfg, _, err := runConfig([]string{"--", "envoy"}, io.Discard)
+	if err != nil || cfg.RingSize != 0 {
+		t.Errorf("default ring size %d (%v), want 0 (the probe's default)", cfg.RingSize, err)
 	}
 }

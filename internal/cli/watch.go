@@ -9,11 +9,10 @@ import (
 	"sync"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/flows"
-	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
+	"go.uber.org/zap"
 )
 
 func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -23,12 +22,13 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tracker := trackerFlag(fs)
 	var period time.Duration
 	fs.durationVar(&period, "poll-period", flows.DefaultPollPeriod, "sockdiag mode's polling period")
-	out := &oneOf{val: "table", words: []string{"table", "json"}}
-	fs.Var(out, "o", "output format: table|json (JSON lines)")
+	out := newOneOf(outputTable, outputFormats)
+	fs.Var(out, "o", "output format: "+out.choices()+" (json: JSON lines)")
 	withProcs := fs.Bool("procs", true, "also follow the app's processes (eBPF, else /proc where visible)")
 	if err := nf.parse(fs, args); err != nil {
 		return helped(err)
 	}
+	nf.caps.warn(stderr, "watch")
 	ns, err := nf.open()
 	if err != nil {
 		return err
@@ -45,7 +45,7 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer cancel()
 	mode, why := tr.Mode()
 	sum := tr.Summary()
-	if out.val == "json" {
+	if out.val == outputJSON {
 		json.NewEncoder(stdout).Encode(map[string]any{"time": time.Now(), "namespace": ns.Name(), "mode": mode, "reason": why, "summary": sum})
 	} else {
 		poll := ""
@@ -68,7 +68,7 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		} else {
 			defer src.Close()
 			procs, procsChanged = src, src.Changed()
-			printProcs(stdout, out.val, src.Processes(), src.Kind()+": "+reason)
+			printProcs(stdout, out.val, src.Processes(), src.Kind().String()+": "+reason)
 		}
 	}
 	// The tracker and the app process source run in their own goroutines
@@ -100,9 +100,9 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			running = false
 			return err
 		case <-procsChanged:
-			printProcs(stdout, out.val, procs.Processes(), procs.Kind())
+			printProcs(stdout, out.val, procs.Processes(), procs.Kind().String())
 		case c := <-changes:
-			if out.val == "json" {
+			if out.val == outputJSON {
 				if err := enc.Encode(watchLine(c)); err != nil {
 					return err
 				}
@@ -122,8 +122,8 @@ type watchJSON struct {
 	Cookie    uint64          `json:"cookie"`
 	Owner     flows.Owner     `json:"owner"`
 	Direction flows.Direction `json:"direction"`
-	OldState  sockdiag.State  `json:"old_state"`
-	NewState  sockdiag.State  `json:"new_state"`
+	OldState  tcpstate.State  `json:"old_state"`
+	NewState  tcpstate.State  `json:"new_state"`
 	Local     string          `json:"local"`
 	Remote    string          `json:"remote"`
 	UID       uint32          `json:"uid"`
@@ -142,8 +142,8 @@ func summaryLine(s flows.Summary) string {
 }
 
 // printProcs prints the app's processes (a JSON line with -o json).
-func printProcs(w io.Writer, format string, procs []appprocs.Process, note string) {
-	if format == "json" {
+func printProcs(w io.Writer, format outputFormat, procs []appprocs.Process, note string) {
+	if format == outputJSON {
 		json.NewEncoder(w).Encode(map[string]any{"time": time.Now(), "app_processes": procs, "source": note})
 		return
 	}

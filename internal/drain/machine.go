@@ -529,20 +529,18 @@ func (m *Machine) appGone() bool {
 }
 
 // shape says what pod the trigger tells draind it is in.
-func (m *Machine) shape(c Cause) string {
-	switch {
-	case m.cfg.Prestop:
-		return "preStop hook (draind prestop)"
-	case m.cfg.Gateway:
-		return "gateway (no app: every listener drains)"
+func (m *Machine) shape(c Cause) PodShape {
+	switch start := m.cfg.StartShape(); {
+	case start == ShapePrestop || start == ShapeGateway:
+		return start
 	case c == CausePreStop:
-		return "native sidecar (drained from its preStop hook while the app shuts down; its SIGTERM comes once the app is gone)"
+		return ShapeNativeSidecar
 	case c == CauseAppDone:
-		return "run to completion (the app's work is done: a Job)"
+		return ShapeJob
 	case c == CausePOST:
-		return "sidecar (drain asked over POST /drain)"
+		return ShapePOSTSidecar
 	}
-	return "classic sidecar (SIGTERM with the app)"
+	return ShapeClassicSidecar
 }
 
 // begin starts the drain: Draining, drain_listeners, the min-drain and the
@@ -567,7 +565,7 @@ func (m *Machine) begin(c Cause) {
 		m.startDrainListeners()
 	}
 	m.startTracking()
-	m.enter(Draining, zap.Stringer("trigger", c), zap.String("pod_shape", m.shape(c)), zap.Duration("min_drain", minDrain),
+	m.enter(Draining, zap.Stringer("trigger", c), zap.Stringer("pod_shape", m.shape(c)), zap.Duration("min_drain", minDrain),
 		zap.Duration("deadline", m.cfg.Deadline), zap.Duration("gate_deadline", m.cfg.GateDeadline()),
 		zap.Any("flows", m.Flows.Observe()))
 	if minDrain == 0 {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 	"github.com/draind/draind/internal/testenv/testutil"
 )
 
@@ -84,20 +85,20 @@ func TestSnapshotAttribution(t *testing.T) {
 		return nil
 	})
 
-	var states = map[sockdiag.State]int{}
+	var states = map[tcpstate.State]int{}
 	for _, f := range snap.Flows {
 		states[f.State]++
-		if f.State == sockdiag.CloseWait && (f.Owner != OwnerApp || f.Direction != DirOutbound || !f.Holds) {
+		if f.State == tcpstate.CloseWait && (f.Owner != OwnerApp || f.Direction != DirOutbound || !f.Holds) {
 			t.Errorf("CLOSE_WAIT flow: %+v, want app outbound holding", f)
 		}
-		if f.State == sockdiag.TimeWait && (f.Holds || f.HasInfo) {
+		if f.State == tcpstate.TimeWait && (f.Holds || f.HasInfo) {
 			t.Errorf("TIME_WAIT flow holds or has tcp_info: %+v", f)
 		}
-		if f.State == sockdiag.Established && !f.HasInfo {
+		if f.State == tcpstate.Established && !f.HasInfo {
 			t.Errorf("established flow without tcp_info: %+v", f)
 		}
 	}
-	for _, st := range []sockdiag.State{sockdiag.CloseWait, sockdiag.TimeWait, sockdiag.FinWait2} {
+	for _, st := range []tcpstate.State{tcpstate.CloseWait, tcpstate.TimeWait, tcpstate.FinWait2} {
 		if states[st] != 1 {
 			t.Errorf("%d flows in %s, want 1 (states: %v)", states[st], st, states)
 		}

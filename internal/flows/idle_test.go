@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 )
 
 func TestIdle(t *testing.T) {
@@ -29,7 +30,7 @@ func TestIdle(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := sockdiag.Socket{State: sockdiag.Established, HasInfo: true, LastDataSent: tt.sent, LastDataRecv: tt.recv, DataSegsIn: tt.in, DataSegsOut: tt.out}
+			s := sockdiag.Socket{State: tcpstate.Established, HasInfo: true, LastDataSent: tt.sent, LastDataRecv: tt.recv, DataSegsIn: tt.in, DataSegsOut: tt.out}
 			if got := Idle(&s, tt.dir); got != tt.want {
 				t.Fatalf("Idle = %s, want %s", got, tt.want)
 			}

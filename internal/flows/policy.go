@@ -4,11 +4,25 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 )
 
 // DefaultProxyUID is Istio's convention: Envoy runs as 1337 and iptables
 // exempts that uid from redirection.
 const DefaultProxyUID = 1337
+
+// HoldsDrain reports whether a flow in state s keeps a drain open
+// (docs/design.md, "Who owns a socket"): it can still carry a request or a
+// response. A closing socket (FIN_WAIT*, CLOSING, LAST_ACK, TIME_WAIT,
+// CLOSE) has nothing left to deliver that the proxy could save. LISTEN is
+// not a flow and holds nothing.
+func HoldsDrain(s tcpstate.State) bool {
+	switch s {
+	case tcpstate.Established, tcpstate.SynSent, tcpstate.SynRecv, tcpstate.NewSynRecv, tcpstate.CloseWait:
+		return true
+	}
+	return false
+}
 
 // Policy holds the attribution rules (docs/design.md, "Who owns a socket").
 type Policy struct {
@@ -44,7 +58,7 @@ type Flow struct {
 	Owner     Owner     `json:"owner"`
 	Direction Direction `json:"direction"`
 	// Holds is true when the flow keeps the drain open: its state holds
-	// (see State.HoldsDrain) and it is not idle past the idle timeout.
+	// (see HoldsDrain) and it is not idle past the idle timeout.
 	Holds bool `json:"holds"`
 	// IdleExpired is true when the state holds but the flow has been idle
 	// past Policy.IdleTimeout.
@@ -91,9 +105,6 @@ func (s *Summary) Counts() [len(SummaryKeys)]int {
 
 // AppHolding is the number of app flows that still hold the drain.
 func (s Summary) AppHolding() int { return s.AppInbound + s.AppOutbound - s.AppIdle }
-
-// ProxyHolding is the number of proxy flows that still hold the drain.
-func (s Summary) ProxyHolding() int { return s.ProxyFlows - s.ProxyIdle }
 
 // Classifier attributes sockets under a Policy. It remembers which ports
 // each owner listens on, so listeners must be observed (Observe or
@@ -163,7 +174,7 @@ func (c *Classifier) Listens(owner Owner, port uint16) bool {
 // net.ipv4.ip_local_port_range: an app's connection must not pass for
 // control traffic or the proxy's because of its ephemeral port.
 func (c *Classifier) acceptedSide(s *sockdiag.Socket, accepted bool) bool {
-	if s.State == sockdiag.Listen || accepted {
+	if s.State == tcpstate.Listen || accepted {
 		return true
 	}
 	port := s.Local.Port()
@@ -180,7 +191,7 @@ func (c *Classifier) owner(s *sockdiag.Socket, acceptedSide bool) Owner {
 	} else if _, ok := c.peerPorts[s.Remote.Port()]; ok && s.Remote.Addr().IsLoopback() {
 		return OwnerProxy
 	}
-	if s.Inode == 0 && s.UID == 0 && s.State != sockdiag.Listen {
+	if s.Inode == 0 && s.UID == 0 && s.State != tcpstate.Listen {
 		// Request sockets (SYN_RECV) and TIME_WAIT sockets carry neither
 		// uid nor inode: they belong to whoever listens on the port.
 		port := s.Local.Port()
@@ -241,7 +252,7 @@ func (c *Classifier) classify(s *sockdiag.Socket, accepted bool) (k class) {
 	side := c.acceptedSide(s, accepted)
 	k.owner = c.owner(s, side)
 	switch {
-	case s.State == sockdiag.Listen:
+	case s.State == tcpstate.Listen:
 		k.dir = DirListen
 	case accepted || c.Listens(k.owner, s.Local.Port()),
 		k.owner == OwnerProxy && s.Transparent && !c.Listens(OwnerApp, s.Remote.Port()):
@@ -249,7 +260,7 @@ func (c *Classifier) classify(s *sockdiag.Socket, accepted bool) (k class) {
 	default:
 		k.dir = DirOutbound
 	}
-	if s.State != sockdiag.Listen {
+	if s.State != tcpstate.Listen {
 		if side {
 			_, k.control = c.control[s.Local.Port()]
 		} else {
@@ -257,7 +268,7 @@ func (c *Classifier) classify(s *sockdiag.Socket, accepted bool) (k class) {
 			k.control = peer && s.Remote.Addr().IsLoopback()
 		}
 	}
-	if s.State.HoldsDrain() && s.State != sockdiag.Listen {
+	if HoldsDrain(s.State) && s.State != tcpstate.Listen {
 		k.holds = true
 		if c.p.IdleTimeout > 0 && s.HasInfo && Idle(s, k.dir) > c.p.IdleTimeout {
 			k.holds, k.idleExpired = false, true
@@ -269,11 +280,8 @@ func (c *Classifier) classify(s *sockdiag.Socket, accepted bool) (k class) {
 // Count adds one attributed flow to the summary.
 func (s *Summary) Count(f *Flow) { s.add(1, classOf(f), f.State) }
 
-// Uncount removes a flow counted by Count.
-func (s *Summary) Uncount(f *Flow) { s.add(-1, classOf(f), f.State) }
-
 // add counts (delta 1) or uncounts (-1) a flow of this class.
-func (s *Summary) add(delta int, k class, state sockdiag.State) {
+func (s *Summary) add(delta int, k class, state tcpstate.State) {
 	owner, dir, idleExpired := k.owner, k.dir, k.idleExpired
 	switch {
 	case dir == DirListen && owner == OwnerApp:
@@ -282,7 +290,7 @@ func (s *Summary) add(delta int, k class, state sockdiag.State) {
 		s.ProxyListeners += delta
 	case k.control:
 		s.Control += delta
-	case !state.HoldsDrain():
+	case !HoldsDrain(state):
 		s.Closing += delta
 	default:
 		in, out, idle := &s.AppInbound, &s.AppOutbound, &s.AppIdle
@@ -315,7 +323,7 @@ type Snapshot struct {
 func (c *Classifier) Classify(socks []sockdiag.Socket) Snapshot {
 	c.Reset()
 	for i := range socks {
-		if socks[i].State == sockdiag.Listen {
+		if socks[i].State == tcpstate.Listen {
 			c.AddListener(&socks[i])
 		}
 	}

@@ -3,10 +3,10 @@ package flows
 import (
 	"encoding/binary"
 	"math/rand/v2"
-	"net/netip"
 	"time"
 
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 )
 
 // A FlowTable keeps each socket as a record: 48 bytes, no pointers (the
@@ -40,9 +40,9 @@ type record struct {
 	// cgroup is the socket's cgroup id as 1 + its index in the table's
 	// cgroup list; 0: none (or past the list's 65,535 entries).
 	cgroup uint16
-	state  sockdiag.State
+	state  tcpstate.State
 	// prevState is the state before the Replace in progress.
-	prevState sockdiag.State
+	prevState tcpstate.State
 	flags     recFlags
 }
 
@@ -83,14 +83,6 @@ const (
 	flClass = flProxy | flInbound | flHolds | flIdleExp | flControl
 )
 
-// Address kinds (2 bits): an address is invalid, IPv4 or IPv6. Zones are
-// not kept (the kernel reports none).
-const (
-	addrNone uint8 = iota
-	addr4
-	addr6
-)
-
 // Family kinds (2 bits): the table holds AF_INET and AF_INET6 sockets; any
 // other family reads back as 0.
 const (
@@ -124,33 +116,6 @@ func (f recFlags) family() uint8 {
 	return 0
 }
 
-// packAddr stores ap's address in a and returns its kind.
-func packAddr(a *[16]byte, ap netip.AddrPort) uint8 {
-	addr := ap.Addr()
-	switch {
-	case addr.Is4():
-		*a = [16]byte{}
-		b := addr.As4()
-		copy(a[:4], b[:])
-		return addr4
-	case addr.IsValid():
-		*a = addr.As16()
-		return addr6
-	}
-	*a = [16]byte{}
-	return addrNone
-}
-
-func unpackAddr(a *[16]byte, kind uint8, port uint16) netip.AddrPort {
-	switch kind {
-	case addr4:
-		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(a[:4])), port)
-	case addr6:
-		return netip.AddrPortFrom(netip.AddrFrom16(*a), port)
-	}
-	return netip.AddrPortFrom(netip.Addr{}, port)
-}
-
 func (r *record) set(f recFlags, on bool) {
 	if on {
 		r.flags |= f
@@ -170,7 +135,7 @@ func (r *record) owner() Owner {
 // LISTEN socket, and of no other), else inbound or outbound.
 func (r *record) direction() Direction {
 	switch {
-	case r.state == sockdiag.Listen:
+	case r.state == tcpstate.Listen:
 		return DirListen
 	case r.flags&flInbound != 0:
 		return DirInbound
@@ -250,7 +215,7 @@ func sideSlot[T any](chunks []*[chunkLen]T, i int, alloc bool) *T {
 
 // hasV6 reports whether a record keeps an address in the IPv6 side chunk.
 func (r *record) hasV6() bool {
-	return uint8(r.flags&flLocalKind) == addr6 || uint8(r.flags&flRemoteKind)>>2 == addr6
+	return uint8(r.flags&flLocalKind) == Addr6 || uint8(r.flags&flRemoteKind)>>2 == Addr6
 }
 
 // push appends a zero record and returns its position.

@@ -5,6 +5,7 @@ import (
 
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 )
 
 // refTable is the FlowTable as it was before records (a map of entries per
@@ -71,7 +72,7 @@ func (t *refTable) Replace(socks []sockdiag.Socket, now time.Time) []Change {
 	clear(t.bySk)
 	t.cls.Reset()
 	for i := range socks {
-		if socks[i].State == sockdiag.Listen {
+		if socks[i].State == tcpstate.Listen {
 			t.cls.AddListener(&socks[i])
 		}
 	}
@@ -79,7 +80,7 @@ func (t *refTable) Replace(socks []sockdiag.Socket, now time.Time) []Change {
 	var changes []Change
 	for i := range socks {
 		s := &socks[i]
-		if !TableMask.Has(s.State) || (!s.HasInfo && !s.State.HoldsDrain() && s.State != sockdiag.Listen) {
+		if !TableMask.Has(s.State) || (!s.HasInfo && !HoldsDrain(s.State) && s.State != tcpstate.Listen) {
 			continue
 		}
 		k := t.keyOf(s)
@@ -93,7 +94,7 @@ func (t *refTable) Replace(socks []sockdiag.Socket, now time.Time) []Change {
 		t.m[k] = e
 		t.sum.Count(&e.flow)
 		if !had || prev.flow.State != s.State {
-			oldState := sockdiag.Close
+			oldState := tcpstate.Close
 			if had {
 				oldState = prev.flow.State
 			}
@@ -102,8 +103,8 @@ func (t *refTable) Replace(socks []sockdiag.Socket, now time.Time) []Change {
 	}
 	for _, e := range old {
 		gone := e.flow
-		gone.State = sockdiag.Close
-		changes = append(changes, Change{Time: now, Flow: gone, OldState: e.flow.State, NewState: sockdiag.Close})
+		gone.State = tcpstate.Close
+		changes = append(changes, Change{Time: now, Flow: gone, OldState: e.flow.State, NewState: tcpstate.Close})
 	}
 	for i := range changes {
 		changes[i].Summary = t.sum
@@ -114,16 +115,16 @@ func (t *refTable) Replace(socks []sockdiag.Socket, now time.Time) []Change {
 // Apply applies one probe event. It reports the change, or false when the
 // event changes nothing the table tracks.
 func (t *refTable) Apply(ev *probes.TCPEvent, now time.Time) (Change, bool) {
-	if ev.OldState == sockdiag.Listen && ev.NewState == sockdiag.SynRecv {
+	if ev.OldState == tcpstate.Listen && ev.NewState == tcpstate.SynRecv {
 		// Fired on the new child while it still carries the listener's
-		// identity (NOTES-kernel.md): the child shows up on its own
+		// identity: the child shows up on its own
 		// SYN_RECV→ESTABLISHED.
 		return Change{}, false
 	}
 	local, remote := unmapPort(ev.Local), unmapPort(ev.Remote)
 	k := t.key(ev.Cookie, FiveTuple{Local: local, Remote: remote})
 	if prev, ok := t.bySk[ev.SkAddr]; ok && ev.SkAddr != 0 && prev != k {
-		if ev.OldState == sockdiag.Close {
+		if ev.OldState == tcpstate.Close {
 			t.remove(prev) // a new socket at this address: the old one is gone
 		} else if _, exists := t.m[prev]; exists && !t.useCookie {
 			k = prev // the same socket, its tuple changed
@@ -151,7 +152,7 @@ func (t *refTable) Apply(ev *probes.TCPEvent, now time.Time) (Change, bool) {
 	case had:
 		t.sum.Uncount(&e.flow)
 		s := e.flow.Socket
-		wasListen := s.State == sockdiag.Listen
+		wasListen := s.State == tcpstate.Listen
 		if wasListen { // a listener whose end was lost, found by its address
 			t.cls.RemoveListener(&s)
 		}
@@ -160,16 +161,16 @@ func (t *refTable) Apply(ev *probes.TCPEvent, now time.Time) (Change, bool) {
 		if local.Port() != 0 {
 			s.Local, s.Remote = local, remote
 		}
-		if s.State == sockdiag.Listen {
+		if s.State == tcpstate.Listen {
 			t.cls.AddListener(&s)
 		}
-		e.accepted = e.accepted || ev.OldState == sockdiag.SynRecv
+		e.accepted = e.accepted || ev.OldState == tcpstate.SynRecv
 		e.flow = t.cls.flow(&s, e.accepted)
 		t.sum.Count(&e.flow)
 		if wasListen {
 			t.reclassifyPort(oldPort)
 		}
-		if s.State == sockdiag.Listen {
+		if s.State == tcpstate.Listen {
 			t.reclassifyPort(s.Local.Port())
 		}
 		e.skaddr = ev.SkAddr
@@ -181,14 +182,14 @@ func (t *refTable) Apply(ev *probes.TCPEvent, now time.Time) (Change, bool) {
 		ch.Flow = e.flow
 	default:
 		s := sockdiag.Socket{Family: ev.Family, State: ev.NewState, Local: local, Remote: remote, UID: ev.UID, Cookie: ev.Cookie}
-		e = &refEntry{firstSeen: now, skaddr: ev.SkAddr, accepted: ev.OldState == sockdiag.SynRecv}
-		if s.State == sockdiag.Listen {
+		e = &refEntry{firstSeen: now, skaddr: ev.SkAddr, accepted: ev.OldState == tcpstate.SynRecv}
+		if s.State == tcpstate.Listen {
 			t.cls.AddListener(&s)
 		}
 		e.flow = t.cls.flow(&s, e.accepted)
 		t.m[k] = e
 		t.sum.Count(&e.flow)
-		if s.State == sockdiag.Listen {
+		if s.State == tcpstate.Listen {
 			t.reclassifyPort(s.Local.Port())
 		}
 		ch.Flow = e.flow
@@ -215,7 +216,7 @@ func (t *refTable) remove(k refKey) {
 	if e.skaddr != 0 && t.bySk[e.skaddr] == k {
 		delete(t.bySk, e.skaddr)
 	}
-	if e.flow.State == sockdiag.Listen {
+	if e.flow.State == tcpstate.Listen {
 		t.cls.RemoveListener(&e.flow.Socket)
 		t.reclassifyPort(e.flow.Local.Port())
 	}
@@ -225,7 +226,7 @@ func (t *refTable) remove(k refKey) {
 // changed (a flow's direction depends on it).
 func (t *refTable) reclassifyPort(port uint16) {
 	for _, e := range t.m {
-		if e.flow.State == sockdiag.Listen || e.flow.Local.Port() != port {
+		if e.flow.State == tcpstate.Listen || e.flow.Local.Port() != port {
 			continue
 		}
 		t.sum.Uncount(&e.flow)

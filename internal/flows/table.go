@@ -6,6 +6,7 @@ import (
 
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 )
 
 // TableMask is what a FlowTable tracks. TIME_WAIT sockets are left out
@@ -17,11 +18,11 @@ import (
 // kernel reports CLOSE for the full socket), and sock_diag shows it in
 // FIN_WAIT2 without tcp_info.
 //
-// Known gap (NOTES-kernel.md): under heavy loopback churn the kernel now
-// and then reports ESTABLISHED→FIN_WAIT1 for a socket and nothing after.
-// Such an entry never holds a drain; it goes when a new socket is born at
-// its kernel address, or at the next reconcile.
-var TableMask = sockdiag.AllStates &^ sockdiag.Mask(sockdiag.Close, sockdiag.TimeWait, sockdiag.SynRecv, sockdiag.NewSynRecv)
+// Known gap: under heavy loopback churn the kernel now and then reports
+// ESTABLISHED→FIN_WAIT1 for a socket and nothing after. Such an entry
+// never holds a drain; it goes when a new socket is born at its kernel
+// address, or at the next reconcile.
+var TableMask = sockdiag.AllStates &^ sockdiag.Mask(tcpstate.Close, tcpstate.TimeWait, tcpstate.SynRecv, tcpstate.NewSynRecv)
 
 // Change is one state change of one socket, as the table saw it.
 type Change struct {
@@ -29,8 +30,8 @@ type Change struct {
 	// Flow is the socket after the change (for a socket that went away,
 	// as it was, with State set to CLOSE).
 	Flow     Flow           `json:"flow"`
-	OldState sockdiag.State `json:"old_state"`
-	NewState sockdiag.State `json:"new_state"`
+	OldState tcpstate.State `json:"old_state"`
+	NewState tcpstate.State `json:"new_state"`
 	Summary  Summary        `json:"summary"`
 }
 
@@ -117,7 +118,7 @@ func (t *FlowTable) keyOf(cookie uint64, local, remote netip.AddrPort) key {
 		return key{cookie: cookie}
 	}
 	k := key{lport: local.Port(), rport: remote.Port()}
-	k.kinds = recFlags(packAddr(&k.local, local)) | recFlags(packAddr(&k.remote, remote))<<2
+	k.kinds = recFlags(PackAddr(&k.local, local)) | recFlags(PackAddr(&k.remote, remote))<<2
 	return k
 }
 
@@ -145,11 +146,11 @@ func (t *FlowTable) addrBytes(pos int) (local, remote [16]byte) {
 		v6 := t.recs.v6(pos, false)
 		local, remote = v6[0], v6[1]
 	}
-	if uint8(r.flags&flLocalKind) == addr4 {
+	if uint8(r.flags&flLocalKind) == Addr4 {
 		local = [16]byte{}
 		copy(local[:], r.local4[:])
 	}
-	if uint8(r.flags&flRemoteKind)>>2 == addr4 {
+	if uint8(r.flags&flRemoteKind)>>2 == Addr4 {
 		remote = [16]byte{}
 		copy(remote[:], r.remote4[:])
 	}
@@ -159,7 +160,7 @@ func (t *FlowTable) addrBytes(pos int) (local, remote [16]byte) {
 // setTuple stores record pos's addresses and their kinds.
 func (t *FlowTable) setTuple(pos int, local, remote netip.AddrPort) {
 	var l, rm [16]byte
-	lk, rk := packAddr(&l, local), packAddr(&rm, remote)
+	lk, rk := PackAddr(&l, local), PackAddr(&rm, remote)
 	r := t.recs.at(pos)
 	r.lport, r.rport = local.Port(), remote.Port()
 	r.flags = r.flags&^(flLocalKind|flRemoteKind) | recFlags(lk) | recFlags(rk)<<2
@@ -172,13 +173,13 @@ func (t *FlowTable) setTuple(pos int, local, remote netip.AddrPort) {
 func (t *FlowTable) localAddr(pos int) netip.AddrPort {
 	r := t.recs.at(pos)
 	local, _ := t.addrBytes(pos)
-	return unpackAddr(&local, uint8(r.flags&flLocalKind), r.lport)
+	return UnpackAddr(&local, uint8(r.flags&flLocalKind), r.lport)
 }
 
 func (t *FlowTable) remoteAddr(pos int) netip.AddrPort {
 	r := t.recs.at(pos)
 	_, remote := t.addrBytes(pos)
-	return unpackAddr(&remote, uint8(r.flags&flRemoteKind)>>2, r.rport)
+	return UnpackAddr(&remote, uint8(r.flags&flRemoteKind)>>2, r.rport)
 }
 
 func (t *FlowTable) hashRecSk(pos int) uint64 { return t.recs.at(pos).skaddr }
@@ -280,9 +281,6 @@ func (t *FlowTable) Summary() Summary { return t.sum }
 // Listens reports whether owner has a listener on port in the table.
 func (t *FlowTable) Listens(owner Owner, port uint16) bool { return t.cls.Listens(owner, port) }
 
-// Len is the number of sockets in the table.
-func (t *FlowTable) Len() int { return t.recs.n }
-
 // socketOf rebuilds record pos as the socket it was made from.
 func (t *FlowTable) socketOf(pos int) sockdiag.Socket {
 	r := t.recs.at(pos)
@@ -367,7 +365,7 @@ func (t *FlowTable) beginReplace() {
 // place or adds one. Classification waits for endReplace, when the
 // listeners are all known.
 func (t *FlowTable) replaceSocket(s *sockdiag.Socket) {
-	if !TableMask.Has(s.State) || (!s.HasInfo && !s.State.HoldsDrain() && s.State != sockdiag.Listen) {
+	if !TableMask.Has(s.State) || (!s.HasInfo && !HoldsDrain(s.State) && s.State != tcpstate.Listen) {
 		return
 	}
 	k := t.keyOf(s.Cookie, s.Local, s.Remote)
@@ -394,7 +392,7 @@ func (t *FlowTable) endReplace(now time.Time, complete bool, emit func(*Change))
 	keep := func(r *record) bool { return !complete || r.flags&flSeen != 0 }
 	t.cls.Reset()
 	for i := range n {
-		if r := t.recs.at(i); keep(r) && r.state == sockdiag.Listen {
+		if r := t.recs.at(i); keep(r) && r.state == tcpstate.Listen {
 			s := t.socketOf(i)
 			t.cls.AddListener(&s)
 		}
@@ -456,7 +454,7 @@ func (t *FlowTable) emitReplaced(now time.Time, keep func(*record) bool, emit fu
 		if !keep(r) || old && r.prevState == r.state {
 			continue
 		}
-		ch = Change{Time: now, OldState: sockdiag.Close, NewState: r.state, Summary: t.sum}
+		ch = Change{Time: now, OldState: tcpstate.Close, NewState: r.state, Summary: t.sum}
 		if old {
 			ch.OldState = r.prevState
 		}
@@ -468,9 +466,9 @@ func (t *FlowTable) emitReplaced(now time.Time, keep func(*record) bool, emit fu
 		if keep(r) || r.flags&flOld == 0 {
 			continue
 		}
-		ch = Change{Time: now, OldState: r.state, NewState: sockdiag.Close, Summary: t.sum}
+		ch = Change{Time: now, OldState: r.state, NewState: tcpstate.Close, Summary: t.sum}
 		t.flowAt(i, &ch.Flow)
-		ch.Flow.State = sockdiag.Close
+		ch.Flow.State = tcpstate.Close
 		emit(&ch)
 	}
 }
@@ -478,9 +476,9 @@ func (t *FlowTable) emitReplaced(now time.Time, keep func(*record) bool, emit fu
 // Apply applies one probe event. It reports the change, or false when the
 // event changes nothing the table tracks.
 func (t *FlowTable) Apply(ev *probes.TCPEvent, now time.Time) (Change, bool) {
-	if ev.OldState == sockdiag.Listen && ev.NewState == sockdiag.SynRecv {
+	if ev.OldState == tcpstate.Listen && ev.NewState == tcpstate.SynRecv {
 		// Fired on the new child while it still carries the listener's
-		// identity (NOTES-kernel.md): the child shows up on its own
+		// identity: the child shows up on its own
 		// SYN_RECV→ESTABLISHED.
 		return Change{}, false
 	}
@@ -489,7 +487,7 @@ func (t *FlowTable) Apply(ev *probes.TCPEvent, now time.Time) (Change, bool) {
 	pos := -1
 	if ev.SkAddr != 0 {
 		if _, j := t.findSk(ev.SkAddr); j >= 0 && !t.matches(j, &k) {
-			if ev.OldState == sockdiag.Close {
+			if ev.OldState == tcpstate.Close {
 				t.removeAt(j) // a new socket at this address: the old one is gone
 			} else if !t.useCookie {
 				pos = j // the same socket, its tuple changed
@@ -559,7 +557,7 @@ func (t *FlowTable) update(pos int, ev *probes.TCPEvent, local, remote netip.Add
 	// A record leaving or entering LISTEN here (a socket whose earlier
 	// changes were lost, found by its kernel address) changes the listener
 	// set the classification reads, as add and removeAt do.
-	wasListen, isListen := r.state == sockdiag.Listen, ev.NewState == sockdiag.Listen
+	wasListen, isListen := r.state == tcpstate.Listen, ev.NewState == tcpstate.Listen
 	var oldPort uint16
 	if wasListen {
 		s := t.socketOf(pos)
@@ -577,7 +575,7 @@ func (t *FlowTable) update(pos int, ev *probes.TCPEvent, local, remote netip.Add
 			t.indexKey(pos)
 		}
 	}
-	if ev.OldState == sockdiag.SynRecv {
+	if ev.OldState == tcpstate.SynRecv {
 		r.flags |= flAccepted
 	}
 	if isListen {
@@ -608,9 +606,9 @@ func (t *FlowTable) add(ev *probes.TCPEvent, local, remote netip.AddrPort, now t
 	r.setFirst(now.Sub(t.epoch))
 	t.setTuple(pos, local, remote)
 	r.flags |= familyKind(ev.Family)
-	r.set(flAccepted, ev.OldState == sockdiag.SynRecv)
+	r.set(flAccepted, ev.OldState == tcpstate.SynRecv)
 	t.indexKey(pos)
-	listen := ev.NewState == sockdiag.Listen
+	listen := ev.NewState == tcpstate.Listen
 	if listen {
 		s := t.socketOf(pos)
 		t.cls.AddListener(&s)
@@ -630,7 +628,7 @@ func (t *FlowTable) removeAt(pos int) {
 	t.count(-1, r)
 	t.unindexKey(pos)
 	t.dropSk(pos)
-	listen := r.state == sockdiag.Listen
+	listen := r.state == tcpstate.Listen
 	var s sockdiag.Socket
 	if listen {
 		s = t.socketOf(pos)
@@ -659,7 +657,7 @@ func (t *FlowTable) removeAt(pos int) {
 func (t *FlowTable) reclassifyPort(port uint16) {
 	for i := range t.recs.n {
 		r := t.recs.at(i)
-		if r.state == sockdiag.Listen || r.lport != port {
+		if r.state == tcpstate.Listen || r.lport != port {
 			continue
 		}
 		t.count(-1, r)
@@ -705,7 +703,7 @@ func (t *FlowTable) Flows(now time.Time, keep func(*Flow) bool) []TrackedFlow {
 func (t *FlowTable) Snapshot(now time.Time) Snapshot {
 	snap := Snapshot{Taken: now, Summary: t.sum}
 	t.Each(now, func(f *TrackedFlow) bool {
-		if f.State == sockdiag.Listen {
+		if f.State == tcpstate.Listen {
 			snap.Listeners = append(snap.Listeners, f.Flow)
 		} else {
 			snap.Flows = append(snap.Flows, f.Flow)

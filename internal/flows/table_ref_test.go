@@ -11,6 +11,7 @@ import (
 
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 )
 
 // simSock is one socket of a simulated namespace.
@@ -19,7 +20,7 @@ type simSock struct {
 	family        uint8
 	local, remote netip.AddrPort
 	uid, inode    uint32
-	state         sockdiag.State
+	state         tcpstate.State
 	transparent   bool
 }
 
@@ -54,7 +55,7 @@ func (s *simNS) addr(family uint8, loopback bool) netip.Addr {
 	return netip.MustParseAddr("10.0.0.2")
 }
 
-func (s *simNS) newSock(state sockdiag.State) *simSock {
+func (s *simNS) newSock(state tcpstate.State) *simSock {
 	s.nextID++
 	sk := 0x1000 + s.nextID*64
 	if len(s.freeSk) > 0 && s.rng.IntN(2) == 0 {
@@ -79,7 +80,7 @@ func (s *simNS) port() uint16 {
 
 // step changes the namespace once and returns the events it makes.
 func (s *simNS) step() []probes.TCPEvent {
-	ev := func(k *simSock, from, to sockdiag.State, local netip.AddrPort) probes.TCPEvent {
+	ev := func(k *simSock, from, to tcpstate.State, local netip.AddrPort) probes.TCPEvent {
 		e := probes.TCPEvent{SkAddr: k.sk, Cookie: k.cookie, OldState: from, NewState: to, Family: k.family, Local: local, Remote: k.remote, UID: k.uid}
 		if !s.useCookie {
 			e.Cookie = 0
@@ -91,7 +92,7 @@ func (s *simNS) step() []probes.TCPEvent {
 		s.closeAll = false
 		// Everything closes at once (the app exits): the table shrinks.
 		for _, k := range s.live {
-			out = append(out, ev(k, k.state, sockdiag.Close, k.local))
+			out = append(out, ev(k, k.state, tcpstate.Close, k.local))
 			s.freeSk = append(s.freeSk, k.sk)
 		}
 		s.live = s.live[:0]
@@ -103,7 +104,7 @@ func (s *simNS) step() []probes.TCPEvent {
 	}
 	switch op := s.rng.IntN(ops); {
 	case op == 0: // a listener
-		k := s.newSock(sockdiag.Listen)
+		k := s.newSock(tcpstate.Listen)
 		port := simListenPorts[s.rng.IntN(len(simListenPorts))]
 		k.local = netip.AddrPortFrom(netip.IPv4Unspecified(), port)
 		k.remote = netip.AddrPortFrom(netip.IPv4Unspecified(), 0)
@@ -113,7 +114,7 @@ func (s *simNS) step() []probes.TCPEvent {
 		}
 		k.transparent = k.uid == DefaultProxyUID && s.rng.IntN(2) == 0
 		for _, o := range s.live {
-			if o.state == sockdiag.Listen && o.local == k.local {
+			if o.state == tcpstate.Listen && o.local == k.local {
 				return nil // one listener per address here
 			}
 		}
@@ -128,9 +129,9 @@ func (s *simNS) step() []probes.TCPEvent {
 			k.family, k.remote = afInet6, netip.AddrPortFrom(netip.IPv6Unspecified(), 0)
 		}
 		s.live = append(s.live, k)
-		out = append(out, ev(k, sockdiag.Close, sockdiag.Listen, k.local))
+		out = append(out, ev(k, tcpstate.Close, tcpstate.Listen, k.local))
 	case op <= 3: // an active open
-		k := s.newSock(sockdiag.Established)
+		k := s.newSock(tcpstate.Established)
 		loop := s.rng.IntN(2) == 0
 		peer := netip.AddrPortFrom(s.addr(k.family, loop), simListenPorts[s.rng.IntN(len(simListenPorts))])
 		if !loop {
@@ -142,12 +143,12 @@ func (s *simNS) step() []probes.TCPEvent {
 		k.remote = peer
 		k.local = netip.AddrPortFrom(s.addr(k.family, loop), s.port())
 		s.live = append(s.live, k)
-		out = append(out, ev(k, sockdiag.Close, sockdiag.SynSent, netip.AddrPortFrom(k.local.Addr(), 0)),
-			ev(k, sockdiag.SynSent, sockdiag.Established, k.local))
+		out = append(out, ev(k, tcpstate.Close, tcpstate.SynSent, netip.AddrPortFrom(k.local.Addr(), 0)),
+			ev(k, tcpstate.SynSent, tcpstate.Established, k.local))
 	case op <= 5: // a passive open, from a listener
 		var ls []*simSock
 		for _, o := range s.live {
-			if o.state == sockdiag.Listen {
+			if o.state == tcpstate.Listen {
 				ls = append(ls, o)
 			}
 		}
@@ -155,31 +156,31 @@ func (s *simNS) step() []probes.TCPEvent {
 			return nil
 		}
 		l := ls[s.rng.IntN(len(ls))]
-		k := s.newSock(sockdiag.Established)
+		k := s.newSock(tcpstate.Established)
 		k.family, k.uid, k.transparent = l.family, l.uid, l.transparent
 		k.local = netip.AddrPortFrom(s.addr(k.family, true), l.local.Port())
 		k.remote = netip.AddrPortFrom(s.addr(k.family, true), s.port())
 		s.live = append(s.live, k)
-		out = append(out, ev(l, sockdiag.Listen, sockdiag.SynRecv, l.local), ev(k, sockdiag.SynRecv, sockdiag.Established, k.local))
+		out = append(out, ev(l, tcpstate.Listen, tcpstate.SynRecv, l.local), ev(k, tcpstate.SynRecv, tcpstate.Established, k.local))
 	default: // a state change on the way to closing
 		if len(s.live) == 0 {
 			return nil
 		}
 		i := s.rng.IntN(len(s.live))
 		k := s.live[i]
-		next := map[sockdiag.State][]sockdiag.State{
-			sockdiag.Listen:      {sockdiag.Close},
-			sockdiag.Established: {sockdiag.FinWait1, sockdiag.CloseWait},
-			sockdiag.FinWait1:    {sockdiag.FinWait2, sockdiag.Closing},
-			sockdiag.FinWait2:    {sockdiag.Close},
-			sockdiag.Closing:     {sockdiag.Close},
-			sockdiag.CloseWait:   {sockdiag.LastAck},
-			sockdiag.LastAck:     {sockdiag.Close},
+		next := map[tcpstate.State][]tcpstate.State{
+			tcpstate.Listen:      {tcpstate.Close},
+			tcpstate.Established: {tcpstate.FinWait1, tcpstate.CloseWait},
+			tcpstate.FinWait1:    {tcpstate.FinWait2, tcpstate.Closing},
+			tcpstate.FinWait2:    {tcpstate.Close},
+			tcpstate.Closing:     {tcpstate.Close},
+			tcpstate.CloseWait:   {tcpstate.LastAck},
+			tcpstate.LastAck:     {tcpstate.Close},
 		}[k.state]
 		to := next[s.rng.IntN(len(next))]
 		out = append(out, ev(k, k.state, to, k.local))
 		k.state = to
-		if to == sockdiag.Close {
+		if to == tcpstate.Close {
 			s.live = slices.Delete(s.live, i, i+1)
 			s.freeSk = append(s.freeSk, k.sk)
 		}
@@ -193,7 +194,7 @@ func (s *simNS) snapshot() []sockdiag.Socket {
 	for _, k := range s.live {
 		so := sockdiag.Socket{Family: k.family, State: k.state, Local: k.local, Remote: k.remote, UID: k.uid, Inode: k.inode,
 			Cookie: k.cookie, CgroupID: uint64(k.uid) + 7, Transparent: k.transparent}
-		if s.rng.IntN(4) != 0 && k.state != sockdiag.FinWait2 {
+		if s.rng.IntN(4) != 0 && k.state != tcpstate.FinWait2 {
 			so.HasInfo = true
 			so.LastDataSent = time.Duration(s.rng.IntN(5000)) * time.Millisecond
 			so.LastDataRecv = time.Duration(s.rng.IntN(5000)) * time.Millisecond

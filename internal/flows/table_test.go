@@ -9,10 +9,10 @@ import (
 	"time"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
+	"golang.org/x/sys/unix"
 )
 
 // TestFlowTableEvents replays event sequences the probe delivers, with and
@@ -20,33 +20,33 @@ import (
 func TestFlowTableEvents(t *testing.T) {
 	ap := netip.MustParseAddrPort
 	peer := ap("127.0.0.1:7000")
-	ev := func(sk, cookie uint64, from, to sockdiag.State, local string) probes.TCPEvent {
+	ev := func(sk, cookie uint64, from, to tcpstate.State, local string) probes.TCPEvent {
 		return probes.TCPEvent{SkAddr: sk, Cookie: cookie, OldState: from, NewState: to, Family: unix.AF_INET, Local: ap(local), Remote: peer}
 	}
-	listen := probes.TCPEvent{SkAddr: 1, Cookie: 1, OldState: sockdiag.Close, NewState: sockdiag.Listen, Family: unix.AF_INET, Local: peer, Remote: ap("0.0.0.0:0")}
+	listen := probes.TCPEvent{SkAddr: 1, Cookie: 1, OldState: tcpstate.Close, NewState: tcpstate.Listen, Family: unix.AF_INET, Local: peer, Remote: ap("0.0.0.0:0")}
 	// Two concurrent connects to one peer: both SYN_SENT events carry
 	// local port 0.
 	connects := []probes.TCPEvent{
 		listen,
-		ev(10, 100, sockdiag.Close, sockdiag.SynSent, "127.0.0.1:0"),
-		ev(11, 101, sockdiag.Close, sockdiag.SynSent, "127.0.0.1:0"),
-		ev(10, 100, sockdiag.SynSent, sockdiag.Established, "127.0.0.1:40000"),
-		ev(11, 101, sockdiag.SynSent, sockdiag.Established, "127.0.0.1:40001"),
+		ev(10, 100, tcpstate.Close, tcpstate.SynSent, "127.0.0.1:0"),
+		ev(11, 101, tcpstate.Close, tcpstate.SynSent, "127.0.0.1:0"),
+		ev(10, 100, tcpstate.SynSent, tcpstate.Established, "127.0.0.1:40000"),
+		ev(11, 101, tcpstate.SynSent, tcpstate.Established, "127.0.0.1:40001"),
 	}
 	closes := []probes.TCPEvent{
-		ev(10, 100, sockdiag.Established, sockdiag.FinWait1, "127.0.0.1:40000"),
-		ev(10, 100, sockdiag.FinWait1, sockdiag.FinWait2, "127.0.0.1:40000"),
-		ev(10, 100, sockdiag.FinWait2, sockdiag.Close, "127.0.0.1:40000"),
-		ev(11, 101, sockdiag.Established, sockdiag.CloseWait, "127.0.0.1:40001"),
+		ev(10, 100, tcpstate.Established, tcpstate.FinWait1, "127.0.0.1:40000"),
+		ev(10, 100, tcpstate.FinWait1, tcpstate.FinWait2, "127.0.0.1:40000"),
+		ev(10, 100, tcpstate.FinWait2, tcpstate.Close, "127.0.0.1:40000"),
+		ev(11, 101, tcpstate.Established, tcpstate.CloseWait, "127.0.0.1:40001"),
 	}
 	// The kernel skipped a closing socket's last changes; a new socket at
 	// its address shows it gone.
 	reuse := []probes.TCPEvent{
-		ev(12, 102, sockdiag.Close, sockdiag.SynSent, "127.0.0.1:0"),
-		ev(12, 102, sockdiag.SynSent, sockdiag.Established, "127.0.0.1:40002"),
-		ev(12, 102, sockdiag.Established, sockdiag.FinWait1, "127.0.0.1:40002"),
-		ev(12, 103, sockdiag.Close, sockdiag.SynSent, "127.0.0.1:0"), // same sk, new socket
-		ev(12, 103, sockdiag.SynSent, sockdiag.Established, "127.0.0.1:40003"),
+		ev(12, 102, tcpstate.Close, tcpstate.SynSent, "127.0.0.1:0"),
+		ev(12, 102, tcpstate.SynSent, tcpstate.Established, "127.0.0.1:40002"),
+		ev(12, 102, tcpstate.Established, tcpstate.FinWait1, "127.0.0.1:40002"),
+		ev(12, 103, tcpstate.Close, tcpstate.SynSent, "127.0.0.1:0"), // same sk, new socket
+		ev(12, 103, tcpstate.SynSent, tcpstate.Established, "127.0.0.1:40003"),
 	}
 	for _, useCookie := range []bool{true, false} {
 		tab := NewFlowTable(DefaultPolicy(), useCookie)
@@ -73,7 +73,7 @@ func TestFlowTableEvents(t *testing.T) {
 		}
 		// The listener going re-classifies nothing here but must leave.
 		l := listen
-		l.OldState, l.NewState = sockdiag.Listen, sockdiag.Close
+		l.OldState, l.NewState = tcpstate.Listen, tcpstate.Close
 		if !useCookie {
 			l.Cookie = 0
 		}
@@ -95,13 +95,13 @@ func TestFlowTableTupleReuse(t *testing.T) {
 	any4 := ap("0.0.0.0:0")
 	tab := NewFlowTable(DefaultPolicy(), false)
 	evs := []probes.TCPEvent{
-		{SkAddr: 1, OldState: sockdiag.Close, NewState: sockdiag.Listen, Family: unix.AF_INET, Local: ap("0.0.0.0:8080"), Remote: any4},
+		{SkAddr: 1, OldState: tcpstate.Close, NewState: tcpstate.Listen, Family: unix.AF_INET, Local: ap("0.0.0.0:8080"), Remote: any4},
 		// The first listener's LISTEN→CLOSE is lost; a second one binds
 		// the same address.
-		{SkAddr: 2, OldState: sockdiag.Close, NewState: sockdiag.Listen, Family: unix.AF_INET, Local: ap("0.0.0.0:8080"), Remote: any4},
+		{SkAddr: 2, OldState: tcpstate.Close, NewState: tcpstate.Listen, Family: unix.AF_INET, Local: ap("0.0.0.0:8080"), Remote: any4},
 		// A connect at the first listener's old address; its
 		// CLOSE→SYN_SENT is lost.
-		{SkAddr: 1, OldState: sockdiag.SynSent, NewState: sockdiag.Established, Family: unix.AF_INET, Local: ap("10.0.0.2:40000"), Remote: ap("10.0.0.3:443")},
+		{SkAddr: 1, OldState: tcpstate.SynSent, NewState: tcpstate.Established, Family: unix.AF_INET, Local: ap("10.0.0.2:40000"), Remote: ap("10.0.0.3:443")},
 	}
 	for i := range evs {
 		tab.Apply(&evs[i], time.Now())
@@ -116,13 +116,13 @@ func TestFlowTableTupleReuse(t *testing.T) {
 // change; a resync that fails removes nothing.
 func TestFlowTableReplaceRetried(t *testing.T) {
 	ap := netip.MustParseAddrPort
-	sock := func(cookie uint64, state sockdiag.State, local, remote string) sockdiag.Socket {
+	sock := func(cookie uint64, state tcpstate.State, local, remote string) sockdiag.Socket {
 		return sockdiag.Socket{Family: unix.AF_INET, State: state, Local: ap(local), Remote: ap(remote), Cookie: cookie, Inode: uint32(cookie)}
 	}
-	l := sock(1, sockdiag.Listen, "0.0.0.0:8080", "0.0.0.0:0")
-	a := sock(2, sockdiag.Established, "10.0.0.2:8080", "10.0.0.3:5000")
-	b := sock(3, sockdiag.Established, "10.0.0.2:8080", "10.0.0.3:5001")
-	c := sock(4, sockdiag.Established, "10.0.0.2:40000", "10.0.0.3:443")
+	l := sock(1, tcpstate.Listen, "0.0.0.0:8080", "0.0.0.0:0")
+	a := sock(2, tcpstate.Established, "10.0.0.2:8080", "10.0.0.3:5000")
+	b := sock(3, tcpstate.Established, "10.0.0.2:8080", "10.0.0.3:5001")
+	c := sock(4, tcpstate.Established, "10.0.0.2:40000", "10.0.0.3:443")
 	now := time.Now()
 	tab := NewFlowTable(DefaultPolicy(), true)
 	tab.Replace([]sockdiag.Socket{l, a}, now)
@@ -161,12 +161,12 @@ func TestFlowTableReplaceRetried(t *testing.T) {
 func fillTable(tb testing.TB, n int, useCookie bool) (*FlowTable, []sockdiag.Socket) {
 	tb.Helper()
 	socks := make([]sockdiag.Socket, 0, n+1)
-	socks = append(socks, sockdiag.Socket{Family: unix.AF_INET, State: sockdiag.Listen, Local: netip.MustParseAddrPort("0.0.0.0:8080"),
+	socks = append(socks, sockdiag.Socket{Family: unix.AF_INET, State: tcpstate.Listen, Local: netip.MustParseAddrPort("0.0.0.0:8080"),
 		Remote: netip.MustParseAddrPort("0.0.0.0:0"), Cookie: 1, Inode: 1})
 	for i := range n {
 		local := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 16), byte(i >> 8)}), 8080)
 		remote := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), uint16(1024+i%60000))
-		socks = append(socks, sockdiag.Socket{Family: unix.AF_INET, State: sockdiag.Established, Local: local, Remote: remote,
+		socks = append(socks, sockdiag.Socket{Family: unix.AF_INET, State: tcpstate.Established, Local: local, Remote: remote,
 			Cookie: uint64(100 + i), Inode: uint32(100 + i), UID: 1000, CgroupID: 5})
 	}
 	tab := NewFlowTable(DefaultPolicy(), useCookie)
@@ -190,9 +190,9 @@ func TestFlowTableAllocations(t *testing.T) {
 			if !useCookie {
 				e.Cookie = 0
 			}
-			e.OldState, e.NewState = sockdiag.Established, sockdiag.CloseWait
+			e.OldState, e.NewState = tcpstate.Established, tcpstate.CloseWait
 			evs = append(evs, e)
-			e.OldState, e.NewState = sockdiag.CloseWait, sockdiag.Established
+			e.OldState, e.NewState = tcpstate.CloseWait, tcpstate.Established
 			evs = append(evs, e)
 		}
 		tab.Replace(socks, now) // the events' kernel addresses enter the index once
@@ -258,7 +258,7 @@ func TestFlowTableBytesPerSocket(t *testing.T) {
 	measure("events", func() *FlowTable {
 		tab := NewFlowTable(DefaultPolicy(), true)
 		for i := range n {
-			ev := probes.TCPEvent{SkAddr: uint64(i+1) * 64, Cookie: uint64(i + 1), OldState: sockdiag.SynSent, NewState: sockdiag.Established,
+			ev := probes.TCPEvent{SkAddr: uint64(i+1) * 64, Cookie: uint64(i + 1), OldState: tcpstate.SynSent, NewState: tcpstate.Established,
 				Family: unix.AF_INET, Local: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 2}), uint16(1024+i%60000)),
 				Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 443)}
 			tab.Apply(&ev, time.Now())
@@ -268,7 +268,7 @@ func TestFlowTableBytesPerSocket(t *testing.T) {
 	measure("events, IPv6", func() *FlowTable {
 		tab := NewFlowTable(DefaultPolicy(), true)
 		for i := range n {
-			ev := probes.TCPEvent{SkAddr: uint64(i+1) * 64, Cookie: uint64(i + 1), OldState: sockdiag.SynSent, NewState: sockdiag.Established,
+			ev := probes.TCPEvent{SkAddr: uint64(i+1) * 64, Cookie: uint64(i + 1), OldState: tcpstate.SynSent, NewState: tcpstate.Established,
 				Family: unix.AF_INET6, Local: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0xfd, 15: 2}), uint16(1024+i%60000)),
 				Remote: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0xfd, 1, 14: byte(i >> 8), 15: byte(i)}), 443)}
 			tab.Apply(&ev, time.Now())

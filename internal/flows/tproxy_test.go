@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 )
 
 // A pod under Istio's TPROXY interception, as sock_diag shows it
@@ -15,10 +16,10 @@ import (
 // downstream (inbound) flows, told by IP_TRANSPARENT.
 func TestClassifyTPROXY(t *testing.T) {
 	ap := netip.MustParseAddrPort
-	sock := func(state sockdiag.State, local, remote string, uid uint32, transparent bool) sockdiag.Socket {
+	sock := func(state tcpstate.State, local, remote string, uid uint32, transparent bool) sockdiag.Socket {
 		return sockdiag.Socket{Family: 2, State: state, Local: ap(local), Remote: ap(remote), UID: uid, Transparent: transparent, Inode: 1}
 	}
-	est, lis := sockdiag.Established, sockdiag.Listen
+	est, lis := tcpstate.Established, tcpstate.Listen
 	socks := []sockdiag.Socket{
 		sock(lis, "0.0.0.0:15006", "0.0.0.0:0", 1337, true),
 		sock(lis, "0.0.0.0:15001", "0.0.0.0:0", 1337, true),
@@ -61,7 +62,7 @@ func TestClassifyTPROXY(t *testing.T) {
 // draind's status port, a scrape of Envoy's metrics — is neither the app's
 // traffic nor the proxy's.
 func TestClassifyControlTraffic(t *testing.T) {
-	sock, est := controlSock, sockdiag.Established
+	sock, est := controlSock, tcpstate.Established
 	socks := append(controlListeners(),
 		sock(est, "127.0.0.1:38580", "127.0.0.1:15000", 0),    // draind → admin
 		sock(est, "127.0.0.1:15000", "127.0.0.1:38580", 1337), // Envoy's side
@@ -82,7 +83,7 @@ func TestClassifyControlTraffic(t *testing.T) {
 // footprint benchmark, whose namespace widens the range: 6 of 200,000 app
 // sockets were counted as control traffic.)
 func TestClassifyEphemeralPortsMatchNoPortRule(t *testing.T) {
-	sock, est := controlSock, sockdiag.Established
+	sock, est := controlSock, tcpstate.Established
 	p, listeners := controlPolicy(15020, 15001), controlListeners()
 	tests := []struct {
 		name      string
@@ -136,7 +137,7 @@ func controlPolicy(proxyPorts ...uint16) Policy {
 // controlListeners are that pod's listeners: Envoy's admin, draind's
 // status port, the app's 8080.
 func controlListeners() []sockdiag.Socket {
-	lis := sockdiag.Listen
+	lis := tcpstate.Listen
 	return []sockdiag.Socket{
 		controlSock(lis, "127.0.0.1:15000", "0.0.0.0:0", 1337),
 		controlSock(lis, "0.0.0.0:15020", "0.0.0.0:0", 0),
@@ -145,7 +146,7 @@ func controlListeners() []sockdiag.Socket {
 }
 
 // controlSock is an IPv4 socket of that pod.
-func controlSock(state sockdiag.State, local, remote string, uid uint32) sockdiag.Socket {
+func controlSock(state tcpstate.State, local, remote string, uid uint32) sockdiag.Socket {
 	ap := netip.MustParseAddrPort
 	return sockdiag.Socket{Family: 2, State: state, Local: ap(local), Remote: ap(remote), UID: uid, Inode: 1}
 }

@@ -24,7 +24,7 @@ import (
 func BenchmarkTrackerNotify(b *testing.B) {
 	for _, tc := range []struct {
 		name   string
-		mode   string
+		mode   TrackerMode
 		period time.Duration
 	}{
 		{"ebpf", ModeEBPF, 0},

@@ -9,25 +9,18 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/btf"
-	"go.uber.org/zap"
-
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
-)
-
-// Tracker modes.
-const (
-	ModeAuto     = "auto"
-	ModeEBPF     = "ebpf"
-	ModeSockDiag = "sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
+	"go.uber.org/zap"
 )
 
 // TrackerConfig configures OpenTracker. The zero value tracks in auto mode
 // with the defaults of docs/design.md.
 type TrackerConfig struct {
-	// Mode is auto, ebpf or sockdiag. auto tries eBPF and falls back.
-	Mode   string
+	// Mode is one of TrackerModes ("": ModeAuto).
+	Mode   TrackerMode
 	Policy Policy
 	// PollPeriod is the sock_diag polling period (sockdiag mode).
 	PollPeriod time.Duration
@@ -66,7 +59,7 @@ type Tracker struct {
 	name   string
 	diag   *sockdiag.Conn
 	probe  *probes.TCPState
-	mode   string
+	mode   TrackerMode
 	reason string
 	log    *zap.Logger
 
@@ -98,7 +91,7 @@ type Tracker struct {
 }
 
 // ErrTrackerMode is returned for an unknown mode.
-var ErrTrackerMode = errors.New("tracker mode must be auto, ebpf or sockdiag")
+var ErrTrackerMode = errors.New("tracker mode must be " + Words(TrackerModes, ", "))
 
 // OpenTracker opens the sources for ns (which must stay open while the
 // tracker runs) and takes the first snapshot. Call Run to keep it live.
@@ -149,7 +142,7 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 			}
 		}
 	default:
-		return nil, fmt.Errorf("%w, not %q", ErrTrackerMode, cfg.Mode)
+		return nil, errTrackerMode(cfg.Mode)
 	}
 	t.table = NewFlowTable(cfg.Policy, t.probe == nil || t.probe.UsesCookie())
 	t.replaceFn, t.emitFn = t.table.replaceSocket, t.emitLocked
@@ -215,7 +208,7 @@ func (t *Tracker) Listening(owner Owner, ports []uint16) (missing []uint16, err 
 	has := func(p uint16) bool { return t.table.Listens(owner, p) }
 	if !t.live.Load() {
 		found := make(map[uint16]bool, len(ports))
-		err = t.diag.EachLocalPort(sockdiag.Mask(sockdiag.Listen), ports, func(s *sockdiag.Socket) {
+		err = t.diag.EachLocalPort(sockdiag.Mask(tcpstate.Listen), ports, func(s *sockdiag.Socket) {
 			if f := t.onDemand.Flow(s); f.Owner == owner {
 				found[s.Local.Port()] = true
 			}
@@ -237,7 +230,7 @@ func (t *Tracker) Listening(owner Owner, ports []uint16) (missing []uint16, err 
 // answer to Summary and Snapshot). The classifier and the dump buffer are
 // the tracker's: one at a time, under mu.
 func (t *Tracker) dumpNowLocked() Snapshot {
-	socks, err := t.diag.Sockets(TableMask | sockdiag.Mask(sockdiag.Listen))
+	socks, err := t.diag.Sockets(TableMask | sockdiag.Mask(tcpstate.Listen))
 	if err != nil {
 		t.log.Debug("sock_diag dump on demand", zap.Error(err))
 		return Snapshot{Taken: time.Now(), Namespace: t.name}
@@ -257,7 +250,7 @@ func (t *Tracker) Opened() (probeLoad, firstSnapshot time.Duration) {
 
 // Mode returns the mode that runs and why it was chosen. It changes once
 // at most, when a probe failure after load makes Run fall back to polling.
-func (t *Tracker) Mode() (mode, reason string) {
+func (t *Tracker) Mode() (mode TrackerMode, reason string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.mode, t.reason
@@ -324,7 +317,7 @@ func (t *Tracker) Subscribe() (<-chan struct{}, func()) {
 }
 
 // Watch returns a channel of every change, buffered by buf; changes a slow
-// reader does not take are counted by Dropped, never block the tracker.
+// reader does not take are counted (t.dropped), never block the tracker.
 func (t *Tracker) Watch(buf int) (<-chan Change, func()) {
 	ch := make(chan Change, buf)
 	return ch, register(&t.mu, t.watches, ch)
@@ -341,9 +334,6 @@ func register[C comparable](mu *sync.Mutex, set map[C]struct{}, ch C) func() {
 		mu.Unlock()
 	}
 }
-
-// Dropped counts changes not delivered to slow watchers.
-func (t *Tracker) Dropped() uint64 { return t.dropped.Load() }
 
 // LastSnapshot is when the table was last read whole from sock_diag: the
 // time its flows' idle times (IdleMS) were measured. Flows added by events
@@ -368,12 +358,12 @@ const dumpRetries = 5
 // place and updates its record (sockdiag.Conn.Each, FlowTable.beginReplace):
 // no copy of the namespace is made, however large.
 func (t *Tracker) resyncLocked() error {
-	start := ktimeNow()
+	start := probes.KtimeNow()
 	before := t.table.Summary()
 	var err error
 	for range dumpRetries {
 		t.table.beginReplace()
-		err = t.diag.Each(TableMask|sockdiag.Mask(sockdiag.Listen), t.replaceFn)
+		err = t.diag.Each(TableMask|sockdiag.Mask(tcpstate.Listen), t.replaceFn)
 		if !errors.Is(err, sockdiag.ErrDumpInterrupted) {
 			break
 		}

@@ -11,11 +11,12 @@ import (
 
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // startTracker opens a tracker on ns in mode and runs it until the test ends.
-func startTracker(t *testing.T, ns *testutil.NetNS, mode string, p Policy) *Tracker {
+func startTracker(t *testing.T, ns *testutil.NetNS, mode TrackerMode, p Policy) *Tracker {
 	t.Helper()
 	if mode == ModeEBPF {
 		testutil.RequireBTF(t)
@@ -74,8 +75,8 @@ func waitSummary(t *testing.T, tr *Tracker, want Summary) {
 }
 
 func TestTrackerFollowsFlows(t *testing.T) {
-	for _, mode := range []string{ModeEBPF, ModeSockDiag} {
-		t.Run(mode, func(t *testing.T) {
+	for _, mode := range RunningModes {
+		t.Run(string(mode), func(t *testing.T) {
 			ns := testutil.NewNetNS(t)
 			tr := startTracker(t, ns, mode, DefaultPolicy())
 			waitSummary(t, tr, Summary{})
@@ -126,8 +127,8 @@ func TestTrackerChurn(t *testing.T) {
 	if testing.Short() {
 		n = 2000
 	}
-	for _, mode := range []string{ModeEBPF, ModeSockDiag} {
-		t.Run(mode, func(t *testing.T) {
+	for _, mode := range RunningModes {
+		t.Run(string(mode), func(t *testing.T) {
 			ns := testutil.NewNetNS(t)
 			tr := startTracker(t, ns, mode, DefaultPolicy())
 			ln := ns.ListenAs(t, 0, "127.0.0.1:7000")
@@ -177,7 +178,7 @@ func TestTrackerChurn(t *testing.T) {
 			// difference reported: the kernel sometimes skips a closing
 			// socket's last changes (see TableMask); they never hold.
 			testutil.Eventually(t, "table equals a fresh snapshot", func() error {
-				socks, err := d.Sockets(TableMask | sockdiag.Mask(sockdiag.Listen))
+				socks, err := d.Sockets(TableMask | sockdiag.Mask(tcpstate.Listen))
 				if err != nil {
 					return err
 				}
@@ -211,7 +212,7 @@ func TestTrackerChurn(t *testing.T) {
 func keys(fs []TrackedFlow, holding bool) string {
 	var out []string
 	for _, f := range fs {
-		if holding && f.State != sockdiag.Listen && !f.State.HoldsDrain() {
+		if holding && f.State != tcpstate.Listen && !HoldsDrain(f.State) {
 			continue
 		}
 		out = append(out, fmt.Sprintf("%s %s %s", f.State, f.Local, f.Remote))
@@ -261,8 +262,8 @@ func TestTrackerFallbackMode(t *testing.T) {
 // snapshots: a flow opened before it and one opened after are both seen,
 // and the table follows from there as a live tracker's does.
 func TestTrackerDormant(t *testing.T) {
-	for _, mode := range []string{ModeEBPF, ModeSockDiag} {
-		t.Run(mode, func(t *testing.T) {
+	for _, mode := range RunningModes {
+		t.Run(string(mode), func(t *testing.T) {
 			if mode == ModeEBPF {
 				testutil.RequireBTF(t)
 			}

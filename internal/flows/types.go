@@ -45,12 +45,6 @@ func (d Direction) String() string {
 // MarshalText makes directions read as names in JSON.
 func (d Direction) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
 
-// FiveTuple is the key used where no socket cookie is available (a tracing
-// program on a kernel before 5.12).
-type FiveTuple struct {
-	Local, Remote netip.AddrPort
-}
-
 func unmapPort(ap netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }

@@ -40,7 +40,7 @@ import (
 
 	"github.com/cilium/ebpf/btf"
 
-	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 )
 
 // UnavailableError says why an eBPF object (or another way of seeing the
@@ -112,8 +112,8 @@ type TCPEvent struct {
 	// SkAddr is the kernel address of the struct sock: unique while the
 	// socket lives, a fallback key on old kernels.
 	SkAddr   uint64
-	OldState sockdiag.State
-	NewState sockdiag.State
+	OldState tcpstate.State
+	NewState tcpstate.State
 	Family   uint8
 	Local    netip.AddrPort
 	Remote   netip.AddrPort

@@ -181,7 +181,7 @@ func (p *Procs) Snapshot() (ProcSnapshot, error) {
 	if p.iter == nil {
 		return ProcSnapshot{}, fmt.Errorf("run task iterator: %w", os.ErrClosed)
 	}
-	snap := ProcSnapshot{Start: monotonicNow(), Tasks: make(map[int]ProcTask)}
+	snap := ProcSnapshot{Start: KtimeNow(), Tasks: make(map[int]ProcTask)}
 	r, err := p.iter.Open()
 	if err != nil {
 		return ProcSnapshot{}, fmt.Errorf("run task iterator: %w", err)
@@ -275,13 +275,6 @@ func (p *Procs) Close() error {
 		p.closeErr = errors.Join(errs...)
 	})
 	return p.closeErr
-}
-
-// monotonicNow is CLOCK_MONOTONIC: the clock of bpf_ktime_get_ns.
-func monotonicNow() time.Duration {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return time.Duration(ts.Nano())
 }
 
 // decodeProcEvent reads a struct proc_event from the ring buffer.

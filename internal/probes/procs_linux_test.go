@@ -174,7 +174,7 @@ func TestProcs(t *testing.T) {
 	t.Logf("walk: %d processes visited, %d of the namespace", snap.Walk.Visited, snap.Walk.Written)
 
 	// A process born after the snapshot: fork, exec, exit 3.
-	before := monotonicNow()
+	before := KtimeNow()
 	sh := startIn(t, ns, "/bin/sh", "-c", "exit 3")
 	sh.Wait()
 	p.SetDeadline(time.Now().Add(15 * time.Second))

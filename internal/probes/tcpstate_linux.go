@@ -17,9 +17,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
+	"github.com/draind/draind/internal/tcpstate"
 	"golang.org/x/sys/unix"
-
-	"github.com/draind/draind/internal/sockdiag"
 )
 
 // TCPState delivers the TCP state changes of one network namespace, seen
@@ -76,7 +75,7 @@ type tcpstateLoaded struct {
 	tcpstateMaps
 }
 
-// eventSize is sizeof(struct event) in bpf/tcpstate.c; probe_linux_test.go
+// eventSize is sizeof(struct event) in bpf/tcpstate.c; tcpstate_linux_test.go
 // checks it against the generated tcpstateEvent.
 const eventSize = 72
 
@@ -101,10 +100,10 @@ const (
 var cookieUnsupported atomic.Bool
 
 // OpenTCPState loads bpf/tcpstate.c filtered to the namespace whose inode is
-// netnsInode (see NetNS.Inode) and attaches it. Events flow from the moment
+// netnsInode (namespace.Net.Inode) and attaches it. Events flow from the moment
 // it returns. Everything opened is closed on any failure.
 //
-// A *TCPStateUnavailableError says the probe cannot run on this host (no
+// An *UnavailableError says the probe cannot run on this host (no
 // capability, no BTF, kernel too old, verifier refusal): fall back to
 // polling. Other errors are the caller's (bad options).
 func OpenTCPState(netnsInode uint64, opts TCPStateOptions) (*TCPState, error) {
@@ -302,8 +301,8 @@ func decodeEvent(b []byte, ev *TCPEvent) error {
 	ev.Cookie = le.Uint64(b[evCookie:])
 	ev.SkAddr = le.Uint64(b[evSkaddr:])
 	ev.UID = le.Uint32(b[evUID:])
-	ev.OldState = sockdiag.State(b[evOldState])
-	ev.NewState = sockdiag.State(b[evNewState])
+	ev.OldState = tcpstate.State(b[evOldState])
+	ev.NewState = tcpstate.State(b[evNewState])
 	family := le.Uint16(b[evFamily:])
 	ev.Family = uint8(family)
 	sport, dport := le.Uint16(b[evSport:]), le.Uint16(b[evDport:])

@@ -27,6 +27,7 @@ import (
 
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 	"github.com/draind/draind/internal/testenv/testutil"
 )
 
@@ -66,7 +67,7 @@ func TestProbeEventLayout(t *testing.T) {
 		{unix.AF_INET6, netip.MustParseAddrPort("[::ffff:127.0.0.1]:80"), netip.MustParseAddrPort("[::ffff:127.0.0.1]:1")},
 	} {
 		in := tcpstateEvent{TsNs: 123456789, Cookie: 0xc00c1e, Skaddr: 0xffff888812345678, Uid: 1337,
-			Sport: tc.local.Port(), Dport: tc.remote.Port(), Family: tc.family, Oldstate: uint8(sockdiag.Established), Newstate: uint8(sockdiag.FinWait1)}
+			Sport: tc.local.Port(), Dport: tc.remote.Port(), Family: tc.family, Oldstate: uint8(tcpstate.Established), Newstate: uint8(tcpstate.FinWait1)}
 		if tc.family == unix.AF_INET {
 			a, b := tc.local.Addr().As4(), tc.remote.Addr().As4()
 			copy(in.Saddr[:], a[:])
@@ -82,7 +83,7 @@ func TestProbeEventLayout(t *testing.T) {
 		if err := decodeEvent(buf.Bytes(), &ev); err != nil {
 			t.Fatal(err)
 		}
-		want := TCPEvent{Time: 123456789, Cookie: 0xc00c1e, SkAddr: 0xffff888812345678, OldState: sockdiag.Established, NewState: sockdiag.FinWait1,
+		want := TCPEvent{Time: 123456789, Cookie: 0xc00c1e, SkAddr: 0xffff888812345678, OldState: tcpstate.Established, NewState: tcpstate.FinWait1,
 			Family: uint8(tc.family), Local: tc.local, Remote: tc.remote, UID: 1337}
 		if ev != want {
 			t.Errorf("decode:\n got %+v\nwant %+v", ev, want)
@@ -283,7 +284,7 @@ func probeFmtEvent(e TCPEvent) string {
 	return fmt.Sprintf("%v->%v fam=%d %v -> %v uid=%d cookie=%#x sk=%#x", e.OldState, e.NewState, e.Family, e.Local, e.Remote, e.UID, e.Cookie, e.SkAddr)
 }
 
-func probeTrans(from, to sockdiag.State) func(*TCPEvent) bool {
+func probeTrans(from, to tcpstate.State) func(*TCPEvent) bool {
 	return func(e *TCPEvent) bool { return e.OldState == from && e.NewState == to }
 }
 
@@ -414,7 +415,7 @@ func TestProbeLifecycle(t *testing.T) {
 			// Listener open: CLOSE -> LISTEN, by root.
 			ln := probeListen(t, ns, 0, tc.lnet, tc.laddr)
 			lap := probeAddrPort(ln.Addr())
-			lev := r.waitFor(t, "CLOSE->LISTEN", probeAnd(probeTrans(sockdiag.Close, sockdiag.Listen), probeLocalIs(lap)))
+			lev := r.waitFor(t, "CLOSE->LISTEN", probeAnd(probeTrans(tcpstate.Close, tcpstate.Listen), probeLocalIs(lap)))
 			lcookie, _ := diag(lap, netip.AddrPortFrom(probeZeroAddr(lap.Addr()), 0))
 			if p.UsesCookie() && lev.Cookie == 0 || lev.Cookie != lcookie {
 				t.Errorf("listener cookie %#x, sock_diag %#x", lev.Cookie, lcookie)
@@ -435,8 +436,8 @@ func TestProbeLifecycle(t *testing.T) {
 
 			// Client: CLOSE -> SYN_SENT (before the local port is picked:
 			// match on the remote end) -> ESTABLISHED.
-			syn := r.waitFor(t, "client CLOSE->SYN_SENT", probeAnd(probeTrans(sockdiag.Close, sockdiag.SynSent), func(e *TCPEvent) bool { return e.Remote == dst }))
-			est := r.waitFor(t, "client SYN_SENT->ESTABLISHED", probeAnd(probeTrans(sockdiag.SynSent, sockdiag.Established), probeLocalIs(cl)))
+			syn := r.waitFor(t, "client CLOSE->SYN_SENT", probeAnd(probeTrans(tcpstate.Close, tcpstate.SynSent), func(e *TCPEvent) bool { return e.Remote == dst }))
+			est := r.waitFor(t, "client SYN_SENT->ESTABLISHED", probeAnd(probeTrans(tcpstate.SynSent, tcpstate.Established), probeLocalIs(cl)))
 			ccookie, cuid := diag(cl, dst)
 			for _, e := range []TCPEvent{syn, est} {
 				if e.SkAddr != est.SkAddr || e.Cookie != ccookie || e.UID != 1337 || e.Family != probeFamilyOf(cl) {
@@ -449,8 +450,8 @@ func TestProbeLifecycle(t *testing.T) {
 
 			// Server child: LISTEN -> SYN_RECV (the half-built clone still
 			// carries the listener's identity: no cookie) -> ESTABLISHED.
-			sest := r.waitFor(t, "server SYN_RECV->ESTABLISHED", probeAnd(probeTrans(sockdiag.SynRecv, sockdiag.Established), probeLocalIs(sl)))
-			srecv := r.waitFor(t, "server LISTEN->SYN_RECV", probeAnd(probeTrans(sockdiag.Listen, sockdiag.SynRecv), probeSkIs(sest.SkAddr)))
+			sest := r.waitFor(t, "server SYN_RECV->ESTABLISHED", probeAnd(probeTrans(tcpstate.SynRecv, tcpstate.Established), probeLocalIs(sl)))
+			srecv := r.waitFor(t, "server LISTEN->SYN_RECV", probeAnd(probeTrans(tcpstate.Listen, tcpstate.SynRecv), probeSkIs(sest.SkAddr)))
 			t.Logf("LISTEN->SYN_RECV as reported: %s", probeFmtEvent(srecv))
 			if srecv.Cookie != 0 {
 				t.Errorf("LISTEN->SYN_RECV carries cookie %#x, want 0", srecv.Cookie)
@@ -466,13 +467,13 @@ func TestProbeLifecycle(t *testing.T) {
 
 			// Active close by the client, passive close by the server.
 			client.Close()
-			fw1 := r.waitFor(t, "client ESTABLISHED->FIN_WAIT1", probeAnd(probeTrans(sockdiag.Established, sockdiag.FinWait1), probeSkIs(est.SkAddr)))
-			r.waitFor(t, "client FIN_WAIT1->FIN_WAIT2", probeAnd(probeTrans(sockdiag.FinWait1, sockdiag.FinWait2), probeSkIs(est.SkAddr)))
-			cw := r.waitFor(t, "server ESTABLISHED->CLOSE_WAIT", probeAnd(probeTrans(sockdiag.Established, sockdiag.CloseWait), probeSkIs(sest.SkAddr)))
+			fw1 := r.waitFor(t, "client ESTABLISHED->FIN_WAIT1", probeAnd(probeTrans(tcpstate.Established, tcpstate.FinWait1), probeSkIs(est.SkAddr)))
+			r.waitFor(t, "client FIN_WAIT1->FIN_WAIT2", probeAnd(probeTrans(tcpstate.FinWait1, tcpstate.FinWait2), probeSkIs(est.SkAddr)))
+			cw := r.waitFor(t, "server ESTABLISHED->CLOSE_WAIT", probeAnd(probeTrans(tcpstate.Established, tcpstate.CloseWait), probeSkIs(sest.SkAddr)))
 			server.Close()
-			la := r.waitFor(t, "server CLOSE_WAIT->LAST_ACK", probeAnd(probeTrans(sockdiag.CloseWait, sockdiag.LastAck), probeSkIs(sest.SkAddr)))
-			scl := r.waitFor(t, "server LAST_ACK->CLOSE", probeAnd(probeTrans(sockdiag.LastAck, sockdiag.Close), probeSkIs(sest.SkAddr)))
-			ccl := r.waitFor(t, "client FIN_WAIT2->CLOSE", probeAnd(probeTrans(sockdiag.FinWait2, sockdiag.Close), probeSkIs(est.SkAddr)))
+			la := r.waitFor(t, "server CLOSE_WAIT->LAST_ACK", probeAnd(probeTrans(tcpstate.CloseWait, tcpstate.LastAck), probeSkIs(sest.SkAddr)))
+			scl := r.waitFor(t, "server LAST_ACK->CLOSE", probeAnd(probeTrans(tcpstate.LastAck, tcpstate.Close), probeSkIs(sest.SkAddr)))
+			ccl := r.waitFor(t, "client FIN_WAIT2->CLOSE", probeAnd(probeTrans(tcpstate.FinWait2, tcpstate.Close), probeSkIs(est.SkAddr)))
 			for _, e := range []TCPEvent{fw1, ccl} {
 				if e.Local != cl || e.Remote != dst || e.Cookie != ccookie || e.UID != 1337 {
 					t.Errorf("client close event %s: want %v -> %v cookie %#x", probeFmtEvent(e), cl, dst, ccookie)
@@ -488,7 +489,7 @@ func TestProbeLifecycle(t *testing.T) {
 
 			// Listener close.
 			ln.Close()
-			lcl := r.waitFor(t, "LISTEN->CLOSE", probeAnd(probeTrans(sockdiag.Listen, sockdiag.Close), probeSkIs(lev.SkAddr)))
+			lcl := r.waitFor(t, "LISTEN->CLOSE", probeAnd(probeTrans(tcpstate.Listen, tcpstate.Close), probeSkIs(lev.SkAddr)))
 			if lcl.Local != lap || lcl.Cookie != lcookie {
 				t.Errorf("listener close %s: want local %v cookie %#x", probeFmtEvent(lcl), lap, lcookie)
 			}
@@ -580,8 +581,8 @@ func TestProbeNamespaceFilter(t *testing.T) {
 	ln := probeListen(t, a, 0, "tcp4", "127.0.0.1:0")
 	mark := probeAddrPort(ln.Addr())
 	ln.Close()
-	ra.waitFor(t, "marker LISTEN->CLOSE", probeAnd(probeTrans(sockdiag.Listen, sockdiag.Close), probeLocalIs(mark)))
-	rb.waitFor(t, "b's listener close", probeAnd(probeTrans(sockdiag.Listen, sockdiag.Close), func(e *TCPEvent) bool { return e.Local.Port() == bport }))
+	ra.waitFor(t, "marker LISTEN->CLOSE", probeAnd(probeTrans(tcpstate.Listen, tcpstate.Close), probeLocalIs(mark)))
+	rb.waitFor(t, "b's listener close", probeAnd(probeTrans(tcpstate.Listen, tcpstate.Close), func(e *TCPEvent) bool { return e.Local.Port() == bport }))
 	time.Sleep(50 * time.Millisecond)
 
 	for _, e := range ra.all() {
@@ -623,12 +624,12 @@ func TestProbeNoCookieFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	cl := probeAddrPort(c.LocalAddr())
-	est := r.waitFor(t, "client ESTABLISHED", probeAnd(probeTrans(sockdiag.SynSent, sockdiag.Established), probeLocalIs(cl)))
-	r.waitFor(t, "client SYN_SENT", probeAnd(probeTrans(sockdiag.Close, sockdiag.SynSent), probeSkIs(est.SkAddr)))
+	est := r.waitFor(t, "client ESTABLISHED", probeAnd(probeTrans(tcpstate.SynSent, tcpstate.Established), probeLocalIs(cl)))
+	r.waitFor(t, "client SYN_SENT", probeAnd(probeTrans(tcpstate.Close, tcpstate.SynSent), probeSkIs(est.SkAddr)))
 	c.Close()
 	s.Close()
-	r.waitFor(t, "client FIN_WAIT1", probeAnd(probeTrans(sockdiag.Established, sockdiag.FinWait1), probeSkIs(est.SkAddr), probeLocalIs(cl)))
-	r.waitFor(t, "client CLOSE", probeAnd(probeTrans(sockdiag.FinWait2, sockdiag.Close), probeSkIs(est.SkAddr), probeLocalIs(cl)))
+	r.waitFor(t, "client FIN_WAIT1", probeAnd(probeTrans(tcpstate.Established, tcpstate.FinWait1), probeSkIs(est.SkAddr), probeLocalIs(cl)))
+	r.waitFor(t, "client CLOSE", probeAnd(probeTrans(tcpstate.FinWait2, tcpstate.Close), probeSkIs(est.SkAddr), probeLocalIs(cl)))
 	for _, e := range r.all() {
 		if e.Cookie != 0 {
 			t.Errorf("cookie in fallback mode: %s", probeFmtEvent(e))
@@ -657,11 +658,11 @@ func TestProbeDeadlineAndClose(t *testing.T) {
 	// Events are still delivered after a deadline error once it is lifted.
 	p.SetDeadline(time.Time{})
 	ln := probeListen(t, ns, 0, "tcp4", "127.0.0.1:0")
-	if err := p.ReadEvent(&ev); err != nil || ev.NewState != sockdiag.Listen {
+	if err := p.ReadEvent(&ev); err != nil || ev.NewState != tcpstate.Listen {
 		t.Fatalf("ReadEvent after clearing the deadline: %v %s", err, probeFmtEvent(ev))
 	}
 	ln.Close()
-	if err := p.ReadEvent(&ev); err != nil || ev.NewState != sockdiag.Close {
+	if err := p.ReadEvent(&ev); err != nil || ev.NewState != tcpstate.Close {
 		t.Fatalf("ReadEvent: %v %s", err, probeFmtEvent(ev))
 	}
 
@@ -925,7 +926,7 @@ func probeChurnBench(b *testing.B, p *TCPState, ns *testutil.NetNS, open int, wo
 	}
 	var (
 		mu                    sync.Mutex
-		last                  = map[uint64]sockdiag.State{} // by SkAddr, until CLOSE
+		last                  = map[uint64]tcpstate.State{} // by SkAddr, until CLOSE
 		total, starts, broken uint64
 		firstBroken           string
 		lastAt                time.Time
@@ -939,17 +940,17 @@ func probeChurnBench(b *testing.B, p *TCPState, ns *testutil.NetNS, open int, wo
 			total++
 			lastAt = time.Now()
 			prev, ok := last[ev.SkAddr]
-			newSock := ev.OldState == sockdiag.Close || ev.OldState == sockdiag.Listen && ev.NewState == sockdiag.SynRecv
+			newSock := ev.OldState == tcpstate.Close || ev.OldState == tcpstate.Listen && ev.NewState == tcpstate.SynRecv
 			if newSock && ok || !newSock && (!ok || prev != ev.OldState) {
 				if broken == 0 {
 					firstBroken = fmt.Sprintf("%s after %v (known %v)", probeFmtEvent(ev), prev, ok)
 				}
 				broken++
 			}
-			if ev.OldState == sockdiag.Close {
+			if ev.OldState == tcpstate.Close {
 				starts++
 			}
-			if ev.NewState == sockdiag.Close {
+			if ev.NewState == tcpstate.Close {
 				delete(last, ev.SkAddr)
 			} else {
 				last[ev.SkAddr] = ev.NewState
@@ -1024,7 +1025,7 @@ func probeChurnBench(b *testing.B, p *TCPState, ns *testutil.NetNS, open int, wo
 	b.ReportMetric(float64(st.RecursionMisses), "primary-misses")
 	b.ReportMetric(float64(covered), "backup-covered")
 	// Sockets whose next change did not follow their last one: a gap no
-	// counter saw (see the report in probe_linux.go, "Known gaps").
+	// counter saw (see tcpstate_linux.go, "Known gaps").
 	b.ReportMetric(float64(broken), "chain-breaks")
 	if lost != 0 {
 		b.Errorf("lost %d events", lost)
@@ -1033,7 +1034,7 @@ func probeChurnBench(b *testing.B, p *TCPState, ns *testutil.NetNS, open int, wo
 		b.Logf("%d events do not follow their socket's previous state; first: %s", broken, firstBroken)
 	}
 	if got := starts - starts0; got != uint64(b.N) || len(last) != open {
-		byState := map[sockdiag.State]int{}
+		byState := map[tcpstate.State]int{}
 		for _, st := range last {
 			byState[st]++
 		}
@@ -1081,7 +1082,7 @@ func BenchmarkProbeCloseLatency(b *testing.B) {
 		var ev TCPEvent
 		var ts unix.Timespec
 		for p.ReadEvent(&ev) == nil {
-			if ev.OldState != sockdiag.Established || ev.NewState != sockdiag.FinWait1 {
+			if ev.OldState != tcpstate.Established || ev.NewState != tcpstate.FinWait1 {
 				continue
 			}
 			now := time.Now()

@@ -8,8 +8,13 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/namespace"
+	"github.com/draind/draind/internal/tcpstate"
 	"github.com/draind/draind/internal/testenv/testutil"
 )
+
+// holdingMask selects the states that hold a drain (flows.HoldsDrain; flows
+// imports this package, so its tests cannot).
+var holdingMask = Mask(tcpstate.Established, tcpstate.SynSent, tcpstate.SynRecv, tcpstate.NewSynRecv, tcpstate.CloseWait)
 
 func dialNS(t *testing.T, ns *testutil.NetNS) *Conn {
 	t.Helper()
@@ -43,9 +48,9 @@ func TestDumpStates(t *testing.T) {
 	s.Close() // TIME_WAIT on the client side
 
 	d := dialNS(t, ns)
-	want := map[State]int{Listen: 2, Established: 2, CloseWait: 1, FinWait2: 1, TimeWait: 1, LastAck: 0}
+	want := map[tcpstate.State]int{tcpstate.Listen: 2, tcpstate.Established: 2, tcpstate.CloseWait: 1, tcpstate.FinWait2: 1, tcpstate.TimeWait: 1, tcpstate.LastAck: 0}
 	testutil.Eventually(t, "states", func() error {
-		got := map[State]int{}
+		got := map[tcpstate.State]int{}
 		socks, err := d.Sockets(AllStates)
 		if err != nil {
 			return err
@@ -53,11 +58,11 @@ func TestDumpStates(t *testing.T) {
 		for _, s := range socks {
 			got[s.State]++
 			switch {
-			case s.State == TimeWait && (s.HasInfo || s.Inode != 0):
+			case s.State == tcpstate.TimeWait && (s.HasInfo || s.Inode != 0):
 				return fmt.Errorf("TIME_WAIT with tcp_info or inode: %+v", s)
-			case s.State == Established && (!s.HasInfo || s.Cookie == 0 || s.Inode == 0):
+			case s.State == tcpstate.Established && (!s.HasInfo || s.Cookie == 0 || s.Inode == 0):
 				return fmt.Errorf("established without tcp_info, cookie or inode: %+v", s)
-			case s.State == Listen && s.Local.Port() == 15006 && (s.UID != 1337 || s.Family != afInet6):
+			case s.State == tcpstate.Listen && s.Local.Port() == 15006 && (s.UID != 1337 || s.Family != afInet6):
 				return fmt.Errorf("[::1]:15006 listener: %+v", s)
 			}
 		}
@@ -82,11 +87,11 @@ func TestListenMaskDoesNotReturnFlows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(socks) != 1 || socks[0].State != Listen {
+	if len(socks) != 1 || socks[0].State != tcpstate.Listen {
 		t.Fatalf("LISTEN dump: %d sockets %v", len(socks), socks)
 	}
 	n := 0
-	if err := d.Each(HoldingMask, func(*Socket) { n++ }); err != nil {
+	if err := d.Each(holdingMask, func(*Socket) { n++ }); err != nil {
 		t.Fatal(err)
 	}
 	if n != 40 {
@@ -194,7 +199,7 @@ func TestEachLocalPort(t *testing.T) {
 		{ListenMask, []uint16{7}, 0},
 		{ListenMask, nil, 0},
 		{AllStates, []uint16{9090}, 6}, // the listener and the accepted side
-		{HoldingMask, []uint16{9090, 8080, 8081}, 5},
+		{holdingMask, []uint16{9090, 8080, 8081}, 5},
 	} {
 		if got := ports(tc.mask, tc.ports...); len(got) != tc.want {
 			t.Errorf("ports %v mask %#x: %d sockets %v, want %d", tc.ports, tc.mask, len(got), got, tc.want)

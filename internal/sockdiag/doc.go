@@ -24,8 +24,8 @@
 //
 // [ParseMessage] decodes one inet_diag_msg and the attributes draind uses
 // (tcp_info's idle times, the cgroup id) into a [Socket] without retaining
-// the buffer. [State] numbers TCP states as the kernel does, so values from
-// sock_diag and from the inet_sock_set_state tracepoint need no translation.
+// the buffer. A socket's state is a [tcpstate.State], numbered as the
+// kernel numbers TCP states.
 //
 // # Errors
 //

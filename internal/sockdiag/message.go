@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+
+	"github.com/draind/draind/internal/tcpstate"
 )
 
 // Socket is one TCP socket as the kernel reports it.
 type Socket struct {
 	Family uint8          `json:"family"` // unix.AF_INET or unix.AF_INET6
-	State  State          `json:"state"`
+	State  tcpstate.State `json:"state"`
 	Local  netip.AddrPort `json:"local"`
 	Remote netip.AddrPort `json:"remote"`
 	UID    uint32         `json:"uid"`
@@ -89,7 +91,7 @@ func ParseMessage(b []byte, s *Socket) error {
 	}
 	*s = Socket{
 		Family: b[0],
-		State:  State(b[1]),
+		State:  tcpstate.State(b[1]),
 		UID:    binary.NativeEndian.Uint32(b[64:68]),
 		Inode:  binary.NativeEndian.Uint32(b[68:72]),
 		Cookie: uint64(binary.NativeEndian.Uint32(b[44:48])) | uint64(binary.NativeEndian.Uint32(b[48:52]))<<32,

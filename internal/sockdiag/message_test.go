@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/draind/draind/internal/tcpstate"
 )
 
 // readFixture splits a fixture file: each message is a little-endian u32
@@ -36,7 +38,7 @@ func TestParseFixtures(t *testing.T) {
 	if len(msgs) < 7 {
 		t.Fatalf("fixture has %d messages", len(msgs))
 	}
-	seen := map[State]int{}
+	seen := map[tcpstate.State]int{}
 	var v4, v6 int
 	for i, m := range msgs {
 		var s Socket
@@ -49,14 +51,14 @@ func TestParseFixtures(t *testing.T) {
 		} else {
 			v6++
 		}
-		if s.State != TimeWait && s.Cookie == 0 {
+		if s.State != tcpstate.TimeWait && s.Cookie == 0 {
 			t.Errorf("message %d (%s): zero cookie", i, s.State)
 		}
-		if s.State == Established && !s.HasInfo {
+		if s.State == tcpstate.Established && !s.HasInfo {
 			t.Errorf("message %d: established without tcp_info", i)
 		}
 	}
-	for _, st := range []State{Listen, Established, TimeWait, CloseWait} {
+	for _, st := range []tcpstate.State{tcpstate.Listen, tcpstate.Established, tcpstate.TimeWait, tcpstate.CloseWait} {
 		if seen[st] == 0 {
 			t.Errorf("fixture has no %s socket (states %v)", st, seen)
 		}
@@ -69,7 +71,7 @@ func TestParseFixtures(t *testing.T) {
 func TestParseMessage(t *testing.T) {
 	base := func() []byte {
 		b := make([]byte, msgLen)
-		b[0], b[1] = afInet, byte(Established)
+		b[0], b[1] = afInet, byte(tcpstate.Established)
 		binary.BigEndian.PutUint16(b[4:], 8080)
 		binary.BigEndian.PutUint16(b[6:], 41000)
 		copy(b[8:], []byte{127, 0, 0, 1})
@@ -103,13 +105,13 @@ func TestParseMessage(t *testing.T) {
 		want    Socket
 		wantErr error
 	}{
-		{"bare v4", base(), Socket{Family: afInet, State: Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234}, nil},
+		{"bare v4", base(), Socket{Family: afInet, State: tcpstate.Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234}, nil},
 		{"with info and cgroup", append(append(base(), attr(attrInfo, info)...), attr(attrCgroupID, cg)...),
-			Socket{Family: afInet, State: Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234,
+			Socket{Family: afInet, State: tcpstate.Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234,
 				CgroupID: 4242, HasInfo: true, LastDataSent: 1500 * time.Millisecond, LastDataRecv: 700 * time.Millisecond, DataSegsIn: 3, DataSegsOut: 4}, nil},
-		{"transparent", append(base(), attr(attrSockopt, []byte{0x72, 0})...), Socket{Family: afInet, State: Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234, Transparent: true}, nil},
-		{"not transparent", append(base(), attr(attrSockopt, []byte{0x52, 0})...), Socket{Family: afInet, State: Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234}, nil},
-		{"short tcp_info ignored", append(base(), attr(attrInfo, info[:40])...), Socket{Family: afInet, State: Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234}, nil},
+		{"transparent", append(base(), attr(attrSockopt, []byte{0x72, 0})...), Socket{Family: afInet, State: tcpstate.Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234, Transparent: true}, nil},
+		{"not transparent", append(base(), attr(attrSockopt, []byte{0x52, 0})...), Socket{Family: afInet, State: tcpstate.Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234}, nil},
+		{"short tcp_info ignored", append(base(), attr(attrInfo, info[:40])...), Socket{Family: afInet, State: tcpstate.Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234}, nil},
 		{"truncated", base()[:50], Socket{}, ErrShortMessage},
 		{"bad attr length", append(base(), 0xff, 0x00, 0x02, 0x00), Socket{}, ErrShortMessage},
 	}

@@ -5,7 +5,7 @@
 # k8s.io/kubernetes replaces its staging modules with ./staging/... paths, so
 # `go install` cannot build its commands; a throwaway module that requires it
 # and maps every staging module to its published version (v0.X.Y for v1.X.Y)
-# builds cmd/kubelet unchanged (shared/peers-kubelet.md).
+# builds k8s.io/kubernetes/cmd/kubelet unchanged.
 set -euo pipefail
 version=${1:-v1.34.2}
 cache=${DRAIND_KUBELET_CACHE:-$HOME/.cache/draind-kubelet}/$version

@@ -126,8 +126,9 @@ type StatsInclusion struct {
 	Regexes  []string `json:"regexes"`
 }
 
-// IstioStatsInclusion is Istio's default stats_matcher (pkg/bootstrap
-// config.go and tools/packaging/common/envoy_bootstrap.json): the prefixes
+// IstioStatsInclusion is Istio's default stats_matcher (Istio's
+// istio.io/istio/pkg/bootstrap/config.go and
+// istio.io/istio/tools/packaging/common/envoy_bootstrap.json): the prefixes
 // reporter=, cluster_manager, listener_manager, server, cluster.xds-grpc,
 // wasm, component and istio; the suffixes rbac.allowed, rbac.denied,
 // shadow_allowed and shadow_denied, plus downstream_cx_active when

@@ -26,6 +26,7 @@ import (
 
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/sockdiag"
+	"github.com/draind/draind/internal/tcpstate"
 	"github.com/draind/draind/internal/testenv/nsrun"
 )
 
@@ -189,7 +190,7 @@ func (b *NS) WaitEstablished(n int, timeout time.Duration) error {
 	d.SetInfo(false)
 	for deadline := time.Now().Add(timeout); ; time.Sleep(50 * time.Millisecond) {
 		got := 0
-		err := d.Each(sockdiag.Mask(sockdiag.Established), func(*sockdiag.Socket) { got++ })
+		err := d.Each(sockdiag.Mask(tcpstate.Established), func(*sockdiag.Socket) { got++ })
 		if err == nil && got >= n {
 			return nil
 		}

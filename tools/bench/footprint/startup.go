@@ -148,7 +148,7 @@ func startOnce(last string, command func(dir string) (*exec.Cmd, error)) (*agent
 
 // pilotCommand is Istio's pilot-agent running the stand-in (through a
 // wrapper that drops Envoy's flags) as its proxy, offline
-// (/work/shared/peers-pilot-agent.md, "Running pilot-agent itself offline").
+// (docs/peers.md, "Running pilot-agent itself offline").
 func pilotCommand(pilot, self, dir string) (*exec.Cmd, error) {
 	wrapper := filepath.Join(dir, "envoy")
 	if err := os.WriteFile(wrapper, []byte("#!/bin/sh\nexec "+self+" standin\n"), 0o755); err != nil {

@@ -16,7 +16,7 @@ import (
 	"github.com/draind/draind/internal/testenv/testutil"
 )
 
-// Interception as Istio sets it up (peers-pilot-agent.md): envoysim runs as
+// Interception as Istio sets it up (docs/peers.md): envoysim runs as
 // the proxy uid 1337 in a pod's network namespace; iptables sends traffic
 // to its listeners with TPROXY (the inbound listener is IP_TRANSPARENT,
 // which needs CAP_NET_ADMIN, given as an ambient capability) or REDIRECT;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Minimal, hand-written kernel type definitions for draind's eBPF programs.
+ * The kernel types bpf/tcpstate.c reads, hand-written (base.h has the
+ * scalar types both programs share).
  *
  * This replaces a generated vmlinux.h on purpose: the objects are rebuilt in
  * CI on another kernel and must come out byte-identical, so nothing here may
@@ -12,8 +13,8 @@
  * Add a member only when a program reads it, with the kernel's own name and
  * a compatible type.
  */
-#ifndef __DRAIND_COMMON_H
-#define __DRAIND_COMMON_H
+#ifndef __DRAIND_TCPSTATE_H
+#define __DRAIND_TCPSTATE_H
 
 #include "base.h"
 
@@ -98,4 +99,4 @@ struct inet_sock {
 
 #pragma clang attribute pop
 
-#endif /* __DRAIND_COMMON_H */
+#endif /* __DRAIND_TCPSTATE_H */

@@ -1,0 +1,65 @@
+package drain
+
+// The values of the machine's enumerations, each listed once: what flags
+// accept and errors name (AppExits, ExitWithApps), and the label values
+// of the metrics that export them.
+
+// AppExits are the --app-exit policies.
+var AppExits = []AppExit{AppExitWait, AppExitFlows}
+
+// ExitWithApps are the --exit-with-app policies.
+var ExitWithApps = []ExitWithApp{ExitWithAppOff, ExitWithAppSuccess, ExitWithAppAny}
+
+// DrainListenersStates are the states of the drain_listeners call.
+var DrainListenersStates = []DrainListenersState{DrainListenersNotSent, DrainListenersRetrying, DrainListenersDone, DrainListenersGaveUp}
+
+// GaugesStates are the states of the gauge check.
+var GaugesStates = []GaugesState{GaugesUnknown, GaugesPresent, GaugesAbsent}
+
+// PodShape is the kind of pod a drain is for, as the logs name it: at
+// start what the configuration tells (Config.StartShape), at the drain
+// what its trigger tells too (the "draining" phase line).
+type PodShape uint8
+
+// Pod shapes.
+const (
+	// ShapeSidecar is a sidecar at start: classic, or native when its
+	// preStop hook drains it (told at the drain).
+	ShapeSidecar PodShape = iota
+	ShapeGateway
+	ShapeJob
+	ShapePrestop
+	ShapeNativeSidecar
+	ShapePOSTSidecar
+	ShapeClassicSidecar
+)
+
+var podShapeNames = [...]string{
+	ShapeSidecar:        "sidecar (classic, or native when the preStop hook drains it: told at the drain)",
+	ShapeGateway:        "gateway (no app: every listener drains)",
+	ShapeJob:            "run to completion (a Job: the proxy ends with the app's work)",
+	ShapePrestop:        "preStop hook (draind prestop)",
+	ShapeNativeSidecar:  "native sidecar (drained from its preStop hook while the app shuts down; its SIGTERM comes once the app is gone)",
+	ShapePOSTSidecar:    "sidecar (drain asked over POST /drain)",
+	ShapeClassicSidecar: "classic sidecar (SIGTERM with the app)",
+}
+
+func (s PodShape) String() string {
+	if int(s) >= len(podShapeNames) {
+		return "unknown"
+	}
+	return podShapeNames[s]
+}
+
+// StartShape is the shape the configuration tells before any drain.
+func (c *Config) StartShape() PodShape {
+	switch {
+	case c.Prestop:
+		return ShapePrestop
+	case c.Gateway:
+		return ShapeGateway
+	case c.ExitWithApp == ExitWithAppSuccess || c.ExitWithApp == ExitWithAppAny:
+		return ShapeJob
+	}
+	return ShapeSidecar
+}
