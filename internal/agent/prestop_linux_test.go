@@ -11,12 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/flows"
-	"github.com/draind/draind/internal/namespace"
-	"github.com/draind/draind/internal/testenv/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/namespace"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // sockDiagFDs lists this process's NETLINK_SOCK_DIAG sockets.
