@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/btf"
+	"go.uber.org/zap"
+
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
 	"github.com/draind/draind/internal/tcpstate"
-	"go.uber.org/zap"
 )
 
 // TrackerConfig configures OpenTracker. The zero value tracks in auto mode
