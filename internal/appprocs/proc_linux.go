@@ -288,7 +288,7 @@ func firstMountID(dir string) (id uint64, exiting bool) {
 	defer f.Close()
 	var buf [32]byte
 	n, err := f.Read(buf[:])
-	if n == 0 && (err == io.EOF || errors.Is(err, unix.ESRCH)) {
+	if n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, unix.ESRCH)) {
 		return 0, true // its namespace went between open and read
 	}
 	field, _, ok := strings.Cut(string(buf[:n]), " ")
