@@ -91,9 +91,6 @@ type Tracker struct {
 	closeErr  error
 }
 
-// ErrTrackerMode is returned for an unknown mode.
-var ErrTrackerMode = errors.New("tracker mode must be " + Words(TrackerModes, ", "))
-
 // OpenTracker opens the sources for ns (which must stay open while the
 // tracker runs) and takes the first snapshot. Call Run to keep it live.
 func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
