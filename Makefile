@@ -32,7 +32,7 @@ test: ## run every test of the product (as root for the kernel tests); ends nami
 # why). As root, unit and unit-race run them as nobody, with Go caches of
 # its own in UNIT_CACHE, so that they are the rootless tests wherever run.
 UNIT_PKGS ?= ./internal/agent ./internal/appprocs ./internal/cli ./internal/drain ./internal/envoy \
-	./internal/flows ./internal/namespace ./internal/privs ./internal/probes ./internal/proxy ./internal/sockdiag
+	./internal/flows ./internal/namespace ./internal/privs ./internal/probes ./internal/proxy ./internal/sockdiag ./internal/tcpstate
 UNIT_CACHE ?= /var/tmp/draind-unit
 UNIT_AS = $(if $(filter 0,$(shell id -u)),setpriv --reuid=65534 --regid=65534 --clear-groups \
 	env HOME=$(UNIT_CACHE) GOCACHE=$(UNIT_CACHE)/go-build GOPATH=$(UNIT_CACHE)/go GOFLAGS=-buildvcs=false PATH="$(PATH)")
@@ -49,7 +49,7 @@ test-tools: ## run the developer tools' own tests (the tools module)
 # The packages that build on every system (Linux parts in _linux.go files,
 # the rest in _other.go stubs); vet checks them for darwin.
 PORTABLE_PKGS ?= ./internal/appprocs ./internal/drain ./internal/envoy ./internal/flows ./internal/namespace \
-	./internal/privs ./internal/probes ./internal/sockdiag ./internal/testenv/envoysim ./internal/testenv/envoysim/conformance
+	./internal/privs ./internal/probes ./internal/sockdiag ./internal/tcpstate ./internal/testenv/envoysim ./internal/testenv/envoysim/conformance
 vet: ## go vet the product (and its portable packages for darwin), the tools and the kubelet tests
 	$(GO) vet ./...
 	GOOS=darwin $(GO) vet $(PORTABLE_PKGS)
