@@ -46,8 +46,8 @@ unit-race: unit-cache ## the same under the race detector
 test-tools: ## run the developer tools' own tests (the tools module)
 	$(GO) -C tools test -count=1 ./...
 
-# The packages that build on every system (Linux parts in _linux.go files,
-# the rest in _other.go stubs); vet checks them for darwin.
+# The packages that build on every system (their Linux parts behind the
+# linux build constraint, stubs elsewhere); vet checks them for darwin.
 PORTABLE_PKGS ?= ./internal/appprocs ./internal/drain ./internal/envoy ./internal/flows ./internal/namespace \
 	./internal/privs ./internal/probes ./internal/sockdiag ./internal/tcpstate ./internal/testenv/envoysim ./internal/testenv/envoysim/conformance
 vet: ## go vet the product (and its portable packages for darwin), the tools and the kubelet tests

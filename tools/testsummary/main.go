@@ -63,7 +63,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// event is one line of `go test -json` (cmd/test2json).
+// event is one line of `go test -json` (`go doc test2json` has the format).
 type event struct {
 	Action  string
 	Package string
@@ -164,7 +164,7 @@ func (s *summary) flush(pkg string) {
 	}
 }
 
-// A log line's "    file_test.go:42: " prefix.
+// A log line's prefix: indentation, the test file's name, its line, ": ".
 var logPrefix = regexp.MustCompile(`^\s*[\w.-]+\.go:\d+: `)
 
 // skipReason is what a skipped test said, less go test's own lines.
