@@ -2,10 +2,11 @@ package e2e
 
 import (
 	"slices"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // BenchmarkExitLatency measures, over b.N drains per mode, the time from
@@ -51,10 +52,10 @@ func oneDrain(b *testing.B, p *pod, mode string) time.Duration {
 	if code != 0 {
 		b.Fatalf("exit %d:\n%s", code, p.draindLog.String())
 	}
-	for _, l := range p.logLines("phase") {
+	for _, l := range p.logLines(logevent.Phase) {
 		if l["phase"] == "stopping" {
 			ns, _ := l["quit_sent_unix_ns"].(float64)
-			if !strings.Contains(p.draindLog.String(), `"phase":"gating"`) {
+			if p.phaseTime("gating").IsZero() {
 				b.Fatalf("no gating phase:\n%s", p.draindLog.String())
 			}
 			return time.Unix(0, int64(ns)).Sub(closedAt)
@@ -91,7 +92,7 @@ func BenchmarkPodShapes(b *testing.B) {
 				time.Sleep(time.Millisecond)
 			}
 			to503 = append(to503, time.Since(hook))
-			sent := p.waitLog(5*time.Second, "drain_listeners sent", nil)
+			sent := p.waitLog(5*time.Second, logevent.DrainListenersSent, nil)
 			ts, _ := time.Parse("2006-01-02T15:04:05.000Z0700", sent["ts"].(string))
 			toDrain = append(toDrain, ts.Sub(hook))
 			p.app.wait(10 * time.Second)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // A pod full of draind costs its neighbours nothing while it serves: from
@@ -49,7 +51,7 @@ func TestNothingAttachedWhileReady(t *testing.T) {
 				t.Errorf("readiness %d while Ready, want 200", got)
 			}
 			p.terminate()
-			rec := p.waitLog(10*time.Second, "tracking live", nil)
+			rec := p.waitLog(10*time.Second, logevent.TrackingLive, nil)
 			t.Logf("drain trigger → tracking live: %v ms", rec["tracking_live_ms"])
 			if tc.draining > 0 {
 				// The programs are attached while the app still shuts down.

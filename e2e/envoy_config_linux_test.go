@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/testenv/envoysim"
 	"github.com/draind/draind/internal/testenv/envoysim/conformance"
 	"github.com/draind/draind/internal/testenv/mesh"
@@ -137,7 +138,7 @@ func TestExcludeListenerByName(t *testing.T) {
 			_, port, _ := net.SplitHostPort(tc.addr)
 			p.keepAlive(podIP + ":" + port)
 			if tc.exclude != "" {
-				l := p.waitLog(5*time.Second, "listeners excluded from the drain", nil)
+				l := p.waitLog(5*time.Second, logevent.ListenersExcluded, nil)
 				t.Logf("draind: %v", l["resolved"])
 			}
 			p.terminate()
@@ -148,7 +149,7 @@ func TestExcludeListenerByName(t *testing.T) {
 			t.Logf("%s: app exited +%s, quitquitquit +%s (%s after the app's exit), draind exit %d at +%s",
 				tc.name, appExit.Sub(p.drainedAt).Round(time.Millisecond), stopping.Sub(p.drainedAt).Round(time.Millisecond),
 				after.Round(100*time.Microsecond), code, took.Round(time.Millisecond))
-			deadline := len(p.logLines("drain deadline reached: stopping the proxy with flows still open")) > 0
+			deadline := len(p.logLines(logevent.DeadlineReached)) > 0
 			switch {
 			case code != 0 || appExit.IsZero():
 				t.Fatalf("exit %d, app exit %v; log:\n%s", code, appExit, p.draindLog.String())
@@ -183,8 +184,8 @@ func TestReadinessUnderRejectAll(t *testing.T) {
 	p.client.CloseIdleConnections()
 	p.terminate()
 	code, took := p.waitExit(15 * time.Second)
-	lines := p.logLines("readiness comes from Envoy's GET /ready from now on: its stats lack server.state or listener_manager.workers_started (a stats_matcher rejects them); /ready says LIVE when Envoy's init is done, an event-loop turn before its workers start")
-	gauges := p.logLines("Envoy keeps no downstream_cx_active listener gauges (e.g. Istio's stats matcher without EXIT_ON_ZERO_ACTIVE_CONNECTIONS): the kernel's view of Envoy's downstream connections decides alone")
+	lines := p.logLines(logevent.ReadinessFromReady)
+	gauges := p.logLines(logevent.NoListenerGauges)
 	_, _, appExit := p.appResults()
 	stopping := p.phaseTime("stopping")
 	t.Logf("reject_all: ready; %d readiness-source line(s), %d no-gauges line(s); app exit +%s, quitquitquit %s after it; draind exit %d at +%s",
@@ -192,7 +193,7 @@ func TestReadinessUnderRejectAll(t *testing.T) {
 	if len(lines) != 1 {
 		t.Errorf("%d lines say where readiness comes from, want 1; log:\n%s", len(lines), p.draindLog.String())
 	}
-	if code != 0 || appExit.IsZero() || stopping.Before(appExit) || len(p.logLines("drain deadline reached: stopping the proxy with flows still open")) > 0 {
+	if code != 0 || appExit.IsZero() || stopping.Before(appExit) || len(p.logLines(logevent.DeadlineReached)) > 0 {
 		t.Errorf("exit %d; stopped at %s, app exit %s; log:\n%s", code, stopping, appExit, p.draindLog.String())
 	}
 }
@@ -212,7 +213,7 @@ func TestNoTrafficDirection(t *testing.T) {
 	p.useSim(simConfig{DrainTimeS: 1, Listeners: ls})
 	p.startApp("--on-term", "graceful", "--linger", "1500ms", "--outbound-count", "5", "--outbound-pause", "200ms")
 	p.startDraind([]string{"--min-drain", "200ms", "--tracker", "ebpf", "--app-procs", "ebpf"})
-	warn := p.waitLog(5*time.Second, "no Envoy listener has traffic_direction INBOUND: POST /drain_listeners?inboundonly&graceful would drain nothing (no Connection: close, no GOAWAY); draind drains every listener instead, without stopping any (graceful&skip_exit)", nil)
+	warn := p.waitLog(5*time.Second, logevent.NoInboundListener, nil)
 	t.Logf("warning names %v", warn["listeners"])
 	if fmt.Sprint(warn["listeners"]) != "[inbound (UNSPECIFIED) outbound (UNSPECIFIED)]" {
 		t.Errorf("warning names %v", warn["listeners"])
@@ -220,7 +221,7 @@ func TestNoTrafficDirection(t *testing.T) {
 	c := p.keepAlive(podIP + ":15006")
 	br := bufio.NewReader(c)
 	p.terminate()
-	p.waitLog(5*time.Second, "drain_listeners sent", nil)
+	p.waitLog(5*time.Second, logevent.DrainListenersSent, nil)
 	io.WriteString(c, "GET / HTTP/1.1\r\nHost: app\r\n\r\n")
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	resp, err := http.ReadResponse(br, nil)
@@ -243,8 +244,8 @@ func TestNoTrafficDirection(t *testing.T) {
 	ok, closed, fail, _ := p.appCalls()
 	t.Logf("inbound keep-alive's response after the drain: Connection: close %t; app calls %d ok (%d told close), %d failed; outbound listener after the drain time: %v; draind exit %d",
 		resp.Close, ok, closed, fail, dialErr, code)
-	if len(p.logLines(fmt.Sprint(warn["msg"]))) != 1 {
-		t.Errorf("the warning was logged %d times", len(p.logLines(fmt.Sprint(warn["msg"]))))
+	if len(p.logLines(logevent.NoInboundListener)) != 1 {
+		t.Errorf("the warning was logged %d times", len(p.logLines(logevent.NoInboundListener)))
 	}
 	if !resp.Close || ok != 5 || fail != 0 || closed != 5 || dialErr != nil || code != 0 {
 		t.Errorf("want Connection: close inbound, 5 calls ok all told close, the outbound listener open, exit 0; log:\n%s", p.draindLog.String())
@@ -349,7 +350,7 @@ func TestRScenarioDrainGenerations(t *testing.T) {
 			p.app.wait(10 * time.Second)
 			ok, _, fail, appExit := p.appCalls()
 			quit := p.phaseTime("stopping")
-			deadline := len(p.logLines("drain deadline reached: stopping the proxy with flows still open")) > 0
+			deadline := len(p.logLines(logevent.DeadlineReached)) > 0
 			row := fmt.Sprintf("%-16s | short %d ok / %d failed | long: %v, done +%s | app calls %d ok / %d failed, app exit +%s | quitquitquit +%s (%s after the later of the two) | deadline %t | draind exit %d at +%s",
 				g.gen, shortOK, shortFail, longErr, longEnd.Sub(p.drainedAt).Round(time.Millisecond), ok, fail,
 				appExit.Sub(p.drainedAt).Round(time.Millisecond), quit.Sub(p.drainedAt).Round(time.Millisecond),
@@ -425,7 +426,7 @@ func TestH2StreamDrainGenerations(t *testing.T) {
 			}
 			time.Sleep(300 * time.Millisecond)
 			p.terminate()
-			p.waitLog(5*time.Second, "drain_listeners sent", nil)
+			p.waitLog(5*time.Second, logevent.DrainListenersSent, nil)
 			second, err := h.Get(authority, "/")
 			if err != nil {
 				t.Fatal(err)

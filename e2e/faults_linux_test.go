@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // Envoy's faults (envoysim's, docs/envoysim.md) and draind's own death.
@@ -66,7 +68,7 @@ func TestReliabilityEnvoyFaults(t *testing.T) {
 		{name: "proxy SIGSTOPped mid-drain", injected: `SIGSTOP to envoysim once gating, a request in flight`, traffic: true,
 			act: func(t *testing.T, p *pod, proxy *procWatch) bool {
 				p.terminate()
-				p.waitLog(10*time.Second, "phase", map[string]any{"phase": "gating"})
+				p.waitLog(10*time.Second, logevent.Phase, map[string]any{"phase": "gating"})
 				unix.Kill(proxy.pid, unix.SIGSTOP)
 				return true
 			}, wantExit: 137, wantPhase: "stopping"},
@@ -84,7 +86,7 @@ func TestReliabilityEnvoyFaults(t *testing.T) {
 			app: []string{"--on-term", "ignore"},
 			act: func(t *testing.T, p *pod, _ *procWatch) bool {
 				p.terminate()
-				p.waitLog(10*time.Second, "phase", map[string]any{"phase": "gating"})
+				p.waitLog(10*time.Second, logevent.Phase, map[string]any{"phase": "gating"})
 				setFault(t, p, `{"crash_after_ms":500}`)
 				return true
 			}, wantExit: 134, wantPhase: "gating"},
@@ -138,7 +140,7 @@ func runFault(t *testing.T, fc faultCase) {
 	args := []string{"--min-drain", minDrain.String(), "--drain-deadline", deadline.String(), "--stop-timeout", stopTimeout.String(), "--tracker", "ebpf", "--app-procs", "ebpf"}
 	if fc.notReady {
 		p.startDraindNoWait(args, fc.envoyArgs...)
-		p.waitLog(10*time.Second, "proxy started", nil)
+		p.waitLog(10*time.Second, logevent.ProxyStarted, nil)
 	} else {
 		p.startDraind(args, fc.envoyArgs...)
 	}
@@ -216,9 +218,9 @@ func runFault(t *testing.T, fc faultCase) {
 	var stopped, limit string
 	// Whether Envoy was told to drain (its clients told Connection: close).
 	drained := "drain_listeners not sent"
-	if l := p.logLines("drain_listeners sent"); len(l) > 0 {
+	if l := p.logLines(logevent.DrainListenersSent); len(l) > 0 {
 		drained = fmt.Sprintf("drain_listeners sent (attempt %v)", l[0]["attempts"])
-	} else if l := p.logLines("drain_listeners never succeeded"); len(l) > 0 {
+	} else if l := p.logLines(logevent.DrainListenersGaveUp); len(l) > 0 {
 		drained = fmt.Sprintf("drain_listeners never succeeded (%v attempts)", l[0]["attempts"])
 	}
 	var respected bool
@@ -254,7 +256,7 @@ func runFault(t *testing.T, fc faultCase) {
 	if !respected {
 		t.Errorf("limit not respected: %s", limit)
 	}
-	if exited := p.logLines("phase"); len(exited) == 0 || exited[len(exited)-1]["phase"] != "exited" {
+	if exited := p.logLines(logevent.Phase); len(exited) == 0 || exited[len(exited)-1]["phase"] != "exited" {
 		t.Errorf("draind's last phase line is not \"exited\"; log:\n%s", p.draindLog.String())
 	}
 }
@@ -262,7 +264,7 @@ func runFault(t *testing.T, fc faultCase) {
 // lastPhase is the last phase draind entered before "exited" ("": none).
 func lastPhase(p *pod) string {
 	last := ""
-	for _, l := range p.logLines("phase") {
+	for _, l := range p.logLines(logevent.Phase) {
 		if ph, _ := l["phase"].(string); ph != "exited" {
 			last = ph
 		}
@@ -317,7 +319,7 @@ func TestReliabilityDraindKilled(t *testing.T) {
 				t.Fatalf("draind (pid %d) holds no BPF program or map: %s", pid, held)
 			}
 			p.terminate()
-			p.waitLog(10*time.Second, "phase", map[string]any{"phase": "gating"})
+			p.waitLog(10*time.Second, logevent.Phase, map[string]any{"phase": "gating"})
 			self := watchPid(t, pid, "draind")
 			killed := time.Now()
 			p.drainedAt = killed

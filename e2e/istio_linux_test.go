@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/testenv/mesh"
 )
 
@@ -231,7 +232,7 @@ func (p *istioPod) slowRequest(ms int) <-chan answer {
 // which ports it took.
 func (p *istioPod) checkStarted() {
 	p.t.Helper()
-	line := p.waitLog(5*time.Second, "proxy is pilot-agent: it keeps its status port; draind signals its PID alone and stops Envoy through Envoy's admin API", nil)
+	line := p.waitLog(5*time.Second, logevent.ProxyIsPilotAgent, nil)
 	if fmt.Sprint(line["status_addr"]) != ":"+draindStatusPort || fmt.Sprint(line["pilot_agent_status_port"]) != istioStatusPort {
 		p.t.Errorf("ports: %v", line)
 	}
@@ -286,7 +287,7 @@ func (p *istioPod) report(t *testing.T, a answer, code int, took time.Duration, 
 			last = x
 		}
 	}
-	exited := p.waitLog(time.Second, "phase", map[string]any{"phase": "exited"})
+	exited := p.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "exited"})
 	// The app probe until the app's exit; draind's readiness from the
 	// drain's start.
 	probeCodes := map[int]int{}
@@ -370,7 +371,7 @@ func TestIstioPilotAgentNative(t *testing.T) {
 	p.draind.Signal(syscall.SIGTERM)
 	code, took := p.waitExit(30 * time.Second)
 	close(stop)
-	draining := p.waitLog(time.Second, "phase", map[string]any{"phase": "draining"})
+	draining := p.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "draining"})
 	t.Logf("native: draind drain returned in %s (%s); draind's SIGTERM at +%s, %s after the app's exit; draind's exit %s after its SIGTERM; trigger %v",
 		hookDone.Sub(p.drainedAt), strings.TrimSpace(out.String()), sigterm.Sub(p.drainedAt), sigterm.Sub(p.app.exitedAt), p.draind.exitedAt.Sub(sigterm), draining["trigger"])
 	if draining["trigger"] != "prestop-hook" {
@@ -388,12 +389,12 @@ func TestIstioTerminationDrainDuration(t *testing.T) {
 		p := newIstioPod(t, map[string]any{"terminationDrainDuration": "40s"})
 		p.startApp("--on-term", "ignore")
 		p.start()
-		decided := p.waitLog(5*time.Second, "drain deadline", nil)
+		decided := p.waitLog(5*time.Second, logevent.DeadlineDecided, nil)
 		slow := p.slowRequest(120000)
 		time.Sleep(300 * time.Millisecond)
 		p.terminate()
 		code, took := p.waitExit(45 * time.Second)
-		reached := p.logLines("drain deadline reached: stopping the proxy with flows still open")
+		reached := p.logLines(logevent.DeadlineReached)
 		t.Logf("deadline %v decided by %q; draind exit %d at +%s; report: %v", decided["deadline"], decided["decided_by"], code, took, reached)
 		if decided["deadline"] != "40s" || decided["decided_by"] != "terminationDrainDuration (PROXY_CONFIG)" {
 			t.Errorf("deadline line: %v", decided)
@@ -411,7 +412,7 @@ func TestIstioTerminationDrainDuration(t *testing.T) {
 		p := newIstioPod(t, map[string]any{"terminationDrainDuration": "5s"})
 		p.startApp("--on-term", "graceful")
 		p.start()
-		decided := p.waitLog(5*time.Second, "drain deadline", nil)
+		decided := p.waitLog(5*time.Second, logevent.DeadlineDecided, nil)
 		slow := p.slowRequest(10000)
 		time.Sleep(300 * time.Millisecond)
 		p.terminate()
@@ -443,7 +444,7 @@ func TestIstioPilotAgentQuitquitquit(t *testing.T) {
 	resp.Body.Close()
 	p.drainedAt = time.Now()
 	code, took := p.waitExit(20 * time.Second)
-	exited := p.waitLog(time.Second, "phase", map[string]any{"phase": "exited"})
+	exited := p.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "exited"})
 	t.Logf("pilot-agent's /quitquitquit: %d; draind exit %d %s later (%v: %v, %v)", resp.StatusCode, code, took, exited["why"], exited["how"], exited["when"])
 	if resp.StatusCode != 200 || code != 0 {
 		t.Errorf("quit answered %d, draind exit %d; want 200 and 0; log:\n%s", resp.StatusCode, code, p.draindLog.String())

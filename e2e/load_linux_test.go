@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // Load, churn and ring-buffer overrun: the drain under traffic.
@@ -238,7 +240,7 @@ func sigtermDraindOnly(t *testing.T, p *pod) {
 	t.Helper()
 	p.drainedAt = time.Now()
 	p.draind.Signal(syscall.SIGTERM)
-	p.waitLog(10*time.Second, "phase", map[string]any{"phase": "gating"})
+	p.waitLog(10*time.Second, logevent.Phase, map[string]any{"phase": "gating"})
 }
 
 // lostResynced checks that every lost event was followed by a resync: the
@@ -247,7 +249,7 @@ func lostResynced(p *pod, lost float64) bool {
 	if lost == 0 {
 		return true
 	}
-	lines := p.logLines("resynced after lost events")
+	lines := p.logLines(logevent.Resynced)
 	return len(lines) > 0 && lines[len(lines)-1]["lost"] == lost
 }
 
@@ -383,7 +385,7 @@ func TestReliabilityRingOverrun(t *testing.T) {
 	burstEnd := time.Now()
 	code := p.awaitExit(draindDone, proxy, 20*time.Second, "the held flow closed")
 	quit := p.phaseTime("stopping")
-	resyncLines := p.logLines("resynced after lost events")
+	resyncLines := p.logLines(logevent.Resynced)
 	lostEnd := lost1
 	if len(resyncLines) > 0 {
 		lostEnd, _ = resyncLines[len(resyncLines)-1]["lost"].(float64)

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/testenv/envoysim/conformance"
 	"github.com/draind/draind/internal/testenv/mesh"
 )
@@ -137,12 +138,7 @@ func (m *meshPod) wantGauges(statsMatcher string) string {
 // checkGaugeWarning: with no gauges draind warned exactly once, else never.
 func (m *meshPod) checkGaugeWarning(state string) {
 	m.t.Helper()
-	n := 0
-	for line := range strings.SplitSeq(m.draindLog.String(), "\n") {
-		if strings.Contains(line, "Envoy keeps no downstream_cx_active listener gauges") {
-			n++
-		}
-	}
+	n := len(m.logLines(logevent.NoListenerGauges))
 	if want := map[string]int{"present": 0, "absent": 1}[state]; n != want {
 		m.t.Errorf("gauges %s: draind warned %d times that Envoy keeps no listener gauges, want %d", state, n, want)
 	}
@@ -520,7 +516,7 @@ func TestMeshH2Stream(t *testing.T) {
 			time.Sleep(300 * time.Millisecond)
 
 			m.terminate()
-			m.waitLog(5*time.Second, "drain_listeners sent", nil)
+			m.waitLog(5*time.Second, logevent.DrainListenersSent, nil)
 			drained := time.Now()
 			second, err := h.Get(authority, "/")
 			if err != nil {
@@ -639,7 +635,7 @@ func TestMeshH2IdleConnection(t *testing.T) {
 			time.Sleep(time.Second)
 			active := m.envoyStat(`^listener\.0\.0\.0\.0_15006\.downstream_cx_active$`)
 			code, _ := m.waitExit(20 * time.Second)
-			stopping := m.waitLog(time.Second, "phase", map[string]any{"phase": "stopping"})
+			stopping := m.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "stopping"})
 			quit := m.phaseTime("stopping")
 			released := quit.Sub(idleFrom)
 			t.Logf("%s: idle HTTP/2 connection: Envoy's %q a second into the drain; the proxy told to quit %s after it went idle (%s after SIGTERM), with %v; draind exit %d",

@@ -7,10 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // nginx runs the Debian package's nginx in the pod as the app, serving a
@@ -204,7 +205,7 @@ func TestRunNginxAppExitWait(t *testing.T) {
 	if code != 0 || stopping.Before(exitAt.Add(-time.Second)) || stopping.Before(d.at) {
 		t.Errorf("exit %d; proxy stopped at +%s before nginx exited at +%s; log:\n%s", code, stopping.Sub(p.drainedAt), exitAt.Sub(p.drainedAt), p.draindLog.String())
 	}
-	if !strings.Contains(p.draindLog.String(), `"source":"ebpf"`) {
+	if live := p.logLines(logevent.AppLiveness); len(live) == 0 || live[0]["source"] != "ebpf" {
 		t.Logf("app liveness was not eBPF here:\n%s", p.draindLog.String())
 	}
 }

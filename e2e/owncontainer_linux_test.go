@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // Who is the app: nothing of the proxy's own container is. These pods put
@@ -107,7 +109,7 @@ func TestJobPostStartHookInProxyContainer(t *testing.T) {
 				t.Fatalf("postStart draind wait: %v: %s; log:\n%s", err, hookOut.String(), p.draindLog.String())
 			}
 			hookDone := time.Now()
-			if got := p.waitLog(5*time.Second, "pod shape", nil)["exit_with_app"]; got != "success" {
+			if got := p.waitLog(5*time.Second, logevent.PodShape, nil)["exit_with_app"]; got != "success" {
 				t.Errorf("bare --exit-with-app: mode %v, want success", got)
 			}
 			// `kubectl exec` into the proxy's container before the app
@@ -143,7 +145,7 @@ func TestJobPostStartHookInProxyContainer(t *testing.T) {
 			if code != 0 || appExit.IsZero() || quit.Before(appExit) {
 				t.Errorf("exit %d, quit at %s, app exit at %s; log:\n%s", code, quit, appExit, p.draindLog.String())
 			}
-			if got := p.waitLog(time.Second, "phase", map[string]any{"phase": "draining"})["trigger"]; got != "app-done" {
+			if got := p.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "draining"})["trigger"]; got != "app-done" {
 				t.Errorf("drain trigger %v, want app-done", got)
 			}
 		})
@@ -163,7 +165,7 @@ func execAndWait(t *testing.T, p *pod, argv ...string) {
 // ownContainerHas reports whether draind logged comm among its own
 // container's processes.
 func ownContainerHas(p *pod, comm string) bool {
-	for _, m := range p.logLines("own container: its processes are never the app") {
+	for _, m := range p.logLines(logevent.OwnContainer) {
 		procs, _ := m["processes"].([]any)
 		for _, pr := range procs {
 			if s, _ := pr.(string); strings.Contains(s, " "+comm) {
@@ -176,7 +178,7 @@ func ownContainerHas(p *pod, comm string) bool {
 
 // stopReason is the reason draind logged for stopping the proxy.
 func stopReason(p *pod) string {
-	for _, m := range p.logLines("phase") {
+	for _, m := range p.logLines(logevent.Phase) {
 		if m["phase"] == "stopping" {
 			r, _ := m["why"].(string)
 			return r

@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/draind/draind/internal/cli"
+	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/testenv/envoysim"
 	"github.com/draind/draind/internal/testenv/testutil"
 )
@@ -408,21 +410,33 @@ func (p *pod) waitExit(d time.Duration) (int, time.Duration) {
 	return 0, 0
 }
 
-// logLines returns draind's JSON log lines whose msg is msg.
-func (p *pod) logLines(msg string) []map[string]any {
+// logLines returns draind's JSON log lines logged as ev (their
+// logevent.Key field, not their wording).
+func (p *pod) logLines(ev logevent.Event) []map[string]any {
 	var out []map[string]any
 	for line := range strings.SplitSeq(p.draindLog.String(), "\n") {
 		var m map[string]any
-		if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == msg {
+		if json.Unmarshal([]byte(line), &m) == nil && m[logevent.Key] == string(ev) {
 			out = append(out, m)
 		}
 	}
 	return out
 }
 
+// gateHeldBy reports whether draind logged the gate held by kind.
+func (p *pod) gateHeldBy(kind drain.HoldKind) bool {
+	for _, l := range p.logLines(logevent.GateHolds) {
+		kinds, _ := l["hold_kinds"].([]any)
+		if slices.Contains(kinds, any(kind.String())) {
+			return true
+		}
+	}
+	return false
+}
+
 // phaseTime is when draind logged entering phase.
 func (p *pod) phaseTime(phase string) time.Time {
-	for _, m := range p.logLines("phase") {
+	for _, m := range p.logLines(logevent.Phase) {
 		if m["phase"] != phase {
 			continue
 		}
@@ -498,14 +512,14 @@ func (w testWriter) Write(p []byte) (int, error) {
 
 // ---- the acceptance tests ----
 
-// waitLog waits for draind to log a line with msg whose fields all equal
+// waitLog waits for draind to log a line as ev whose fields all equal
 // those given, and returns it.
-func (p *pod) waitLog(d time.Duration, msg string, fields map[string]any) map[string]any {
+func (p *pod) waitLog(d time.Duration, ev logevent.Event, fields map[string]any) map[string]any {
 	p.t.Helper()
 	end := time.Now().Add(d)
 	for {
 	lines:
-		for _, l := range p.logLines(msg) {
+		for _, l := range p.logLines(ev) {
 			for k, v := range fields {
 				if fmt.Sprint(l[k]) != fmt.Sprint(v) {
 					continue lines
@@ -514,7 +528,7 @@ func (p *pod) waitLog(d time.Duration, msg string, fields map[string]any) map[st
 			return l
 		}
 		if time.Now().After(end) {
-			p.t.Fatalf("no %q line with %v after %s; log:\n%s", msg, fields, d, p.draindLog.String())
+			p.t.Fatalf("no %s line with %v after %s; log:\n%s", ev, fields, d, p.draindLog.String())
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -526,10 +540,10 @@ func (p *pod) waitLog(d time.Duration, msg string, fields map[string]any) map[st
 func (p *pod) wantSources(tracker, liveness string) {
 	p.t.Helper()
 	if tracker != "" {
-		p.waitLog(5*time.Second, "tracker", map[string]any{"mode": tracker})
+		p.waitLog(5*time.Second, logevent.Tracker, map[string]any{"mode": tracker})
 	}
 	if liveness != "" {
-		p.waitLog(5*time.Second, "app liveness", map[string]any{"source": liveness})
+		p.waitLog(5*time.Second, logevent.AppLiveness, map[string]any{"source": liveness})
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/privs"
 )
 
@@ -216,7 +217,7 @@ func hostBounding(t *testing.T) privs.Set {
 // keptBPF is CAP_BPF when draind kept it (a kernel that checks every bpf()
 // call; its log says so).
 func (p *pod) keptBPF() privs.Set {
-	l := p.waitLog(5*time.Second, "capabilities", map[string]any{"stage": "after start-up"})
+	l := p.waitLog(5*time.Second, logevent.Capabilities, map[string]any{"stage": "after start-up"})
 	if strings.Contains(fmt.Sprint(l["kept"]), "BPF:") {
 		return privs.SetOf(privs.CapBPF)
 	}
@@ -247,7 +248,7 @@ func TestPrivilegesNonRoot(t *testing.T) {
 			p.startStaticDraind(t, 1337, tc.bounding, append([]string{"--min-drain", "200ms"}, tc.args...))
 			p.waitReady(20 * time.Second)
 			p.wantSources(tc.tracker, "")
-			start := p.waitLog(5*time.Second, "capabilities", map[string]any{"stage": "start"})
+			start := p.waitLog(5*time.Second, logevent.Capabilities, map[string]any{"stage": "start"})
 			t.Logf("at start: %v", start)
 			// The file's capabilities that the bounding set has.
 			if want := tc.bounding.String(); start["raised"] != want {
@@ -318,7 +319,7 @@ func TestPrivilegesRoot(t *testing.T) {
 			if tc.kill {
 				keep |= privs.SetOf(privs.CapKill)
 			} else {
-				p.waitLog(time.Second, "capabilities: draind lacks one it would use after start-up", map[string]any{"cap": "KILL"})
+				p.waitLog(time.Second, logevent.CapabilityMissing, map[string]any{"cap": "KILL"})
 			}
 			wantBnd := bnd
 			if tc.setpcap {
@@ -340,7 +341,7 @@ func TestPrivilegesRoot(t *testing.T) {
 			}
 			p.terminate()
 			code, _ := p.waitExit(20 * time.Second)
-			why := fmt.Sprint(p.waitLog(time.Second, "phase", map[string]any{"phase": "exited"})["why"])
+			why := fmt.Sprint(p.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "exited"})["why"])
 			want := "proxy had to be killed"
 			if !tc.kill {
 				want = "proxy did not exit even after SIGKILL"

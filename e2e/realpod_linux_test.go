@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // Issue 11: correct in a real pod. Every test here runs in the pod harness:
@@ -146,7 +148,7 @@ func TestDrainListenersRetriedWhenAdminStalls(t *testing.T) {
 	case resp = <-inflight:
 	}
 	p.client.CloseIdleConnections()
-	attempts := p.waitLog(5*time.Second, "drain_listeners sent", nil)["attempts"]
+	attempts := p.waitLog(5*time.Second, logevent.DrainListenersSent, nil)["attempts"]
 	code, _ := p.waitExit(20 * time.Second)
 	t.Logf("drain_listeners sent after %v attempts; in-flight response %d, Connection: close %v; draind exit %d", attempts, resp.StatusCode, resp.Close, code)
 	if resp.StatusCode != 200 || !resp.Close {
@@ -169,7 +171,7 @@ func TestEverythingStuckFitsTheGracePeriod(t *testing.T) {
 	p.startApp("--on-term", "ignore")
 	p.proxyCommand = []string{p.bin, "__stuckproxy"}
 	p.startDraindNoWait(nil)
-	p.waitLog(10*time.Second, "proxy started", nil)
+	p.waitLog(10*time.Second, logevent.ProxyStarted, nil)
 	time.Sleep(500 * time.Millisecond)
 	p.terminate()
 	code, took := p.waitExit(40 * time.Second)
@@ -177,10 +179,10 @@ func TestEverythingStuckFitsTheGracePeriod(t *testing.T) {
 	if took >= 30*time.Second {
 		t.Errorf("draind took %s: past the default grace period", took)
 	}
-	if code != 137 || len(p.logLines("drain deadline reached: stopping the proxy with flows still open")) != 1 {
+	if code != 137 || len(p.logLines(logevent.DeadlineReached)) != 1 {
 		t.Errorf("exit %d; log:\n%s", code, p.draindLog.String())
 	}
-	p.waitLog(time.Second, "phase", map[string]any{"phase": "exited"})
+	p.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "exited"})
 }
 
 // MINIMUM_DRAIN_DURATION=30s with TERMINATION_DRAIN_DURATION_SECONDS=45, as
@@ -197,7 +199,7 @@ func TestIstioDrainDurations(t *testing.T) {
 	p.startApp("--on-term", "exit")
 	p.startDraind(nil)
 	p.terminate()
-	draining := p.waitLog(5*time.Second, "phase", map[string]any{"phase": "draining"})
+	draining := p.waitLog(5*time.Second, logevent.Phase, map[string]any{"phase": "draining"})
 	code, took := p.waitExit(60 * time.Second)
 	t.Logf("Istio's 30s/45: draind exited %d, %s after SIGTERM; draining with %v", code, took, draining)
 	if draining["min_drain"] != "30s" || draining["deadline"] != "45s" {
@@ -206,7 +208,7 @@ func TestIstioDrainDurations(t *testing.T) {
 	if code != 0 || took < 30*time.Second || took > 45*time.Second {
 		t.Errorf("exit %d after %s", code, took)
 	}
-	if len(p.logLines("--drain-deadline 45s is longer than Kubernetes' default grace period (30s): set the pod's terminationGracePeriodSeconds to at least 47, or the kubelet kills the proxy mid-drain")) != 1 {
+	if len(p.logLines(logevent.GraceWarning)) != 1 {
 		t.Errorf("no grace period warning; log:\n%s", p.draindLog.String())
 	}
 }
@@ -225,9 +227,9 @@ func TestHostNetworkPod(t *testing.T) {
 	p.draind = p.runContainer("draind", -1, io.MultiWriter(p.draindLog, testWriter{t}), "__draind", "run",
 		"--status-addr", "127.0.0.1:25020", "--admin-addr", "127.0.0.1:25000", "--log-format", "json", "--run-proxy-as", "1337",
 		"--min-drain", "200ms", "--", p.bin, "__envoysim", "-c", cfg)
-	p.waitLog(10*time.Second, "phase", map[string]any{"phase": "ready"})
-	ns := p.waitLog(time.Second, "network namespace", nil)
-	live := p.waitLog(time.Second, "app liveness", nil)
+	p.waitLog(10*time.Second, logevent.Phase, map[string]any{"phase": "ready"})
+	ns := p.waitLog(time.Second, logevent.NetworkNamespace, nil)
+	live := p.waitLog(time.Second, logevent.AppLiveness, nil)
 	t.Logf("network namespace: %v; app liveness: %v", ns, live)
 	if ns["host_network"] != true || live["source"] != "sockets" {
 		t.Fatalf("host network not recognised: %v, %v", ns, live)
@@ -256,7 +258,7 @@ func TestProcRingOverrun(t *testing.T) {
 	// process programs attach.
 	p.drainedAt = time.Now()
 	p.draind.Signal(syscall.SIGTERM)
-	p.waitLog(10*time.Second, "tracking live", nil)
+	p.waitLog(10*time.Second, logevent.TrackingLive, nil)
 	// draind stopped (SIGSTOP reaches a container's PID 1 from the host)
 	// while the app forks: nobody reads the ring, and it overflows.
 	p.draind.Signal(syscall.SIGSTOP)

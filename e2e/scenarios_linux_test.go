@@ -8,6 +8,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/logevent"
 )
 
 // 1. Idle pod, app exits on SIGTERM: draind exits 0 soon after min-drain;
@@ -19,7 +22,7 @@ func TestIdlePodAppExits(t *testing.T) {
 	p.terminate()
 	// Signal delivery is asynchronous: the first probe after draind has
 	// taken the signal (it logs the draining phase) must see 503.
-	p.waitLog(5*time.Second, "phase", map[string]any{"phase": "draining"})
+	p.waitLog(5*time.Second, logevent.Phase, map[string]any{"phase": "draining"})
 	if got := p.readyStatus(); got != 503 {
 		t.Errorf("first readiness probe after the drain began: %d, want 503", got)
 	}
@@ -48,7 +51,7 @@ func TestAppIgnoringSIGTERM(t *testing.T) {
 			t.Fatalf("draind exited (%d) while the app still ran; log:\n%s", p.draind.code, p.draindLog.String())
 		default:
 		}
-		if !strings.Contains(p.draindLog.String(), "app: 1 processes") {
+		if !p.gateHeldBy(drain.HoldAppProcs) {
 			t.Errorf("log does not say the app's process holds the drain:\n%s", p.draindLog.String())
 		}
 		killed := time.Now()
@@ -66,7 +69,7 @@ func TestAppIgnoringSIGTERM(t *testing.T) {
 		p.terminate()
 		code, took := p.waitExit(10 * time.Second)
 		t.Logf("draind exited %d, %s after SIGTERM (deadline 4s)", code, took)
-		if len(p.logLines("drain deadline reached: stopping the proxy with flows still open")) != 1 {
+		if len(p.logLines(logevent.DeadlineReached)) != 1 {
 			t.Errorf("no deadline line in the log:\n%s", p.draindLog.String())
 		}
 		if took < 2*time.Second || code != 0 {
@@ -154,7 +157,7 @@ func TestAppOutboundDuringShutdown(t *testing.T) {
 				// calls (that is why processes are followed by default):
 				// what it promises is that the proxy stays until the app's
 				// listener and its in-flight calls are gone.
-				gating := p.waitLog(time.Second, "phase", map[string]any{"phase": "stopping"})
+				gating := p.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "stopping"})
 				if code != 0 || ok == 0 || gating["flows"].(map[string]any)["app_listeners"] != float64(0) {
 					t.Errorf("exit %d, %d calls ok; stopped with %v; log:\n%s", code, ok, gating["flows"], p.draindLog.String())
 				}
@@ -201,7 +204,7 @@ func TestIdleKeepAlive(t *testing.T) {
 		p, took, code := run(t, []string{"--drain-deadline", "3s", "--stop-timeout", "500ms"})
 		t.Logf("no idle timeout: drain ended %s after the flow went idle (exit %d)", took, code)
 		named := false
-		for _, l := range p.logLines("open flow at deadline") {
+		for _, l := range p.logLines(logevent.OpenFlowAtDeadline) {
 			if strings.HasSuffix(fmt.Sprint(l["local"]), ":15006") && strings.HasPrefix(fmt.Sprint(l["remote"]), remoteIP) {
 				named = true
 			}
@@ -239,7 +242,7 @@ func TestProxyFailures(t *testing.T) {
 		// The drain was lost (drain_listeners never went through), the
 		// deadline ended it, and the proxy, unreachable by its admin API,
 		// was stopped by SIGTERM: exit 0, inside the deadline.
-		if len(p.logLines("drain_listeners never succeeded")) != 1 || len(p.logLines("drain deadline reached: stopping the proxy with flows still open")) != 1 {
+		if len(p.logLines(logevent.DrainListenersGaveUp)) != 1 || len(p.logLines(logevent.DeadlineReached)) != 1 {
 			t.Errorf("the lost drain or the deadline is not in the log:\n%s", p.draindLog.String())
 		}
 		if code != 0 || took > 8*time.Second {
@@ -254,11 +257,11 @@ func TestProxyFailures(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		p.draind.Signal(syscall.SIGTERM)
 		code, _ := p.waitExit(10 * time.Second)
-		if code != 0 || len(p.logLines("drain trigger ignored: already draining")) != 1 || len(p.logLines("phase")) == 0 {
+		if code != 0 || len(p.logLines(logevent.TriggerIgnored)) != 1 || len(p.logLines(logevent.Phase)) == 0 {
 			t.Errorf("exit %d; log:\n%s", code, p.draindLog.String())
 		}
 		draining := 0
-		for _, l := range p.logLines("phase") {
+		for _, l := range p.logLines(logevent.Phase) {
 			if l["phase"] == "draining" {
 				draining++
 			}

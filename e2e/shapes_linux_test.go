@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // Issue 12: every pod shape. The app runs in its own container (own PID
@@ -56,7 +58,7 @@ func TestNativeSidecar(t *testing.T) {
 	if code != 0 || ready != 503 {
 		t.Fatalf("draind drain: exit %d (%s); first readiness probe after it: %d, want exit 0 and 503", code, out, ready)
 	}
-	drainSent := p.waitLog(5*time.Second, "drain_listeners sent", nil)
+	drainSent := p.waitLog(5*time.Second, logevent.DrainListenersSent, nil)
 
 	a := <-slow
 	if !p.app.wait(20 * time.Second) {
@@ -68,7 +70,7 @@ func TestNativeSidecar(t *testing.T) {
 	exit, took := p.waitExit(10 * time.Second)
 	ok, closed, fail, appExit := p.appCalls()
 	quit := p.phaseTime("stopping")
-	draining := p.waitLog(time.Second, "phase", map[string]any{"phase": "draining"})
+	draining := p.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "draining"})
 	t.Logf("native sidecar: hook returned in %s; drain_listeners at +%v; request %v (Connection: close %v); %d calls ok (%d with Connection: close), %d failed; app exited +%s; quitquitquit %s after SIGTERM; draind exit %d %s after SIGTERM",
 		hookDone.Sub(hookAt), drainSent["ts"], a.err, a.resp != nil && a.resp.Close, ok, closed, fail, appExit.Sub(hookAt), quit.Sub(p.drainedAt), exit, took)
 	if a.err != nil || a.resp.StatusCode != 200 || !a.resp.Close {
@@ -129,7 +131,7 @@ func TestJobExitWithApp(t *testing.T) {
 			if !tc.stops {
 				want = "signal"
 			}
-			if got := p.waitLog(time.Second, "phase", map[string]any{"phase": "draining"})["trigger"]; got != want {
+			if got := p.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "draining"})["trigger"]; got != want {
 				t.Errorf("drain trigger %v, want %s", got, want)
 			}
 		})
@@ -157,7 +159,7 @@ func TestDeploymentCrashLoop(t *testing.T) {
 		t.Fatalf("draind ended during the crash loop; log:\n%s", p.draindLog.String())
 	case <-time.After(2 * time.Second):
 	}
-	if n := len(p.logLines("phase")); n != 1 { // ready, and nothing since
+	if n := len(p.logLines(logevent.Phase)); n != 1 { // ready, and nothing since
 		t.Errorf("%d phase changes, want only ready; log:\n%s", n, p.draindLog.String())
 	}
 }

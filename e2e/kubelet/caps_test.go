@@ -12,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // securityContext builds a container securityContext.
@@ -221,11 +223,11 @@ func runCapRow(t *testing.T, r capRow) {
 	// After start-up draind has dropped what it does not keep.
 	var after map[string]any
 	for end := time.Now().Add(10 * time.Second); after == nil && time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		after = findLogWith(pd.draindLog(-1), "capabilities", "stage", "after start-up")
+		after = findLogWith(pd.draindLog(-1), logevent.Capabilities, "stage", "after start-up")
 	}
 	logs := pd.draindLog(-1)
-	tracker, live := findLog(logs, "tracker"), findLog(logs, "app liveness")
-	start := findLogWith(logs, "capabilities", "stage", "start")
+	tracker, live := findLog(logs, logevent.Tracker), findLog(logs, logevent.AppLiveness)
+	start := findLogWith(logs, logevent.Capabilities, "stage", "start")
 	_, metrics := pd.getBody(statusPort, "/metrics")
 	m := trackerInfo.FindStringSubmatch(metrics)
 	if tracker == nil || m == nil || after == nil || start == nil {
@@ -244,7 +246,7 @@ func runCapRow(t *testing.T, r capRow) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lacks := findLog(logs, "capabilities: draind lacks one it would use after start-up")
+	lacks := findLog(logs, logevent.CapabilityMissing)
 	t.Logf("%s: tracker %v (%v); metrics mode=%s; app liveness %v (%v)", r.name, tracker["mode"], tracker["reason"], m[1], live["source"], live["reason"])
 	t.Logf("%s: at start effective %v (raised %v); draind after start-up: %v, kept %v; Envoy: %v; lacks: %v",
 		r.name, start["effective"], start["raised"], draind, after["kept"], proxy, lacks)

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // load is the client side of a termination: short requests until the
@@ -206,13 +208,13 @@ func terminateUnderLoad(t *testing.T, pd *pod) *termination {
 	// skips each period with "No status for pod".
 	o.kubeletProbes = fmt.Sprintf("%d ok / %d failed (first: %s), then %d probe periods skipped (No status for pod)", ok, failed, first, noStatus)
 	logs := pd.draindLog(-1)
-	if r := findLogWith(logs, "phase", "phase", "draining"); r != nil {
+	if r := findLogWith(logs, logevent.Phase, "phase", "draining"); r != nil {
 		o.trigger, o.shape = fmt.Sprint(r["trigger"]), fmt.Sprint(r["pod_shape"])
 	}
-	if r := findLog(logs, "tracker"); r != nil {
+	if r := findLog(logs, logevent.Tracker); r != nil {
 		o.tracker = fmt.Sprintf("%v (%v)", r["mode"], r["reason"])
 	}
-	if r := findLog(logs, "app liveness"); r != nil {
+	if r := findLog(logs, logevent.AppLiveness); r != nil {
 		o.liveness = fmt.Sprintf("%v (%v)", r["source"], r["reason"])
 		o.livenessAppProcs = r["app_processes"]
 	}

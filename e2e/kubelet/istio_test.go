@@ -21,6 +21,7 @@ import (
 
 	"github.com/draind/draind/e2e/kubelet/internal/node"
 	"github.com/draind/draind/e2e/kubelet/internal/ociimage"
+	"github.com/draind/draind/internal/logevent"
 )
 
 // Issue 22, acceptance 4: the pods Istio's own injector made from
@@ -217,10 +218,10 @@ func TestIstioInjectedUnderLoad(t *testing.T) {
 			o.log(t, tc.name)
 			o.checkProtected(t, 2*time.Second)
 			logs := pd.draindLog(-1)
-			stop := findLogWith(logs, "phase", "phase", "stopping")
-			drain := findLogWith(logs, "phase", "phase", "draining")
-			exited := findLogWith(logs, "phase", "phase", "exited")
-			pa := findLog(logs, "proxy is pilot-agent: it keeps its status port; draind signals its PID alone and stops Envoy through Envoy's admin API")
+			stop := findLogWith(logs, logevent.Phase, "phase", "stopping")
+			drain := findLogWith(logs, logevent.Phase, "phase", "draining")
+			exited := findLogWith(logs, logevent.Phase, "phase", "exited")
+			pa := findLog(logs, logevent.ProxyIsPilotAgent)
 			var quit time.Time
 			if ns, ok := stop["quit_sent_unix_ns"].(float64); ok {
 				quit = time.Unix(0, int64(ns))

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/draind/draind/e2e/kubelet/internal/ociimage"
+	"github.com/draind/draind/internal/logevent"
 )
 
 // Who is the app, under the kubelet: nothing of the proxy's own container
@@ -70,7 +71,7 @@ func rootEBPF() *corev1.SecurityContext {
 // stoppedAfter is when draind told the proxy to quit (its log's
 // quit_sent_unix_ns), and why, relative to at.
 func stoppedAfter(logs []map[string]any, at time.Time) (d time.Duration, why string, ok bool) {
-	r := findLogWith(logs, "phase", "phase", "stopping")
+	r := findLogWith(logs, logevent.Phase, "phase", "stopping")
 	if r == nil {
 		return 0, "", false
 	}
@@ -104,7 +105,7 @@ func appExitStamp(pd *pod) time.Time {
 func ownContainer(logs []map[string]any) []string {
 	var out []string
 	for _, r := range logs {
-		if r["msg"] != "own container: its processes are never the app" {
+		if r[logevent.Key] != string(logevent.OwnContainer) {
 			continue
 		}
 		procs, _ := r["processes"].([]any)
@@ -238,11 +239,11 @@ func TestJobRootProxyPostStartHook(t *testing.T) {
 			}
 			logs := pd.draindLog(0)
 			mode, trigger := "", ""
-			if r := findLog(logs, "pod shape"); r != nil {
+			if r := findLog(logs, logevent.PodShape); r != nil {
 				mode = fmt.Sprint(r["exit_with_app"])
 			}
 			var drainAt time.Time
-			if r := findLogWith(logs, "phase", "phase", "draining"); r != nil {
+			if r := findLogWith(logs, logevent.Phase, "phase", "draining"); r != nil {
 				trigger, drainAt = fmt.Sprint(r["trigger"]), logTime(r)
 			}
 			appExit := appExitStamp(pd)

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/draind/draind/e2e/kubelet/internal/node"
+	"github.com/draind/draind/internal/logevent"
 )
 
 // podParams fill a template of testdata/.
@@ -529,19 +530,20 @@ func parseJSONLog(b []byte) []map[string]any {
 	return out
 }
 
-func findLog(recs []map[string]any, msg string) map[string]any {
+// findLog is the first record logged as ev (its logevent.Key field).
+func findLog(recs []map[string]any, ev logevent.Event) map[string]any {
 	for _, r := range recs {
-		if r["msg"] == msg {
+		if r[logevent.Key] == string(ev) {
 			return r
 		}
 	}
 	return nil
 }
 
-// findLogWith is the first record with msg whose field key is value.
-func findLogWith(recs []map[string]any, msg, key, value string) map[string]any {
+// findLogWith is the first record logged as ev whose field key is value.
+func findLogWith(recs []map[string]any, ev logevent.Event, key, value string) map[string]any {
 	for _, r := range recs {
-		if r["msg"] == msg && fmt.Sprint(r[key]) == value {
+		if r[logevent.Key] == string(ev) && fmt.Sprint(r[key]) == value {
 			return r
 		}
 	}

@@ -12,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // A native sidecar: at termination the kubelet runs draind's preStop hook
@@ -27,7 +29,7 @@ func TestNativeSidecar(t *testing.T) {
 	// Where the sidecar's last moments go: draind's own log (ms) between
 	// the kubelet's StopContainer and the container's end in the CRI.
 	logs := pd.draindLog(-1)
-	sig, stop, exited := logTime(findLog(logs, "signal")), logTime(findLogWith(logs, "phase", "phase", "stopping")), logTime(findLogWith(logs, "phase", "phase", "exited"))
+	sig, stop, exited := logTime(findLog(logs, logevent.SignalReceived)), logTime(findLogWith(logs, logevent.Phase, "phase", "stopping")), logTime(findLogWith(logs, logevent.Phase, "phase", "exited"))
 	steps := fmt.Sprintf("kubelet StopContainer → draind's signal log %s → Envoy asked to quit %s → draind's exit log %s → the CRI's finish %s",
 		fmtDur(sig.Sub(o.draindTerm)), fmtDur(stop.Sub(sig)), fmtDur(exited.Sub(stop)), fmtDur(o.proxyExit.Sub(exited)))
 	t.Logf("native: preStop draind drain took %s; draind SIGTERM %s after the app exited; draind exited %s after its SIGTERM (target 50 ms): %s",
@@ -133,10 +135,10 @@ func runJob(t *testing.T, r jobRow) {
 	}
 	logs := pd.draindLog(0)
 	trigger, liveness := "", ""
-	if rec := findLogWith(logs, "phase", "phase", "draining"); rec != nil {
+	if rec := findLogWith(logs, logevent.Phase, "phase", "draining"); rec != nil {
 		trigger = fmt.Sprint(rec["trigger"])
 	}
-	if rec := findLog(logs, "app liveness"); rec != nil {
+	if rec := findLog(logs, logevent.AppLiveness); rec != nil {
 		liveness = fmt.Sprint(rec["source"])
 	}
 	_, stderr := splitCRILog(px.log)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/namespace"
 )
 
@@ -47,7 +48,7 @@ func Prestop(ctx context.Context, ns *namespace.Net, cfg PrestopConfig) (drain.R
 	}
 	defer tr.Close()
 	mode, why := tr.Mode()
-	log.Info("tracker", zap.Stringer("mode", mode), zap.String("reason", why))
+	log.Info("tracker", logevent.Tracker.Field(), zap.Stringer("mode", mode), zap.String("reason", why))
 	// The tracker runs until the machine ends; a tracker that stops (a
 	// failed poll) ends the machine at once: its table would no longer
 	// change, and the wait would run to --timeout on stale counts.

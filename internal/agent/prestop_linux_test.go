@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/testenv/testutil"
 )
@@ -74,7 +75,7 @@ func TestPrestopTrackerFailureEndsIt(t *testing.T) {
 		done <- outcome{res.Clean, err}
 	}()
 	testutil.Eventually(t, "prestop holding on the app's flow", func() error {
-		if logs.FilterMessage("gate holds").Len() == 0 {
+		if logs.FilterField(logevent.GateHolds.Field()).Len() == 0 {
 			return errors.New("no gate holds yet")
 		}
 		return nil

@@ -11,6 +11,7 @@ import (
 
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/privs"
 )
 
@@ -41,7 +42,7 @@ func (a *agent) raisePrivileges() {
 	if err != nil {
 		a.log.Warn("capabilities: raise", zap.Error(err))
 	}
-	a.log.Info("capabilities", append(capFields(after), zap.String("stage", "start"),
+	a.log.Info("capabilities", append(capFields(after), logevent.Capabilities.Field(), zap.String("stage", "start"),
 		zap.Stringer("raised", after.Effective&^before.Effective))...)
 }
 
@@ -66,7 +67,7 @@ func (a *agent) limitProxyPrivileges() error {
 		a.log.Warn("capabilities: limit what the proxy inherits", zap.Error(err))
 		return nil
 	}
-	a.log.Info("capabilities", zap.String("stage", "proxy"), zap.Stringer("proxy_caps", give),
+	a.log.Info("capabilities", logevent.Capabilities.Field(), zap.String("stage", "proxy"), zap.Stringer("proxy_caps", give),
 		zap.Stringer("inheritable", after.Inheritable), zap.Stringer("ambient", after.Ambient), zap.Stringer("bounding", after.Bounding))
 	return nil
 }
@@ -98,7 +99,7 @@ func (a *agent) dropPrivileges() {
 	}
 	kept, lacking := needs.Keep(cur.Permitted)
 	for _, k := range lacking {
-		a.log.Warn("capabilities: draind lacks one it would use after start-up", zap.Stringer("cap", k.Cap), zap.String("for", k.Why))
+		a.log.Warn("capabilities: draind lacks one it would use after start-up", logevent.CapabilityMissing.Field(), zap.Stringer("cap", k.Cap), zap.String("for", k.Why))
 	}
 	after, err := privs.Drop(privs.KeptSet(kept))
 	if err != nil {
@@ -109,7 +110,7 @@ func (a *agent) dropPrivileges() {
 	for i, k := range kept {
 		why[i] = k.Cap.String() + ": " + k.Why
 	}
-	a.log.Info("capabilities", append(capFields(after), zap.String("stage", "after start-up"), zap.Strings("kept", why))...)
+	a.log.Info("capabilities", append(capFields(after), logevent.Capabilities.Field(), zap.String("stage", "after start-up"), zap.Strings("kept", why))...)
 }
 
 // waitLoaderThreadsGone waits, at most d, until no thread of the process

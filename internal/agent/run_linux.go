@@ -24,6 +24,7 @@ import (
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/envoy"
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/proxy"
 )
@@ -77,7 +78,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	}
 	logIstio(log, &cfg, ist)
 	if warn := cfg.Drain.GraceWarning(); warn != "" {
-		log.Warn(warn)
+		log.Warn(warn, logevent.GraceWarning.Field())
 	}
 	a := &agent{cfg: cfg, log: log}
 	if os.Getenv("GOGC") == "" {
@@ -148,7 +149,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	}
 	// From here on the proxy must not outlive us: every return path below
 	// ends with it stopped (the machine's stop, or here).
-	log.Info("proxy started", zap.Int("pid", a.proxy.Pid()), zap.Strings("command", cfg.Command))
+	log.Info("proxy started", logevent.ProxyStarted.Field(), zap.Int("pid", a.proxy.Pid()), zap.Strings("command", cfg.Command))
 	killProxy := func() {
 		a.proxy.Signal(syscall.SIGKILL)
 		<-a.proxy.Exited()
@@ -178,7 +179,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			case <-runCtx.Done():
 				return
 			case sig := <-sigc:
-				log.Info("signal", zap.Stringer("signal", sig))
+				log.Info("signal", logevent.SignalReceived.Field(), zap.Stringer("signal", sig))
 				a.early.trigger(drain.CauseSignal)
 			}
 		}
@@ -215,12 +216,12 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	closers = append(closers, a.tracker.Close)
 	mode, why := a.tracker.Mode()
 	load, first := a.tracker.Opened()
-	log.Info("tracker", zap.Stringer("mode", mode), zap.String("reason", why), zap.Duration("probe_load", load), zap.Duration("first_snapshot", first))
+	log.Info("tracker", logevent.Tracker.Field(), zap.Stringer("mode", mode), zap.String("reason", why), zap.Duration("probe_load", load), zap.Duration("first_snapshot", first))
 	if why := a.exitWithAppRefused(); why != "" {
 		killProxy()
 		return Result{}, configErr("--exit-with-app %s: %s", cfg.Drain.ExitWithApp, why)
 	}
-	log.Info("pod shape", zap.Stringer("shape", cfg.Drain.StartShape()), zap.String("exit_with_app", string(cfg.Drain.ExitWithApp)))
+	log.Info("pod shape", logevent.PodShape.Field(), zap.Stringer("shape", cfg.Drain.StartShape()), zap.String("exit_with_app", string(cfg.Drain.ExitWithApp)))
 	a.dropPrivileges() // privs: eBPF loaded, namespaces open, proxy started: keep only what the run still uses
 	// Start-up's garbage (decoded BTF, the first snapshot's buffers) goes
 	// back to the kernel now, not at some later collection: the idle RSS.
@@ -259,13 +260,13 @@ func logIstio(log *zap.Logger, cfg *Config, ist istioResolved) {
 	for _, w := range ist.warnings {
 		log.Warn(w)
 	}
-	log.Info("drain deadline", zap.Duration("deadline", cfg.Drain.Deadline), zap.String("decided_by", ist.deadlineFrom))
+	log.Info("drain deadline", logevent.DeadlineDecided.Field(), zap.Duration("deadline", cfg.Drain.Deadline), zap.String("decided_by", ist.deadlineFrom))
 	if ist.exitOnZero {
 		log.Info(ExitOnZeroEnv+" is subsumed: draind always waits for the drained connections to close, and for the app's work (it reads the kernel, not Envoy's downstream_cx_active)",
 			zap.Duration("min_drain", cfg.Drain.MinDrain), zap.Duration("deadline", cfg.Drain.Deadline))
 	}
 	if cfg.pilotAgent() {
-		log.Info("proxy is pilot-agent: it keeps its status port; draind signals its PID alone and stops Envoy through Envoy's admin API",
+		log.Info("proxy is pilot-agent: it keeps its status port; draind signals its PID alone and stops Envoy through Envoy's admin API", logevent.ProxyIsPilotAgent.Field(),
 			zap.Uint16("pilot_agent_status_port", ist.settings.StatusPort), zap.String("status_port_from", cmp.Or(ist.settings.StatusPortFrom, "default")),
 			zap.String("status_addr", cfg.StatusAddr), zap.String("admin_addr", cfg.AdminAddr))
 	}
@@ -323,7 +324,7 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 	start := time.Now()
 	if a.cfg.AppProcs == appprocs.ModeOff || a.cfg.Drain.Gateway {
 		a.hostNet = a.cfg.HostNetwork == HostNetworkTrue
-		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "process tracking off"))
+		a.log.Info("app liveness", logevent.AppLiveness.Field(), zap.String("source", "sockets"), zap.String("reason", "process tracking off"))
 		return
 	}
 	rules := appprocs.Rules{SelfPIDs: []int{os.Getpid()}, ProxyUID: a.cfg.ProxyUID, ProxyPIDs: []int{a.proxy.Pid()}}
@@ -342,7 +343,7 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 		host = detectHostNet(a.cfg.HostNetwork, a.ns, nil)
 	}
 	a.hostNet = host.host
-	a.log.Info("network namespace", zap.Bool("host_network", host.host), zap.String("how", host.how))
+	a.log.Info("network namespace", logevent.NetworkNamespace.Field(), zap.Bool("host_network", host.host), zap.String("how", host.how))
 	switch {
 	case err != nil:
 		why := err.Error()
@@ -350,19 +351,19 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 		if errors.As(err, &ue) {
 			why = ue.Reason // the cause in one line; the loader's own hints mislead (MEMLOCK for a missing capability)
 		}
-		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", why))
+		a.log.Info("app liveness", logevent.AppLiveness.Field(), zap.String("source", "sockets"), zap.String("reason", why))
 		return
 	case host.host:
 		// Every process of the node shares this namespace: none of them
 		// tells whether the app is done.
 		src.Close()
-		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", "hostNetwork: the namespace's processes and listeners are the node's; the app is its --app-ports"))
+		a.log.Info("app liveness", logevent.AppLiveness.Field(), zap.String("source", "sockets"), zap.String("reason", "hostNetwork: the namespace's processes and listeners are the node's; the app is its --app-ports"))
 		return
 	case src.Kind() == appprocs.ModeProc && a.cfg.AppProcs == appprocs.ModeAuto && src.Count() == 0:
 		// /proc shows only our own PID namespace: with no app process in
 		// view, the app is most likely in another container, not absent.
 		src.Close()
-		a.log.Info("app liveness", zap.String("source", "sockets"), zap.String("reason", reason+"; no app process visible in /proc (no shared PID namespace)"))
+		a.log.Info("app liveness", logevent.AppLiveness.Field(), zap.String("source", "sockets"), zap.String("reason", reason+"; no app process visible in /proc (no shared PID namespace)"))
 		return
 	}
 	a.procs = src
@@ -373,10 +374,10 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 		for i, p := range c.Processes {
 			procs[i] = fmt.Sprintf("%d %s uid %d", p.PID, p.Comm, p.UID)
 		}
-		a.log.Info("own container: its processes are never the app", zap.Stringer("whose", c.Class), zap.Uint64("mnt_ns", c.MountNS), zap.Strings("processes", procs))
+		a.log.Info("own container: its processes are never the app", logevent.OwnContainer.Field(), zap.Stringer("whose", c.Class), zap.Uint64("mnt_ns", c.MountNS), zap.Strings("processes", procs))
 	}
 	cov := src.Coverage()
-	a.log.Info("app liveness", zap.Stringer("source", src.Kind()), zap.String("reason", reason), zap.Int("app_processes", src.Count()),
+	a.log.Info("app liveness", logevent.AppLiveness.Field(), zap.Stringer("source", src.Kind()), zap.String("reason", reason), zap.Int("app_processes", src.Count()),
 		zap.Bool("complete", cov.Complete), zap.String("coverage", cov.Reason), zap.Duration("took", time.Since(start)))
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/envoy"
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/tcpstate"
 )
 
@@ -217,7 +218,7 @@ func (a adminView) Live(ctx context.Context) (bool, string) {
 	switch {
 	case errors.Is(err, envoy.ErrStatAbsent):
 		if sh.readyFallback.CompareAndSwap(false, true) {
-			sh.log.Warn("readiness comes from Envoy's GET /ready from now on: its stats lack server.state or listener_manager.workers_started (a stats_matcher rejects them); /ready says LIVE when Envoy's init is done, an event-loop turn before its workers start",
+			sh.log.Warn("readiness comes from Envoy's GET /ready from now on: its stats lack server.state or listener_manager.workers_started (a stats_matcher rejects them); /ready says LIVE when Envoy's init is done, an event-loop turn before its workers start", logevent.ReadinessFromReady.Field(),
 				zap.Error(err))
 		}
 		return a.ready(ctx)
@@ -261,7 +262,7 @@ func (a adminView) AtLive(ctx context.Context) {
 		if sh.flows != nil {
 			sh.flows.setExcluded(resolved.Ports)
 		}
-		sh.log.Info("listeners excluded from the drain", zap.Strings("names", ex.Names), zap.Stringer("resolved", resolved))
+		sh.log.Info("listeners excluded from the drain", logevent.ListenersExcluded.Field(), zap.Strings("names", ex.Names), zap.Stringer("resolved", resolved))
 		if len(unmatched) > 0 {
 			sh.log.Warn("--exclude-listeners names no listener of Envoy's (its listener names and stat scopes); kept as stat names", zap.Strings("names", unmatched))
 		}
@@ -277,7 +278,7 @@ func (a adminView) AtLive(ctx context.Context) {
 		names = append(names, fmt.Sprintf("%s (%s)", l.Name, directionName(l.Direction)))
 	}
 	sh.drainAll.Store(true)
-	sh.log.Warn("no Envoy listener has traffic_direction INBOUND: POST /drain_listeners?inboundonly&graceful would drain nothing (no Connection: close, no GOAWAY); draind drains every listener instead, without stopping any (graceful&skip_exit)",
+	sh.log.Warn("no Envoy listener has traffic_direction INBOUND: POST /drain_listeners?inboundonly&graceful would drain nothing (no Connection: close, no GOAWAY); draind drains every listener instead, without stopping any (graceful&skip_exit)", logevent.NoInboundListener.Field(),
 		zap.Strings("listeners", names))
 }
 

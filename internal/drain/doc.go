@@ -37,5 +37,7 @@
 //
 // The machine logs its phase changes (with their cause), what holds the
 // gate when that changes (not when counts move), admin failures once per
-// kind, and at the deadline every flow that still held the gate.
+// kind, and at the deadline every flow that still held the gate. Each of
+// those lines carries its event (package logevent): tests and scripts
+// match the event and the fields, never the message's wording.
 package drain

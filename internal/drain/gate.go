@@ -80,6 +80,20 @@ const (
 	HoldAwaitSignal
 )
 
+// String is the kind's label in the log's hold_kinds (stable, unlike a
+// hold's text).
+func (k HoldKind) String() string {
+	if int(k) >= len(holdKindNames) || holdKindNames[k] == "" {
+		return "unknown"
+	}
+	return holdKindNames[k]
+}
+
+var holdKindNames = [...]string{
+	HoldAppProcs: "app-procs", HoldAppSockets: "app-sockets", HoldAppFlows: "app-flows",
+	HoldEnvoyActive: "envoy-active", HoldEnvoyKernel: "envoy-kernel", HoldSettle: "settle", HoldAwaitSignal: "await-signal",
+}
+
 // Hold says what keeps the gate closed.
 type Hold struct {
 	Kind HoldKind

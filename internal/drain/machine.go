@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // Tracking starts the kernel's live view of the pod (package agent: the
@@ -133,7 +135,8 @@ type Result struct {
 	Clean bool
 }
 
-// Parts are the machine's inputs. Admin and Proxy are nil for prestop;
+// Parts are the machine's inputs, handed to New: a running machine keeps
+// its own copy, out of its callers' reach. Admin and Proxy are nil for prestop;
 // Apps is nil when the app's processes are not followed.
 type Parts struct {
 	Flows Flows
@@ -178,7 +181,14 @@ func (s GaugesState) String() string { return [...]string{"unknown", "present", 
 // Machine is the drain state machine. Build it with New, run it once.
 type Machine struct {
 	cfg Config
-	Parts
+	// The parts (Parts), fixed at New.
+	flows    Flows
+	apps     Apps
+	admin    Admin
+	proxy    Proxy
+	tracking Tracking
+	log      *zap.Logger
+	begun    time.Time
 
 	inputs chan input
 
@@ -241,7 +251,12 @@ func New(cfg Config, parts Parts) *Machine {
 	if parts.Log == nil {
 		parts.Log = zap.NewNop()
 	}
-	m := &Machine{cfg: cfg, Parts: parts, inputs: make(chan input, 8), gate: Gate{Settle: cfg.Settle}}
+	m := &Machine{
+		cfg:   cfg,
+		flows: parts.Flows, apps: parts.Apps, admin: parts.Admin, proxy: parts.Proxy,
+		tracking: parts.Tracking, log: parts.Log, begun: parts.Begun,
+		inputs: make(chan input, 8), gate: Gate{Settle: cfg.Settle},
+	}
 	m.phase.Store(int32(Starting))
 	return m
 }
@@ -290,8 +305,8 @@ func (m *Machine) Config() Config { return m.cfg }
 func (m *Machine) Run(ctx context.Context) Result {
 	defer m.timers.stopAll()
 	var exited <-chan struct{}
-	if m.Proxy != nil {
-		exited = m.Proxy.Exited()
+	if m.proxy != nil {
+		exited = m.proxy.Exited()
 	}
 	if m.cfg.Prestop {
 		m.begin(CausePreStop)
@@ -303,9 +318,9 @@ func (m *Machine) Run(ctx context.Context) Result {
 		m.stopDrainListeners()
 	}()
 	var flowsChanged, appsChanged <-chan struct{}
-	flowsChanged = m.Flows.Changed()
-	if m.Apps != nil {
-		appsChanged = m.Apps.Changed()
+	flowsChanged = m.flows.Changed()
+	if m.apps != nil {
+		appsChanged = m.apps.Changed()
 	}
 	watchApp := m.cfg.ExitWithApp == ExitWithAppSuccess || m.cfg.ExitWithApp == ExitWithAppAny
 	for {
@@ -334,7 +349,7 @@ func (m *Machine) Run(ctx context.Context) Result {
 			m.onLive(ctx)
 		case <-chanOf(m.timers.minDrain):
 			m.timers.minDrain = nil
-			m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.Flows.Observe()))
+			m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.flows.Observe()))
 		case <-chanOf(m.timers.appDone):
 			m.timers.appDone = nil
 			if seq, ok := m.appDone(); ok && seq == m.timers.appDoneSeq && m.Phase() == Ready {
@@ -346,8 +361,8 @@ func (m *Machine) Run(ctx context.Context) Result {
 		case <-chanOf(m.timers.wake):
 			m.timers.wake = nil
 			if !m.timers.idleWake.IsZero() && !time.Now().Before(m.timers.idleWake) {
-				if err := m.Flows.Refresh(); err != nil {
-					m.Log.Warn("re-reading flows for idle times", zap.Error(err))
+				if err := m.flows.Refresh(); err != nil {
+					m.log.Warn("re-reading flows for idle times", zap.Error(err))
 				}
 			}
 		case <-fc:
@@ -359,7 +374,7 @@ func (m *Machine) Run(ctx context.Context) Result {
 // enter is the one place the phase changes.
 func (m *Machine) enter(p Phase, fields ...zap.Field) {
 	m.phase.Store(int32(p))
-	m.Log.Info("phase", append([]zap.Field{zap.String("phase", p.String())}, fields...)...)
+	m.log.Info("phase", append([]zap.Field{logevent.Phase.Field(), zap.String("phase", p.String())}, fields...)...)
 }
 
 // watchLive asks the admin API until Envoy is LIVE with its workers
@@ -375,7 +390,7 @@ func (m *Machine) watchLive(ctx context.Context) {
 		wait := 10 * time.Millisecond
 		for {
 			cctx, ccancel := context.WithTimeout(ctx, time.Second)
-			ok, _ := m.Admin.Live(cctx)
+			ok, _ := m.admin.Live(cctx)
 			ccancel()
 			if ok {
 				close(live)
@@ -406,13 +421,13 @@ func (m *Machine) stopLiveWatch() {
 func (m *Machine) onLive(ctx context.Context) {
 	m.stopLiveWatch()
 	if m.Phase() == Starting {
-		if m.Begun.IsZero() {
+		if m.begun.IsZero() {
 			m.enter(Ready)
 		} else {
-			m.enter(Ready, zap.Duration("since_start", time.Since(m.Begun)))
+			m.enter(Ready, zap.Duration("since_start", time.Since(m.begun)))
 		}
 	}
-	if h, ok := m.Admin.(LiveHook); ok {
+	if h, ok := m.admin.(LiveHook); ok {
 		hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		h.AtLive(hctx)
 		cancel()
@@ -424,16 +439,17 @@ func (m *Machine) onLive(ctx context.Context) {
 // listener gauges the gate would read.
 func (m *Machine) checkGauges(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	present, err := m.Admin.Gauges(cctx)
+	present, err := m.admin.Gauges(cctx)
 	cancel()
 	switch {
 	case err != nil:
-		m.Log.Debug("could not tell whether Envoy keeps listener gauges; will ask again", zap.Error(err))
+		m.log.Debug("could not tell whether Envoy keeps listener gauges; will ask again", zap.Error(err))
 	case present:
 		m.gauges.Store(int32(GaugesPresent))
 	default:
 		m.gauges.Store(int32(GaugesAbsent))
-		m.Log.Warn("Envoy keeps no downstream_cx_active listener gauges (e.g. Istio's stats matcher without EXIT_ON_ZERO_ACTIVE_CONNECTIONS): the kernel's view of Envoy's downstream connections decides alone")
+		m.log.Warn("Envoy keeps no downstream_cx_active listener gauges (e.g. Istio's stats matcher without EXIT_ON_ZERO_ACTIVE_CONNECTIONS): the kernel's view of Envoy's downstream connections decides alone",
+			logevent.NoListenerGauges.Field())
 	}
 }
 
@@ -441,18 +457,18 @@ func (m *Machine) checkGauges(ctx context.Context) {
 // no process left (a complete view), and its main process's last exit
 // qualifies. seq is that exit's.
 func (m *Machine) appDone() (uint64, bool) {
-	n, view := m.Apps.Count()
+	n, view := m.apps.Count()
 	if n > 0 || view != ProcsComplete {
 		return 0, false
 	}
-	exit, ok := m.Apps.MainExit()
+	exit, ok := m.apps.MainExit()
 	if !ok {
 		return 0, false
 	}
 	if m.cfg.ExitWithApp == ExitWithAppSuccess && !(exit.Known && exit.Success) {
 		if exit.Seq != m.failedSeq {
 			m.failedSeq = exit.Seq
-			m.Log.Info("the app's main process ended without success under --exit-with-app success: the proxy stays for its restart (restartPolicy OnFailure); with restartPolicy Never use --exit-with-app any",
+			m.log.Info("the app's main process ended without success under --exit-with-app success: the proxy stays for its restart (restartPolicy OnFailure); with restartPolicy Never use --exit-with-app any",
 				zap.String("main_exit", exit.Status))
 		}
 		return 0, false
@@ -469,7 +485,7 @@ func (m *Machine) watchAppDone() {
 		if m.timers.appDone != nil {
 			m.timers.appDone.Stop() // it came back and left again: a new grace
 		}
-		exit, _ := m.Apps.MainExit()
+		exit, _ := m.apps.MainExit()
 		// A success is the app's work done: a Job's container is not
 		// restarted after it. A failure may be a crash the kubelet
 		// restarts (a Deployment): it gets the restart grace.
@@ -477,13 +493,13 @@ func (m *Machine) watchAppDone() {
 		if exit.Known && exit.Success {
 			grace = 0
 		}
-		m.Log.Info("the app's processes are gone: the proxy stops after the restart grace unless the app comes back",
+		m.log.Info("the app's processes are gone: the proxy stops after the restart grace unless the app comes back",
 			zap.String("main_exit", exit.Status), zap.Duration("grace", grace), zap.String("exit_with_app", string(m.cfg.ExitWithApp)))
 		m.timers.appDone, m.timers.appDoneSeq = time.NewTimer(grace), seq
 	case !done && m.timers.appDone != nil:
 		m.timers.appDone.Stop()
 		m.timers.appDone = nil
-		m.Log.Info("the app is back within the restart grace: the proxy stays")
+		m.log.Info("the app is back within the restart grace: the proxy stays", logevent.AppBack.Field())
 	}
 }
 
@@ -502,17 +518,17 @@ func (m *Machine) onTrigger(c Cause) {
 			if p == Draining && m.appGone() {
 				m.timers.minDrain.Stop()
 				m.timers.minDrain = nil
-				m.Log.Info("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now")
-				m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.Flows.Observe()))
+				m.log.Info("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now", logevent.SigtermEndsMinDrain.Field())
+				m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.flows.Observe()))
 			} else {
-				m.Log.Info("SIGTERM after the preStop drain (native sidecar): the gate no longer waits for it")
+				m.log.Info("SIGTERM after the preStop drain (native sidecar): the gate no longer waits for it", logevent.SigtermAfterPrestop.Field())
 			}
 			return
 		}
-		m.Log.Info("drain trigger ignored: already draining", zap.Stringer("trigger", c), zap.Stringer("phase", p),
+		m.log.Info("drain trigger ignored: already draining", logevent.TriggerIgnored.Field(), zap.Stringer("trigger", c), zap.Stringer("phase", p),
 			zap.Stringer("drain_trigger", m.Cause()))
 	default:
-		m.Log.Info("drain trigger ignored: already draining", zap.Stringer("trigger", c), zap.Stringer("phase", p),
+		m.log.Info("drain trigger ignored: already draining", logevent.TriggerIgnored.Field(), zap.Stringer("trigger", c), zap.Stringer("phase", p),
 			zap.Stringer("drain_trigger", m.Cause()))
 	}
 }
@@ -520,11 +536,11 @@ func (m *Machine) onTrigger(c Cause) {
 // appGone reports whether the machine's own view says the app has no
 // process left (a complete view only).
 func (m *Machine) appGone() bool {
-	if m.Apps == nil {
-		v := m.Flows.Observe()
+	if m.apps == nil {
+		v := m.flows.Observe()
 		return v.AppListeners == 0 && v.AppHolding == 0
 	}
-	n, view := m.Apps.Count()
+	n, view := m.apps.Count()
 	return view == ProcsComplete && n == 0
 }
 
@@ -561,13 +577,13 @@ func (m *Machine) begin(c Cause) {
 	}
 	// Envoy's drain first: its clients' Connection: close must not wait
 	// for draind's own views, which the gate needs only later.
-	if m.Admin != nil {
+	if m.admin != nil {
 		m.startDrainListeners()
 	}
 	m.startTracking()
 	m.enter(Draining, zap.Stringer("trigger", c), zap.Stringer("pod_shape", m.shape(c)), zap.Duration("min_drain", minDrain),
 		zap.Duration("deadline", m.cfg.Deadline), zap.Duration("gate_deadline", m.cfg.GateDeadline()),
-		zap.Any("flows", m.Flows.Observe()))
+		zap.Any("flows", m.flows.Observe()))
 	if minDrain == 0 {
 		m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)))
 		return
@@ -579,16 +595,16 @@ func (m *Machine) begin(c Cause) {
 // them. A failure is logged: the views then answer from what they have
 // (the gate's other rules and the deadline still bound the drain).
 func (m *Machine) startTracking() {
-	if m.Tracking == nil {
+	if m.tracking == nil {
 		return
 	}
 	start := time.Now()
-	if err := m.Tracking.Start(); err != nil {
-		m.Log.Error("tracking did not start: the gate reads what the views have", zap.Error(err))
+	if err := m.tracking.Start(); err != nil {
+		m.log.Error("tracking did not start: the gate reads what the views have", logevent.TrackingFailed.Field(), zap.Error(err))
 		return
 	}
 	took := time.Since(start)
-	m.Log.Info("tracking live", zap.Duration("took", took), zap.Float64("tracking_live_ms", float64(took.Microseconds())/1e3))
+	m.log.Info("tracking live", logevent.TrackingLive.Field(), zap.Duration("took", took), zap.Float64("tracking_live_ms", float64(took.Microseconds())/1e3))
 }
 
 // startDrainListeners sends POST /drain_listeners until it succeeds or the
@@ -610,11 +626,11 @@ func (m *Machine) startDrainListeners() {
 			m.dlTries.Add(1)
 			cctx, ccancel := context.WithTimeout(ctx, max(min(timeout, time.Until(gateEnd)), 100*time.Millisecond))
 			timeout = min(2*timeout, 8*time.Second)
-			err := m.Admin.DrainListeners(cctx, inbound)
+			err := m.admin.DrainListeners(cctx, inbound)
 			ccancel()
 			if err == nil {
 				m.dlState.Store(int32(DrainListenersDone))
-				m.Log.Info("drain_listeners sent", zap.Bool("inbound_only", inbound), zap.Int64("attempts", m.dlTries.Load()))
+				m.log.Info("drain_listeners sent", logevent.DrainListenersSent.Field(), zap.Bool("inbound_only", inbound), zap.Int64("attempts", m.dlTries.Load()))
 				return
 			}
 			if ctx.Err() != nil {
@@ -622,7 +638,7 @@ func (m *Machine) startDrainListeners() {
 			}
 			if e := err.Error(); e != lastErr {
 				lastErr = e
-				m.Log.Warn("drain_listeners failed; retrying until it succeeds or the drain ends", zap.Error(err), zap.Int64("attempts", m.dlTries.Load()))
+				m.log.Warn("drain_listeners failed; retrying until it succeeds or the drain ends", logevent.DrainListenersFailed.Field(), zap.Error(err), zap.Int64("attempts", m.dlTries.Load()))
 			}
 			select {
 			case <-ctx.Done():
@@ -637,7 +653,7 @@ func (m *Machine) startDrainListeners() {
 		wg.Wait()
 		if DrainListenersState(m.dlState.Load()) == DrainListenersRetrying {
 			m.dlState.Store(int32(DrainListenersGaveUp))
-			m.Log.Warn("drain_listeners never succeeded", zap.Int64("attempts", m.dlTries.Load()))
+			m.log.Warn("drain_listeners never succeeded", logevent.DrainListenersGaveUp.Field(), zap.Int64("attempts", m.dlTries.Load()))
 		}
 	}
 }
@@ -658,12 +674,17 @@ func (m *Machine) evaluate(ctx context.Context) (Result, bool) {
 	}
 	if k := v.Kinds(); k != m.holds {
 		m.holds = k
-		m.Log.Info("gate holds", zap.Stringers("holds", v.Holds), zap.Duration("since_drain", time.Since(m.started)))
+		kinds := make([]HoldKind, len(v.Holds))
+		for i, h := range v.Holds {
+			kinds[i] = h.Kind
+		}
+		m.log.Info("gate holds", logevent.GateHolds.Field(), zap.Stringers("holds", v.Holds), zap.Stringers("hold_kinds", kinds),
+			zap.Duration("since_drain", time.Since(m.started)))
 	}
 	// Wake on the next change, or at a computed moment: the end of
 	// --settle, a flow's idle expiry, or a re-ask of an admin API that lags
 	// behind the kernel. Never on a fixed tick.
-	wake, idle := v.WakeAt, m.Flows.Observe().IdleWake
+	wake, idle := v.WakeAt, m.flows.Observe().IdleWake
 	if m.cfg.IdleTimeout > 0 && !idle.IsZero() && (wake.IsZero() || idle.Before(wake)) {
 		wake = idle
 	}
@@ -708,17 +729,17 @@ func envoyOnlyHold(in GateInput, v Verdict) bool {
 // the app is done and the kernel sees no live downstream flow (otherwise
 // Envoy certainly has some), so a busy drain does not hammer the admin API.
 func (m *Machine) gateInput(ctx context.Context) GateInput {
-	fv := m.Flows.Observe()
+	fv := m.flows.Observe()
 	in := GateInput{
 		Now: time.Now(), AppExit: m.cfg.AppExit, Gateway: m.cfg.Gateway, WaitListeners: m.cfg.WaitListeners,
 		NoProxy: m.cfg.Prestop, IdleTimeout: m.cfg.IdleTimeout, AwaitSignal: m.awaitSignal,
 		AppListeners: fv.AppListeners, AppHolding: fv.AppHolding,
 		Downstream: fv.Downstream, DownstreamIdle: fv.DownstreamIdle,
 	}
-	if m.Apps != nil {
-		in.AppProcs, in.ProcView = m.Apps.Count()
+	if m.apps != nil {
+		in.AppProcs, in.ProcView = m.apps.Count()
 	}
-	if m.Admin == nil {
+	if m.admin == nil {
 		return in
 	}
 	if live := in.Downstream - in.DownstreamIdle; live > 0 {
@@ -738,39 +759,40 @@ func (m *Machine) gateInput(ctx context.Context) GateInput {
 		return in // it failed a moment ago: the kernel decides meanwhile
 	}
 	actx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	n, err := m.Admin.ActiveDownstream(actx)
+	n, err := m.admin.ActiveDownstream(actx)
 	cancel()
 	switch {
 	case err == nil:
 		in.EnvoyKnown, in.EnvoyActive = true, n
 	case errors.Is(err, ErrNoGauges):
 		if m.gauges.Swap(int32(GaugesAbsent)) != int32(GaugesAbsent) {
-			m.Log.Warn("Envoy keeps no downstream_cx_active listener gauges: the kernel's view of Envoy's downstream connections decides alone")
+			m.log.Warn("Envoy keeps no downstream_cx_active listener gauges: the kernel's view of Envoy's downstream connections decides alone",
+				logevent.NoListenerGauges.Field())
 		}
 	default:
 		// A hung or failing admin API must not add its timeout to every
 		// evaluation: leave it be for a while.
 		m.adminQuietUntil = time.Now().Add(2 * time.Second)
-		m.Log.Debug("admin active connections", zap.Error(err))
+		m.log.Debug("admin active connections", zap.Error(err))
 	}
 	return in
 }
 
 // deadline stops the proxy anyway, naming every flow that still held.
 func (m *Machine) deadline() Result {
-	open := m.Flows.Holding()
-	fields := []zap.Field{zap.Duration("after", time.Since(m.started)), zap.Int("open_flows", len(open))}
-	if m.Apps != nil {
-		n, view := m.Apps.Count()
+	open := m.flows.Holding()
+	fields := []zap.Field{logevent.DeadlineReached.Field(), zap.Duration("after", time.Since(m.started)), zap.Int("open_flows", len(open))}
+	if m.apps != nil {
+		n, view := m.apps.Count()
 		fields = append(fields, zap.Int("app_processes", n), zap.Bool("app_processes_complete", view == ProcsComplete))
 	}
 	msg := "drain deadline reached: stopping the proxy with flows still open"
 	if m.cfg.Prestop {
 		msg = "prestop deadline reached: returning with app flows still open"
 	}
-	m.Log.Warn(msg, fields...)
+	m.log.Warn(msg, fields...)
 	for _, f := range open {
-		m.Log.Warn("open flow at deadline",
+		m.log.Warn("open flow at deadline", logevent.OpenFlowAtDeadline.Field(),
 			zap.String("local", f.Local.String()), zap.String("remote", f.Remote.String()),
 			zap.String("owner", f.Owner), zap.String("direction", f.Direction), zap.String("state", f.State),
 			zap.Int64("idle_ms", f.IdleMS), zap.Duration("age", f.Age))
@@ -782,7 +804,7 @@ func (m *Machine) deadline() Result {
 // own is a failure, whatever its code.
 func (m *Machine) proxyDied() Result {
 	m.stopDrainListeners()
-	code := m.Proxy.ExitCode()
+	code := m.proxy.ExitCode()
 	if code == 0 && !m.cfg.ProxyExitStands {
 		code = 1
 	}
@@ -791,8 +813,8 @@ func (m *Machine) proxyDied() Result {
 		when = "before any drain"
 	}
 	m.enter(Exited, zap.String("why", "proxy exited on its own"), zap.String("when", when),
-		zap.String("how", m.Proxy.ExitDescription()), zap.Int("exit_code", code))
-	return Result{ExitCode: code, Reason: "proxy " + m.Proxy.ExitDescription() + " " + when}
+		zap.String("how", m.proxy.ExitDescription()), zap.Int("exit_code", code))
+	return Result{ExitCode: code, Reason: "proxy " + m.proxy.ExitDescription() + " " + when}
 }
 
 // stop: /quitquitquit, then SIGTERM, then SIGKILL, each given
@@ -809,23 +831,23 @@ func (m *Machine) stop(why string, clean bool) Result {
 		return Result{Reason: why, Clean: clean}
 	}
 	m.enter(Stopping, zap.String("why", why), zap.Duration("drain", t0.Sub(m.started)),
-		zap.Int64("quit_sent_unix_ns", t0.UnixNano()), zap.Any("flows", m.Flows.Observe()))
+		zap.Int64("quit_sent_unix_ns", t0.UnixNano()), zap.Any("flows", m.flows.Observe()))
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.quitTimeout())
-	err := m.Admin.Quit(ctx)
+	err := m.admin.Quit(ctx)
 	cancel()
 	steps := []syscall.Signal{0, syscall.SIGTERM, syscall.SIGKILL}
 	if err != nil {
 		// Envoy did not take the quit: SIGTERM (the same to Envoy) now,
 		// not after a wait for an exit that was never asked.
-		m.Log.Warn("quitquitquit failed: signalling at once", zap.Error(err))
+		m.log.Warn("quitquitquit failed: signalling at once", zap.Error(err))
 		steps = steps[1:]
 	}
 	killed := false
 	for _, sig := range steps {
 		if sig != 0 {
-			m.Log.Warn("proxy still running: signalling", zap.Stringer("signal", sig))
-			if err := m.Proxy.Signal(sig); err != nil {
-				m.Log.Warn("signalling the proxy failed", zap.Stringer("signal", sig), zap.Error(err))
+			m.log.Warn("proxy still running: signalling", zap.Stringer("signal", sig))
+			if err := m.proxy.Signal(sig); err != nil {
+				m.log.Warn("signalling the proxy failed", zap.Stringer("signal", sig), zap.Error(err))
 			}
 			killed = sig == syscall.SIGKILL
 		}
@@ -835,7 +857,7 @@ func (m *Machine) stop(why string, clean bool) Result {
 		}
 		t := time.NewTimer(wait)
 		select {
-		case <-m.Proxy.Exited():
+		case <-m.proxy.Exited():
 		case <-t.C:
 			continue
 		}
@@ -844,14 +866,14 @@ func (m *Machine) stop(why string, clean bool) Result {
 	}
 	res := Result{Reason: why, Clean: clean}
 	select {
-	case <-m.Proxy.Exited():
-		code := m.Proxy.ExitCode()
+	case <-m.proxy.Exited():
+		code := m.proxy.ExitCode()
 		switch {
 		case killed:
 			res.ExitCode, res.Reason = 137, why+"; proxy had to be killed"
 		case code == 0 || code == 128+int(syscall.SIGTERM):
 		default:
-			res.ExitCode, res.Reason = code, why+"; proxy "+m.Proxy.ExitDescription()
+			res.ExitCode, res.Reason = code, why+"; proxy "+m.proxy.ExitDescription()
 		}
 	default:
 		res.ExitCode, res.Reason = 137, why+"; proxy did not exit even after SIGKILL"

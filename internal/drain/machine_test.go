@@ -9,15 +9,29 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // The machine runs here against fakes of its four inputs: no root, no
-// kernel, no Envoy. Timings are short but never asserted: each scenario
-// checks what happened (phases, calls, result), not how fast.
+// kernel, no Envoy. Each scenario runs in a synctest bubble: the machine's
+// timers and the rig's waits read a fake clock that moves only when every
+// goroutine of the bubble is blocked, so a scenario's timings are exact,
+// take no real time, and never depend on the machine's load. A wait never
+// polls: it wakes on the machine's next log line (every change the
+// scenarios wait for is logged) or at a fake-clock timeout that only a
+// stuck machine reaches.
+
+// inBubble runs a subtest in its own synctest bubble.
+func inBubble(f func(*testing.T)) func(*testing.T) {
+	return func(t *testing.T) { synctest.Test(t, f) }
+}
 
 type fakeFlows struct {
 	mu        sync.Mutex
@@ -228,6 +242,8 @@ type rig struct {
 	logs   *observer.ObservedLogs
 	res    chan Result
 	cancel context.CancelFunc
+	// logged is signalled (coalesced) after each line the machine logs.
+	logged chan struct{}
 	// tracking, when set, is Parts.Tracking (withTracking).
 	tracking Tracking
 }
@@ -250,8 +266,15 @@ func newRig(t *testing.T, opts ...rigOption) *rig {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zap.DebugLevel)
-	r.logs = logs
-	parts := Parts{Flows: r.flows, Log: zap.New(core)}
+	r.logs, r.logged = logs, make(chan struct{}, 1)
+	notify := func(zapcore.Entry) error {
+		select {
+		case r.logged <- struct{}{}:
+		default:
+		}
+		return nil
+	}
+	parts := Parts{Flows: r.flows, Log: zap.New(core, zap.Hooks(notify))}
 	if r.tracking != nil {
 		parts.Tracking = r.tracking
 	}
@@ -264,8 +287,11 @@ func newRig(t *testing.T, opts ...rigOption) *rig {
 	r.m = New(cfg, parts)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
-	t.Cleanup(cancel)
-	go func() { r.res <- r.m.Run(ctx) }()
+	ended := make(chan struct{})
+	// The machine ends before the bubble does: its stop steps need the
+	// fake clock, which stops once the test's goroutine returns.
+	t.Cleanup(func() { cancel(); <-ended })
+	go func() { defer close(ended); r.res <- r.m.Run(ctx) }()
 	return r
 }
 
@@ -277,16 +303,27 @@ func withTracking(tr **fakeTracking) rigOption {
 	return func(r *rig, _ *Config) { r.tracking = *tr }
 }
 
-// waitPhase waits (generously) for the machine to reach p.
+// waitFor waits until cond holds, checking it after each line the
+// machine logs. The fake clock moves on meanwhile, firing the machine's
+// timers in order; the timeout (fake too) is reached only by a machine
+// that is stuck.
+func (r *rig) waitFor(what string, cond func() bool) {
+	r.t.Helper()
+	timeout := time.NewTimer(time.Hour)
+	defer timeout.Stop()
+	for !cond() {
+		select {
+		case <-r.logged:
+		case <-timeout.C:
+			r.t.Fatalf("waited an hour (fake clock) for %s; phase %s; log:\n%s", what, r.m.Phase(), r.log())
+		}
+	}
+}
+
+// waitPhase waits for the machine to reach p (each phase change is logged).
 func (r *rig) waitPhase(p Phase) {
 	r.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for r.m.Phase() != p {
-		if time.Now().After(deadline) {
-			r.t.Fatalf("phase %s, want %s; log:\n%s", r.m.Phase(), p, r.log())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	r.waitFor("phase "+p.String(), func() bool { return r.m.Phase() == p })
 }
 
 func (r *rig) result() Result {
@@ -294,7 +331,7 @@ func (r *rig) result() Result {
 	select {
 	case res := <-r.res:
 		return res
-	case <-time.After(20 * time.Second):
+	case <-time.After(time.Hour):
 		r.t.Fatalf("machine still running in %s; log:\n%s", r.m.Phase(), r.log())
 	}
 	return Result{}
@@ -322,12 +359,17 @@ func (r *rig) log() string {
 	return b.String()
 }
 
-func (r *rig) count(msg string) int { return r.logs.FilterMessage(msg).Len() }
+// lines are the lines logged as ev.
+func (r *rig) lines(ev logevent.Event) *observer.ObservedLogs {
+	return r.logs.Filter(func(e observer.LoggedEntry) bool { return e.ContextMap()[logevent.Key] == string(ev) })
+}
+
+func (r *rig) count(ev logevent.Event) int { return r.lines(ev).Len() }
 
 // phases is the sequence of phases the machine logged.
 func (r *rig) phases() []string {
 	var out []string
-	for _, e := range r.logs.FilterMessage("phase").All() {
+	for _, e := range r.lines(logevent.Phase).All() {
 		out = append(out, e.ContextMap()["phase"].(string))
 	}
 	return out
@@ -351,7 +393,7 @@ func (r *rig) wantResult(res Result, code int, clean bool, reason string) {
 
 func TestTriggers(t *testing.T) {
 	for _, c := range Causes {
-		t.Run(c.String(), func(t *testing.T) {
+		t.Run(c.String(), inBubble(func(t *testing.T) {
 			r := newRig(t)
 			r.waitPhase(Ready)
 			r.m.Trigger(c)
@@ -374,7 +416,7 @@ func TestTriggers(t *testing.T) {
 				t.Errorf("drain_listeners %s inbound %v", st, r.admin.dlInbound.Load())
 			}
 			// The app's completion needs no endpoint propagation wait.
-			minDrain := r.logs.FilterMessage("phase").Filter(func(e observer.LoggedEntry) bool { return e.ContextMap()["phase"] == "draining" }).All()[0].ContextMap()["min_drain"]
+			minDrain := r.lines(logevent.Phase).Filter(func(e observer.LoggedEntry) bool { return e.ContextMap()["phase"] == "draining" }).All()[0].ContextMap()["min_drain"]
 			want := 30 * time.Millisecond
 			if c == CauseAppDone {
 				want = 0
@@ -382,186 +424,204 @@ func TestTriggers(t *testing.T) {
 			if minDrain != want {
 				t.Errorf("min_drain %v, want %v", minDrain, want)
 			}
-		})
+		}))
 	}
 }
 
 func TestTriggerWhileStarting(t *testing.T) {
-	r := newRig(t)
-	r.admin.notLive.Store(true)
-	r.m.Trigger(CauseSignal)
-	r.waitPhase(Gating)
-	r.apps.exit()
-	r.wantResult(r.result(), 0, true, "drained")
-	r.wantPhases("draining", "gating", "stopping", "exited")
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t)
+		r.admin.notLive.Store(true)
+		r.m.Trigger(CauseSignal)
+		r.waitPhase(Gating)
+		r.apps.exit()
+		r.wantResult(r.result(), 0, true, "drained")
+		r.wantPhases("draining", "gating", "stopping", "exited")
+	})
 }
 
 func TestGatewayDrainsAllListenersAndWaitsForNoApp(t *testing.T) {
-	r := newRig(t, withConfig(func(c *Config) { c.Gateway = true }))
-	r.waitPhase(Ready)
-	r.m.Trigger(CauseSignal)
-	res := r.result() // app processes still there: a gateway has no app
-	r.wantResult(res, 0, true, "drained")
-	if r.admin.dlInbound.Load() {
-		t.Error("gateway drained inbound listeners only")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, withConfig(func(c *Config) { c.Gateway = true }))
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		res := r.result() // app processes still there: a gateway has no app
+		r.wantResult(res, 0, true, "drained")
+		if r.admin.dlInbound.Load() {
+			t.Error("gateway drained inbound listeners only")
+		}
+	})
 }
 
 // --- the gate -----------------------------------------------------------
 
 func TestGateWaitsForEnvoyDownstream(t *testing.T) {
-	r := newRig(t)
-	r.flows.set(func(v *FlowView) { v.Downstream = 2 })
-	r.waitPhase(Ready)
-	r.m.Trigger(CauseSignal)
-	r.waitPhase(Gating)
-	r.apps.exit()
-	r.notDone(30 * time.Millisecond)
-	if r.admin.activeCalls.Load() != 0 {
-		t.Errorf("asked the admin API while the kernel sees live downstream flows")
-	}
-	// The kernel sees them go; Envoy's counter trails by a moment.
-	r.admin.active.Store(1)
-	r.flows.set(func(v *FlowView) { v.Downstream = 0 })
-	r.notDone(30 * time.Millisecond)
-	r.admin.active.Store(0) // re-asked with backoff, no event needed
-	r.wantResult(r.result(), 0, true, "drained")
-	if n := r.admin.activeCalls.Load(); n < 2 {
-		t.Errorf("admin asked %d times, want a re-ask", n)
-	}
-	if n := r.count("gate holds"); n != 2 {
-		// app and envoy, then envoy alone (the kernel's count, then the
-		// admin API's): logged when what holds changes, not its counts.
-		t.Errorf("%d 'gate holds' lines, want 2; log:\n%s", n, r.log())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t)
+		r.flows.set(func(v *FlowView) { v.Downstream = 2 })
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		r.waitPhase(Gating)
+		r.apps.exit()
+		r.notDone(30 * time.Millisecond)
+		if r.admin.activeCalls.Load() != 0 {
+			t.Errorf("asked the admin API while the kernel sees live downstream flows")
+		}
+		// The kernel sees them go; Envoy's counter trails by a moment.
+		r.admin.active.Store(1)
+		r.flows.set(func(v *FlowView) { v.Downstream = 0 })
+		r.notDone(30 * time.Millisecond)
+		r.admin.active.Store(0) // re-asked with backoff, no event needed
+		r.wantResult(r.result(), 0, true, "drained")
+		if n := r.admin.activeCalls.Load(); n < 2 {
+			t.Errorf("admin asked %d times, want a re-ask", n)
+		}
+		if n := r.count(logevent.GateHolds); n != 2 {
+			// app and envoy, then envoy alone (the kernel's count, then the
+			// admin API's): logged when what holds changes, not its counts.
+			t.Errorf("%d 'gate holds' lines, want 2; log:\n%s", n, r.log())
+		}
+	})
 }
 
 func TestGateHoldsLoggedOnlyWhenTheyChange(t *testing.T) {
-	r := newRig(t)
-	r.flows.set(func(v *FlowView) { v.Downstream = 1 })
-	r.waitPhase(Ready)
-	r.m.Trigger(CauseSignal)
-	r.waitPhase(Gating)
-	for i := 2; i < 40; i++ {
-		r.flows.set(func(v *FlowView) { v.Downstream = i })
-		time.Sleep(time.Millisecond)
-	}
-	if n := r.count("gate holds"); n != 1 {
-		t.Errorf("%d 'gate holds' lines for 40 count changes, want 1; log:\n%s", n, r.log())
-	}
-	r.apps.exit()
-	r.waitForLog("gate holds", "[envoy: 39")
-	r.flows.set(func(v *FlowView) { v.Downstream = 0 })
-	r.wantResult(r.result(), 0, true, "drained")
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t)
+		r.flows.set(func(v *FlowView) { v.Downstream = 1 })
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		r.waitPhase(Gating)
+		for i := 2; i < 40; i++ {
+			r.flows.set(func(v *FlowView) { v.Downstream = i })
+			synctest.Wait() // the machine has read this count before the next
+		}
+		if n := r.count(logevent.GateHolds); n != 1 {
+			t.Errorf("%d 'gate holds' lines for 40 count changes, want 1; log:\n%s", n, r.log())
+		}
+		r.apps.exit()
+		r.waitForLog(logevent.GateHolds, "hold_kinds", fmt.Sprint([]HoldKind{HoldEnvoyActive})) // the kernel's count stands in
+		r.flows.set(func(v *FlowView) { v.Downstream = 0 })
+		r.wantResult(r.result(), 0, true, "drained")
+	})
 }
 
 func TestGateNoGauges(t *testing.T) {
-	r := newRig(t, setup(func(r *rig) { r.admin.noGauges = true }))
-	r.waitPhase(Ready)
-	for r.m.Gauges() != GaugesAbsent {
-		time.Sleep(time.Millisecond)
-	}
-	r.m.Trigger(CauseSignal)
-	r.apps.exit()
-	r.wantResult(r.result(), 0, true, "drained")
-	if n := r.admin.activeCalls.Load(); n != 0 {
-		t.Errorf("asked for gauges Envoy does not keep %d times", n)
-	}
-	if r.count("Envoy keeps no downstream_cx_active listener gauges (e.g. Istio's stats matcher without EXIT_ON_ZERO_ACTIVE_CONNECTIONS): the kernel's view of Envoy's downstream connections decides alone") != 1 {
-		t.Errorf("no warning about the missing gauges; log:\n%s", r.log())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, setup(func(r *rig) { r.admin.noGauges = true }))
+		r.waitPhase(Ready)
+		r.waitFor("the gauge check", func() bool { return r.m.Gauges() == GaugesAbsent })
+		r.m.Trigger(CauseSignal)
+		r.apps.exit()
+		r.wantResult(r.result(), 0, true, "drained")
+		if n := r.admin.activeCalls.Load(); n != 0 {
+			t.Errorf("asked for gauges Envoy does not keep %d times", n)
+		}
+		if r.count(logevent.NoListenerGauges) != 1 {
+			t.Errorf("no warning about the missing gauges; log:\n%s", r.log())
+		}
+	})
 }
 
 func TestGateAdminErrorsLeaveTheKernel(t *testing.T) {
-	r := newRig(t, setup(func(r *rig) { r.admin.activeErr = errors.New("admin: 500") }))
-	r.admin.active.Store(3)
-	r.waitPhase(Ready)
-	r.m.Trigger(CauseSignal)
-	r.apps.exit()
-	// The kernel sees no downstream flow: an erroring admin must not hold.
-	r.wantResult(r.result(), 0, true, "drained")
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, setup(func(r *rig) { r.admin.activeErr = errors.New("admin: 500") }))
+		r.admin.active.Store(3)
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		r.apps.exit()
+		// The kernel sees no downstream flow: an erroring admin must not hold.
+		r.wantResult(r.result(), 0, true, "drained")
+	})
 }
 
 func TestMachineSettle(t *testing.T) {
-	r := newRig(t, withConfig(func(c *Config) { c.Settle = 80 * time.Millisecond }))
-	r.waitPhase(Ready)
-	r.m.Trigger(CauseSignal)
-	r.waitPhase(Gating)
-	r.apps.exit()
-	r.waitForLog("gate holds", "settle")
-	r.apps.set(1) // a break restarts the settle
-	r.apps.set(0)
-	r.wantResult(r.result(), 0, true, "drained")
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, withConfig(func(c *Config) { c.Settle = 80 * time.Millisecond }))
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		r.waitPhase(Gating)
+		r.apps.exit()
+		r.waitForLog(logevent.GateHolds, "hold_kinds", fmt.Sprint([]HoldKind{HoldSettle}))
+		r.apps.set(1) // a break restarts the settle
+		r.apps.set(0)
+		r.wantResult(r.result(), 0, true, "drained")
+	})
 }
 
-func (r *rig) waitForLog(msg, contains string) {
+// waitForLog waits for a line logged as ev whose field key, printed,
+// is want (any line when key is "").
+func (r *rig) waitForLog(ev logevent.Event, key, want string) {
 	r.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		for _, e := range r.logs.FilterMessage(msg).All() {
-			if strings.Contains(fmt.Sprint(e.ContextMap()), contains) {
-				return
+	r.waitFor(fmt.Sprintf("a %s line with %s=%s", ev, key, want), func() bool {
+		for _, e := range r.lines(ev).All() {
+			if key == "" || fmt.Sprint(e.ContextMap()[key]) == want {
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("no %q line with %q; log:\n%s", msg, contains, r.log())
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return false
+	})
 }
 
 func TestGateIdleWake(t *testing.T) {
-	// One keep-alive downstream flow, idle, expiring in 50 ms: no event
-	// will come; the machine must wake itself and re-read the flows.
-	r := newRig(t, withConfig(func(c *Config) { c.IdleTimeout = time.Second }), setup(func(r *rig) {
-		r.flows.v = FlowView{Downstream: 1, IdleWake: time.Now().Add(50 * time.Millisecond)}
-		r.flows.onRefresh = func(v *FlowView) {
-			if time.Now().After(v.IdleWake) {
-				v.DownstreamIdle = 1
+	synctest.Test(t, func(t *testing.T) {
+		// One keep-alive downstream flow, idle, expiring in 50 ms: no event
+		// will come; the machine must wake itself and re-read the flows.
+		r := newRig(t, withConfig(func(c *Config) { c.IdleTimeout = time.Second }), setup(func(r *rig) {
+			r.flows.v = FlowView{Downstream: 1, IdleWake: time.Now().Add(50 * time.Millisecond)}
+			r.flows.onRefresh = func(v *FlowView) {
+				// Idle from IdleWake on, as package agent's view says it
+				// (its IdleWake is already past the threshold).
+				if !time.Now().Before(v.IdleWake) {
+					v.DownstreamIdle = 1
+				}
 			}
+		}))
+		r.apps.exit()
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		r.wantResult(r.result(), 0, true, "drained")
+		r.flows.mu.Lock()
+		defer r.flows.mu.Unlock()
+		if r.flows.refreshes == 0 {
+			t.Error("the idle expiry did not re-read the flows")
 		}
-	}))
-	r.apps.exit()
-	r.waitPhase(Ready)
-	r.m.Trigger(CauseSignal)
-	r.wantResult(r.result(), 0, true, "drained")
-	r.flows.mu.Lock()
-	defer r.flows.mu.Unlock()
-	if r.flows.refreshes == 0 {
-		t.Error("the idle expiry did not re-read the flows")
-	}
+	})
 }
 
 func TestGatePartialProcessViewNeverOverridesSockets(t *testing.T) {
-	r := newRig(t, func(r *rig, _ *Config) { r.apps = newFakeApps(0, ProcsPartial) })
-	r.flows.set(func(v *FlowView) { v.AppListeners = 1 })
-	r.waitPhase(Ready)
-	r.m.Trigger(CauseSignal)
-	r.waitPhase(Gating)
-	r.notDone(30 * time.Millisecond)
-	r.flows.set(func(v *FlowView) { v.AppListeners = 0 })
-	r.wantResult(r.result(), 0, true, "drained")
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, func(r *rig, _ *Config) { r.apps = newFakeApps(0, ProcsPartial) })
+		r.flows.set(func(v *FlowView) { v.AppListeners = 1 })
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		r.waitPhase(Gating)
+		r.notDone(30 * time.Millisecond)
+		r.flows.set(func(v *FlowView) { v.AppListeners = 0 })
+		r.wantResult(r.result(), 0, true, "drained")
+	})
 }
 
 // --- second signals -------------------------------------------------------
 
 func TestSecondSignalIgnored(t *testing.T) {
-	r := newRig(t, withConfig(func(c *Config) { c.MinDrain = 100 * time.Millisecond }))
-	r.waitPhase(Ready)
-	r.m.Trigger(CauseSignal)
-	r.waitPhase(Draining)
-	r.m.Trigger(CauseSignal)
-	r.waitForLog("drain trigger ignored: already draining", "signal")
-	if r.m.Phase() != Draining {
-		t.Errorf("a second signal ended the min-drain")
-	}
-	r.apps.exit()
-	r.wantResult(r.result(), 0, true, "drained")
-	r.wantPhases("ready", "draining", "gating", "stopping", "exited")
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, withConfig(func(c *Config) { c.MinDrain = 100 * time.Millisecond }))
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		r.waitPhase(Draining)
+		r.m.Trigger(CauseSignal)
+		r.waitForLog(logevent.TriggerIgnored, "trigger", CauseSignal.String())
+		if r.m.Phase() != Draining {
+			t.Errorf("a second signal ended the min-drain")
+		}
+		r.apps.exit()
+		r.wantResult(r.result(), 0, true, "drained")
+		r.wantPhases("ready", "draining", "gating", "stopping", "exited")
+	})
 }
 
 func TestNativeSidecarSIGTERMAfterPreStop(t *testing.T) {
-	t.Run("app gone during the min-drain", func(t *testing.T) {
+	t.Run("app gone during the min-drain", inBubble(func(t *testing.T) {
 		r := newRig(t, withConfig(func(c *Config) { c.MinDrain = time.Hour; c.Deadline = 2 * time.Hour }))
 		r.waitPhase(Ready)
 		r.m.Trigger(CausePreStop)
@@ -569,34 +629,34 @@ func TestNativeSidecarSIGTERMAfterPreStop(t *testing.T) {
 		r.apps.exit()
 		r.m.Trigger(CauseSignal) // the kubelet: every app container has exited
 		r.wantResult(r.result(), 0, true, "drained")
-		if r.count("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now") != 1 {
+		if r.count(logevent.SigtermEndsMinDrain) != 1 {
 			t.Errorf("no native-sidecar line; log:\n%s", r.log())
 		}
-	})
-	t.Run("the gate waits for the SIGTERM", func(t *testing.T) {
+	}))
+	t.Run("the gate waits for the SIGTERM", inBubble(func(t *testing.T) {
 		r := newRig(t)
 		r.waitPhase(Ready)
 		r.m.Trigger(CausePreStop)
 		r.waitPhase(Gating)
 		r.apps.exit()
-		r.waitForLog("gate holds", "kubelet: the sidecar's SIGTERM")
+		r.waitForLog(logevent.GateHolds, "hold_kinds", fmt.Sprint([]HoldKind{HoldAwaitSignal}))
 		r.notDone(50 * time.Millisecond)
 		r.m.Trigger(CauseSignal)
 		r.wantResult(r.result(), 0, true, "drained")
-	})
-	t.Run("a classic sidecar with the hook", func(t *testing.T) {
+	}))
+	t.Run("a classic sidecar with the hook", inBubble(func(t *testing.T) {
 		// SIGTERM right after the hook, the app still running: it is the
 		// kubelet's for this container; the min-drain and the gate go on.
 		r := newRig(t, withConfig(func(c *Config) { c.MinDrain = 100 * time.Millisecond }))
 		r.waitPhase(Ready)
 		r.m.Trigger(CausePreStop)
 		r.m.Trigger(CauseSignal)
-		r.waitForLog("SIGTERM after the preStop drain (native sidecar): the gate no longer waits for it", "")
+		r.waitForLog(logevent.SigtermAfterPrestop, "", "")
 		r.waitPhase(Gating)
 		r.notDone(30 * time.Millisecond)
 		r.apps.exit()
 		r.wantResult(r.result(), 0, true, "drained")
-	})
+	}))
 }
 
 // --- quit, cancel -----------------------------------------------------------
@@ -613,7 +673,7 @@ func TestQuitAndCancel(t *testing.T) {
 		{"cancel when ready", Ready, func(r *rig) { r.cancel() }, "context cancelled"},
 		{"cancel when gating", Gating, func(r *rig) { r.cancel() }, "context cancelled"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
+		t.Run(tc.name, inBubble(func(t *testing.T) {
 			r := newRig(t)
 			r.waitPhase(Ready)
 			if tc.phase == Gating {
@@ -625,7 +685,7 @@ func TestQuitAndCancel(t *testing.T) {
 			if r.admin.quitCalls.Load() != 1 {
 				t.Errorf("%d quit calls, want 1", r.admin.quitCalls.Load())
 			}
-		})
+		}))
 	}
 }
 
@@ -642,7 +702,7 @@ func TestProxyExitsInEachPhase(t *testing.T) {
 		{Draining, time.Hour, "during the drain"},
 		{Gating, 0, "during the drain"},
 	} {
-		t.Run(tc.phase.String(), func(t *testing.T) {
+		t.Run(tc.phase.String(), inBubble(func(t *testing.T) {
 			r := newRig(t, withConfig(func(c *Config) { c.MinDrain = tc.minDrain; c.Deadline = 2 * time.Hour }))
 			if tc.phase == Starting {
 				r.admin.notLive.Store(true)
@@ -658,21 +718,21 @@ func TestProxyExitsInEachPhase(t *testing.T) {
 			if r.admin.quitCalls.Load() != 0 {
 				t.Error("asked a dead proxy to quit")
 			}
-		})
+		}))
 	}
-	t.Run("exit 0 is a failure too", func(t *testing.T) {
+	t.Run("exit 0 is a failure too", inBubble(func(t *testing.T) {
 		r := newRig(t)
 		r.waitPhase(Ready)
 		r.proxy.exit(0)
 		r.wantResult(r.result(), 1, false, "before any drain")
-	})
-	t.Run("exit 0 stands for a supervisor that decides it", func(t *testing.T) {
+	}))
+	t.Run("exit 0 stands for a supervisor that decides it", inBubble(func(t *testing.T) {
 		r := newRig(t, withConfig(func(c *Config) { c.ProxyExitStands = true }))
 		r.waitPhase(Ready)
 		r.proxy.exit(0)
 		r.wantResult(r.result(), 0, false, "proxy exited with code 0 before any drain")
-	})
-	t.Run("stopping", func(t *testing.T) {
+	}))
+	t.Run("stopping", inBubble(func(t *testing.T) {
 		r := newRig(t, setup(func(r *rig) {
 			r.admin.quitErr = errors.New("admin: 500")
 			r.proxy.ignore[syscall.SIGTERM] = true
@@ -684,7 +744,7 @@ func TestProxyExitsInEachPhase(t *testing.T) {
 		r.waitPhase(Stopping)
 		r.proxy.exit(134) // crashes while being stopped
 		r.wantResult(r.result(), 134, false, "proxy exited with code 134")
-	})
+	}))
 }
 
 // --- the stop steps -------------------------------------------------------------
@@ -702,7 +762,7 @@ func TestStopEscalates(t *testing.T) {
 		{"SIGTERM ignored too", func(r *rig) { r.proxy.noExitOn = true; r.proxy.ignore[syscall.SIGTERM] = true }, []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}, 137},
 		{"admin hangs", nil, []syscall.Signal{syscall.SIGTERM}, 0},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
+		t.Run(tc.name, inBubble(func(t *testing.T) {
 			if tc.setup == nil { // the admin API hangs once Envoy is LIVE
 				tc.setup = func(*rig) {}
 			}
@@ -717,14 +777,14 @@ func TestStopEscalates(t *testing.T) {
 			if res.ExitCode != tc.code || fmt.Sprint(r.proxy.sent()) != fmt.Sprint(tc.signals) {
 				t.Errorf("exit %d signals %v, want %d %v; log:\n%s", res.ExitCode, r.proxy.sent(), tc.code, tc.signals, r.log())
 			}
-		})
+		}))
 	}
 }
 
 // --- deadlines -----------------------------------------------------------------
 
 func TestDeadlineInEachPhase(t *testing.T) {
-	t.Run("gating", func(t *testing.T) {
+	t.Run("gating", inBubble(func(t *testing.T) {
 		r := newRig(t, withConfig(func(c *Config) { c.Deadline = time.Second }), setup(func(r *rig) {
 			r.flows.holding = []OpenFlow{{Owner: "app", Direction: "inbound", State: "ESTABLISHED"}}
 		}))
@@ -732,11 +792,11 @@ func TestDeadlineInEachPhase(t *testing.T) {
 		r.m.Trigger(CauseSignal)
 		res := r.result() // the app never exits
 		r.wantResult(res, 0, false, "deadline")
-		if r.count("drain deadline reached: stopping the proxy with flows still open") != 1 || r.count("open flow at deadline") != 1 {
+		if r.count(logevent.DeadlineReached) != 1 || r.count(logevent.OpenFlowAtDeadline) != 1 {
 			t.Errorf("deadline report missing; log:\n%s", r.log())
 		}
-	})
-	t.Run("draining", func(t *testing.T) {
+	}))
+	t.Run("draining", inBubble(func(t *testing.T) {
 		// Reconcile keeps a min-drain inside the deadline; the machine must
 		// still end by the deadline if handed one that is not.
 		cfg := testConfig()
@@ -746,8 +806,8 @@ func TestDeadlineInEachPhase(t *testing.T) {
 		r.m.Trigger(CauseSignal)
 		r.wantResult(r.result(), 0, false, "deadline")
 		r.wantPhases("ready", "draining", "stopping", "exited")
-	})
-	t.Run("the whole drain fits", func(t *testing.T) {
+	}))
+	t.Run("the whole drain fits", inBubble(func(t *testing.T) {
 		// Everything stuck: the app never exits, the admin API hangs, the
 		// proxy ignores SIGTERM. The stop steps run inside the deadline.
 		r := newRig(t, withConfig(func(c *Config) { c.Deadline = time.Second }), setup(func(r *rig) {
@@ -761,51 +821,53 @@ func TestDeadlineInEachPhase(t *testing.T) {
 		res := r.result()
 		took := time.Since(start)
 		r.wantResult(res, 137, false, "deadline")
-		if took > 3*time.Second {
+		if took > r.m.Config().Deadline { // the fake clock is exact: no slack for a loaded machine
 			t.Errorf("ended %s after the trigger: the stop steps ran past the deadline", took)
 		}
 		t.Logf("everything stuck: ended %s after the trigger (deadline 1s, stop reserve %s)", took, r.m.Config().StopReserve())
-	})
+	}))
 }
 
 // --- drain_listeners is retried ----------------------------------------------------
 
 func TestDrainListenersRetried(t *testing.T) {
-	r := newRig(t)
-	r.admin.dlFailures.Store(3)
-	r.waitPhase(Ready)
-	r.m.Trigger(CauseSignal)
-	r.waitPhase(Gating)
-	for st, _ := r.m.DrainListeners(); st != DrainListenersDone; st, _ = r.m.DrainListeners() {
-		time.Sleep(time.Millisecond)
-	}
-	if _, n := r.m.DrainListeners(); n != 4 {
-		t.Errorf("%d attempts, want 4", n)
-	}
-	if r.count("drain_listeners failed; retrying until it succeeds or the drain ends") != 1 {
-		t.Errorf("the same failure logged more than once; log:\n%s", r.log())
-	}
-	r.apps.exit()
-	r.wantResult(r.result(), 0, true, "drained")
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t)
+		r.admin.dlFailures.Store(3)
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		r.waitPhase(Gating)
+		r.waitFor("drain_listeners", func() bool { st, _ := r.m.DrainListeners(); return st == DrainListenersDone })
+		if _, n := r.m.DrainListeners(); n != 4 {
+			t.Errorf("%d attempts, want 4", n)
+		}
+		if r.count(logevent.DrainListenersFailed) != 1 {
+			t.Errorf("the same failure logged more than once; log:\n%s", r.log())
+		}
+		r.apps.exit()
+		r.wantResult(r.result(), 0, true, "drained")
+	})
 }
 
 func TestDrainListenersGivesUpWithTheDrain(t *testing.T) {
-	r := newRig(t)
-	r.admin.dlFailures.Store(1 << 30)
-	r.waitPhase(Ready)
-	r.m.Trigger(CauseSignal)
-	r.waitPhase(Gating)
-	r.apps.exit()
-	r.wantResult(r.result(), 0, true, "drained")
-	if st, n := r.m.DrainListeners(); st != DrainListenersGaveUp || n < 1 {
-		t.Errorf("drain_listeners %s after %d attempts, want gave-up", st, n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t)
+		r.admin.dlFailures.Store(1 << 30)
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		r.waitPhase(Gating)
+		r.apps.exit()
+		r.wantResult(r.result(), 0, true, "drained")
+		if st, n := r.m.DrainListeners(); st != DrainListenersGaveUp || n < 1 {
+			t.Errorf("drain_listeners %s after %d attempts, want gave-up", st, n)
+		}
+	})
 }
 
 // --- prestop is the same machine --------------------------------------------------
 
 func TestPrestop(t *testing.T) {
-	t.Run("flows done", func(t *testing.T) {
+	t.Run("flows done", inBubble(func(t *testing.T) {
 		r := newRig(t, withoutApps(), withConfig(func(c *Config) { c.Prestop = true; c.AppExit = AppExitFlows }),
 			setup(func(r *rig) { r.flows.v = FlowView{AppHolding: 1, AppListeners: 1} }))
 		r.waitPhase(Gating)
@@ -813,23 +875,23 @@ func TestPrestop(t *testing.T) {
 		r.flows.set(func(v *FlowView) { v.AppHolding = 0 })
 		r.wantResult(r.result(), 0, true, "drained")
 		r.wantPhases("draining", "gating", "exited")
-	})
-	t.Run("wait listeners", func(t *testing.T) {
+	}))
+	t.Run("wait listeners", inBubble(func(t *testing.T) {
 		r := newRig(t, withoutApps(), withConfig(func(c *Config) { c.Prestop = true; c.AppExit = AppExitFlows; c.WaitListeners = true }),
 			setup(func(r *rig) { r.flows.v = FlowView{AppListeners: 1} }))
 		r.waitPhase(Gating)
 		r.notDone(20 * time.Millisecond)
 		r.flows.set(func(v *FlowView) { v.AppListeners = 0 })
 		r.wantResult(r.result(), 0, true, "drained")
-	})
-	t.Run("timeout", func(t *testing.T) {
+	}))
+	t.Run("timeout", inBubble(func(t *testing.T) {
 		r := newRig(t, withoutApps(), withConfig(func(c *Config) { c.Prestop = true; c.AppExit = AppExitFlows; c.Deadline = 100 * time.Millisecond }),
 			setup(func(r *rig) { r.flows.v = FlowView{AppHolding: 1} }))
 		r.wantResult(r.result(), 0, false, "deadline")
-		if r.count("prestop deadline reached: returning with app flows still open") != 1 {
+		if r.count(logevent.DeadlineReached) != 1 {
 			t.Errorf("no prestop deadline line; log:\n%s", r.log())
 		}
-	})
+	}))
 }
 
 // --- configuration -----------------------------------------------------------------
@@ -891,7 +953,7 @@ func TestExitWithApp(t *testing.T) {
 		{"any mode, killed", ExitWithAppAny, -1, true},
 		{"off", ExitWithAppOff, 0, false},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
+		t.Run(tc.name, inBubble(func(t *testing.T) {
 			r := newRig(t, withConfig(func(c *Config) { c.ExitWithApp = tc.mode; c.AppRestartGrace = 50 * time.Millisecond }))
 			r.waitPhase(Ready)
 			r.apps.mainExits(tc.code)
@@ -908,27 +970,29 @@ func TestExitWithApp(t *testing.T) {
 			if r.m.Cause() != CauseAppDone {
 				t.Errorf("drain cause %s, want app-done", r.m.Cause())
 			}
-		})
+		}))
 	}
 }
 
 func TestExitWithAppRestartWithinGrace(t *testing.T) {
-	r := newRig(t, withConfig(func(c *Config) { c.ExitWithApp = ExitWithAppAny; c.AppRestartGrace = 300 * time.Millisecond }))
-	r.waitPhase(Ready)
-	for i := range 3 { // a crash loop: killed, back 100 ms later
-		r.apps.mainExits(-1)
-		time.Sleep(100 * time.Millisecond)
-		r.apps.set(1)
-		for r.count("the app is back within the restart grace: the proxy stays") < i+1 {
-			time.Sleep(time.Millisecond)
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, withConfig(func(c *Config) { c.ExitWithApp = ExitWithAppAny; c.AppRestartGrace = 300 * time.Millisecond }))
+		r.waitPhase(Ready)
+		for i := range 3 { // a crash loop: killed, back 100 ms later
+			r.apps.mainExits(-1)
+			r.notDone(100 * time.Millisecond) // inside the grace: the proxy stays
+			r.apps.set(1)
+			r.waitFor("the app's return", func() bool {
+				return r.count(logevent.AppBack) == i+1
+			})
 		}
-	}
-	r.notDone(500 * time.Millisecond)
-	if r.m.Phase() != Ready || r.count("the app is back within the restart grace: the proxy stays") != 3 {
-		t.Fatalf("phase %s; log:\n%s", r.m.Phase(), r.log())
-	}
-	r.m.Quit()
-	r.result()
+		r.notDone(500 * time.Millisecond)
+		if r.m.Phase() != Ready || r.count(logevent.AppBack) != 3 {
+			t.Fatalf("phase %s; log:\n%s", r.m.Phase(), r.log())
+		}
+		r.m.Quit()
+		r.result()
+	})
 }
 
 // fakeTracking records how often the machine started the live views, and
@@ -953,7 +1017,7 @@ func (f *fakeTracking) Start() error {
 func TestTrackingStartsAtTheTrigger(t *testing.T) {
 	for _, c := range []Cause{CauseSignal, CausePOST, CausePreStop} {
 		for _, fail := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/fail=%v", c, fail), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/fail=%v", c, fail), inBubble(func(t *testing.T) {
 				var tr *fakeTracking
 				r := newRig(t, func(r *rig, _ *Config) {
 					tr = &fakeTracking{}
@@ -983,14 +1047,14 @@ func TestTrackingStartsAtTheTrigger(t *testing.T) {
 				if tr.dlAtStart == DrainListenersNotSent {
 					t.Errorf("tracking started before drain_listeners was under way")
 				}
-				want := "tracking live"
+				want := logevent.TrackingLive
 				if fail {
-					want = "tracking did not start: the gate reads what the views have"
+					want = logevent.TrackingFailed
 				}
-				if r.logs.FilterMessage(want).Len() != 1 {
+				if r.count(want) != 1 {
 					t.Errorf("no %q in the log:\n%s", want, r.log())
 				}
-			})
+			}))
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf/btf"
 	"go.uber.org/zap"
 
+	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
@@ -528,7 +529,7 @@ func (t *Tracker) resyncIfLost() {
 		return
 	}
 	t.resyncs.Add(1)
-	t.log.Info("resynced after lost events", zap.Uint64("lost", lost))
+	t.log.Info("resynced after lost events", logevent.Resynced.Field(), zap.Uint64("lost", lost))
 }
 
 // Close releases the probe and the netlink socket. Safe twice; call it

@@ -130,6 +130,9 @@ func (n *Node) StartKubelet(ctx context.Context) (err error) {
 	if err := makeCgroupRoot(n.cfg.CgroupRoot); err != nil {
 		return err
 	}
+	if err := ensureNodeAddress(); err != nil {
+		return err
+	}
 	n.kubelet, err = startDaemon(filepath.Join(n.cfg.StateDir, "kubelet.log"), n.cfg.Kubelet,
 		"--config", filepath.Join(n.cfg.StateDir, "kubelet.yaml"),
 		"--root-dir", n.cfg.kubeletRoot(),
@@ -400,6 +403,42 @@ func makeCgroupRootV2(root string) error {
 		dir = filepath.Join(dir, elem)
 		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("cgroup root: %w", err)
+		}
+	}
+	return nil
+}
+
+// nodeAddressLink gives a machine without a default route (the qemu VM of
+// make e2e-kubelet-vm has no network) the address the kubelet takes for
+// the node's: without one it cannot fill status.hostIP, and Istio's
+// injected istio-proxy (env HOST_IP from status.hostIP) fails with
+// CreateContainerConfigError "host IP unknown". A machine with a default
+// route is left as it is.
+const (
+	nodeAddressLink = "draind-e2e-node"
+	nodeAddress     = "198.19.255.1/32"
+)
+
+func ensureNodeAddress() error {
+	for _, f := range []string{"/proc/net/route", "/proc/net/ipv6_route"} {
+		b, _ := os.ReadFile(f)
+		for _, line := range strings.Split(string(b), "\n") {
+			fields := strings.Fields(line)
+			// route: Iface Destination (hex, 00000000 is default); ipv6_route: destination first, length second.
+			if (f == "/proc/net/route" && len(fields) > 1 && fields[1] == "00000000") ||
+				(f == "/proc/net/ipv6_route" && len(fields) > 1 && fields[0] == strings.Repeat("0", 32) && fields[1] == "00") {
+				return nil
+			}
+		}
+	}
+	for _, args := range [][]string{
+		{"link", "add", nodeAddressLink, "type", "dummy"},
+		{"addr", "add", nodeAddress, "dev", nodeAddressLink},
+		{"link", "set", nodeAddressLink, "up"},
+		{"route", "add", "default", "dev", nodeAddressLink},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("node address (no default route): ip %s: %w: %s", strings.Join(args, " "), err, out)
 		}
 	}
 	return nil

@@ -1,0 +1,89 @@
+// Package logevent names the lines of draind's log that tests, scripts and
+// dashboards look for. Such a line carries a field, [Key], whose value is
+// one of the events below: the message is prose for people and may be
+// reworded; the event stays. Product code logs with [Event.Field], tests
+// match on [Key] with the same constants, so an event is named once.
+package logevent
+
+import "go.uber.org/zap"
+
+// Key is the field that names a line's event.
+const Key = "event"
+
+// Event is one kind of log line.
+type Event string
+
+// Field is the zap field that marks a line as e.
+func (e Event) Field() zap.Field { return zap.String(Key, string(e)) }
+
+// The drain machine's events (package drain).
+const (
+	// Phase: the machine entered a phase (field phase).
+	Phase Event = "phase"
+	// GateHolds: what holds the gate changed.
+	GateHolds Event = "gate_holds"
+	// TriggerIgnored: a trigger came while already draining.
+	TriggerIgnored Event = "trigger_ignored"
+	// SigtermEndsMinDrain: a native sidecar's SIGTERM after the preStop
+	// drain, the app gone: the min-drain ends.
+	SigtermEndsMinDrain Event = "sigterm_ends_min_drain"
+	// SigtermAfterPrestop: a native sidecar's SIGTERM after the preStop
+	// drain: the gate no longer waits for it.
+	SigtermAfterPrestop Event = "sigterm_after_prestop"
+	// NoListenerGauges: Envoy keeps no downstream_cx_active listener gauges.
+	NoListenerGauges Event = "no_listener_gauges"
+	// TrackingLive: the live views started at the trigger.
+	TrackingLive Event = "tracking_live"
+	// TrackingFailed: the live views did not start.
+	TrackingFailed Event = "tracking_failed"
+	// DrainListenersSent: POST /drain_listeners succeeded.
+	DrainListenersSent Event = "drain_listeners_sent"
+	// DrainListenersFailed: an attempt failed (logged once per error).
+	DrainListenersFailed Event = "drain_listeners_failed"
+	// DrainListenersGaveUp: the drain ended before drain_listeners succeeded.
+	DrainListenersGaveUp Event = "drain_listeners_gave_up"
+	// AppBack: the app came back within the restart grace.
+	AppBack Event = "app_back"
+	// DeadlineReached: the drain (or prestop) deadline passed with flows
+	// still open.
+	DeadlineReached Event = "deadline_reached"
+	// OpenFlowAtDeadline: one flow still open at the deadline.
+	OpenFlowAtDeadline Event = "open_flow_at_deadline"
+)
+
+// The agent's events (package agent) and the flow tracker's (package flows).
+const (
+	// ProxyStarted: the proxy's process started.
+	ProxyStarted Event = "proxy_started"
+	// SignalReceived: draind received a signal (field signal).
+	SignalReceived Event = "signal"
+	// Tracker: how sockets are followed (field mode).
+	Tracker Event = "tracker"
+	// AppLiveness: what tells the app is alive (field source).
+	AppLiveness Event = "app_liveness"
+	// PodShape: the pod shape draind runs in.
+	PodShape Event = "pod_shape"
+	// NetworkNamespace: the pod's network namespace.
+	NetworkNamespace Event = "network_namespace"
+	// OwnContainer: processes of draind's own container, never the app.
+	OwnContainer Event = "own_container"
+	// ProxyIsPilotAgent: the proxy is Istio's pilot-agent.
+	ProxyIsPilotAgent Event = "proxy_is_pilot_agent"
+	// DeadlineDecided: the drain deadline and what decided it.
+	DeadlineDecided Event = "deadline_decided"
+	// GraceWarning: the drain deadline does not fit the default grace period.
+	GraceWarning Event = "grace_warning"
+	// Capabilities: draind's capabilities at a stage (field stage).
+	Capabilities Event = "capabilities"
+	// CapabilityMissing: draind lacks a capability it would use after
+	// start-up (field cap).
+	CapabilityMissing Event = "capability_missing"
+	// ReadinessFromReady: readiness comes from Envoy's GET /ready.
+	ReadinessFromReady Event = "readiness_from_ready"
+	// NoInboundListener: no Envoy listener is INBOUND: every listener drains.
+	NoInboundListener Event = "no_inbound_listener"
+	// ListenersExcluded: Envoy listeners excluded from the drain by name.
+	ListenersExcluded Event = "listeners_excluded"
+	// Resynced: the flow tracker resynced after lost events.
+	Resynced Event = "resynced"
+)
