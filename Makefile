@@ -48,7 +48,7 @@ test-tools: ## run the developer tools' own tests (the tools module)
 
 # The packages that build on every system (their Linux parts behind the
 # linux build constraint, stubs elsewhere); vet checks them for darwin.
-PORTABLE_PKGS ?= ./internal/appprocs ./internal/drain ./internal/envoy ./internal/flows ./internal/namespace \
+PORTABLE_PKGS ?= ./internal/appprocs ./internal/drain ./internal/envoy ./internal/flows ./internal/logevent ./internal/namespace \
 	./internal/privs ./internal/probes ./internal/sockdiag ./internal/tcpstate ./internal/testenv/envoysim ./internal/testenv/envoysim/conformance
 vet: ## go vet the product (and its portable packages for darwin), the tools and the kubelet tests
 	$(GO) vet ./...
