@@ -13,24 +13,60 @@ VME2E    ?= TestContainerIsolation|TestAppShutdownInItsOwnContainer|TestNothingA
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-build: ## build draind and envoysim into ./bin
-	CGO_ENABLED=0 $(GO) build -o $(BIN)/draind ./cmd/draind
+# What `draind version` prints (the Dockerfile stamps it the same way).
+VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+build: ## build draind (its version stamped: git describe) and envoysim into ./bin
+	CGO_ENABLED=0 $(GO) build -ldflags "-X github.com/draind/draind/internal/cli.Version=$(VERSION)" -o $(BIN)/draind ./cmd/draind
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/envoysim ./internal/testenv/envoysim/cmd/envoysim
 
 tools: ## build the developer tools (tools/: vmexec, benchsnap, demo) into ./bin
 	CGO_ENABLED=0 $(GO) -C tools build -o $(abspath $(BIN))/ ./vmtest/vmexec ./bench/benchsnap ./demo
 	CGO_ENABLED=0 GOARCH=arm64 $(GO) -C tools build -o $(abspath $(BIN))/vmexec-arm64 ./vmtest/vmexec
 
-test: ## run every test of the product (as root for the kernel tests)
-	$(GO) test -count=1 -p 1 -timeout 20m $(PKGS)
+# go test's output, then what was skipped and why (tools/testsummary).
+test: ## run every test of the product (as root for the kernel tests); ends naming the skipped tests
+	@mkdir -p $(BIN) && CGO_ENABLED=0 $(GO) -C tools build -o $(abspath $(BIN))/testsummary ./testsummary
+	$(BIN)/testsummary $(GO) test -json -count=1 -p 1 -timeout 20m $(PKGS)
+
+# The pure packages: their tests need no root (those that do skip, saying
+# why). As root, unit and unit-race run them as nobody, with Go caches of
+# its own in UNIT_CACHE, so that they are the rootless tests wherever run.
+UNIT_PKGS ?= ./internal/agent ./internal/appprocs ./internal/cli ./internal/drain ./internal/envoy \
+	./internal/flows ./internal/namespace ./internal/privs ./internal/probes ./internal/proxy ./internal/sockdiag ./internal/tcpstate
+UNIT_CACHE ?= /var/tmp/draind-unit
+UNIT_AS = $(if $(filter 0,$(shell id -u)),setpriv --reuid=65534 --regid=65534 --clear-groups \
+	env HOME=$(UNIT_CACHE) GOCACHE=$(UNIT_CACHE)/go-build GOPATH=$(UNIT_CACHE)/go GOFLAGS=-buildvcs=false PATH="$(PATH)")
+unit-cache:
+	@if [ "$$(id -u)" = 0 ]; then mkdir -p $(UNIT_CACHE) && chown 65534:65534 $(UNIT_CACHE); fi
+unit: unit-cache ## the pure packages' tests, unprivileged (as nobody when run as root): under a minute
+	$(UNIT_AS) $(GO) test -count=1 $(UNIT_PKGS)
+unit-race: unit-cache ## the same under the race detector
+	$(UNIT_AS) $(GO) test -race -count=1 $(UNIT_PKGS)
 
 test-tools: ## run the developer tools' own tests (the tools module)
 	$(GO) -C tools test -count=1 ./...
 
-vet: ## go vet the product, the tools and the kubelet tests
+# The packages that build on every system (their Linux parts behind the
+# linux build constraint, stubs elsewhere); vet checks them for darwin.
+PORTABLE_PKGS ?= ./internal/appprocs ./internal/drain ./internal/envoy ./internal/flows ./internal/logevent ./internal/namespace \
+	./internal/privs ./internal/probes ./internal/sockdiag ./internal/tcpstate ./internal/testenv/envoysim ./internal/testenv/envoysim/conformance
+vet: ## go vet the product (and its portable packages for darwin), the tools and the kubelet tests
 	$(GO) vet ./...
+	GOOS=darwin $(GO) vet $(PORTABLE_PKGS)
 	$(GO) -C tools vet ./...
 	$(GO) -C e2e/kubelet vet ./...
+
+# golangci-lint at a pinned version (.golangci.yml is v2's format), installed
+# once through the Go module proxy into TOOLS_CACHE.
+GOLANGCI_LINT_VERSION ?= v2.15.0
+TOOLS_CACHE ?= $(HOME)/.cache/draind-tools
+GOLANGCI_LINT = $(TOOLS_CACHE)/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-lint
+$(GOLANGCI_LINT):
+	GOBIN=$(dir $@) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+lint: $(GOLANGCI_LINT) ## golangci-lint (.golangci.yml) on the product, the tools and the kubelet tests
+	$(GOLANGCI_LINT) run ./...
+	cd tools && $(GOLANGCI_LINT) run ./...
+	cd e2e/kubelet && $(GOLANGCI_LINT) run ./...
 
 check-refs: ## every path a comment or doc names is a file of this repository (tools/checkrefs)
 	bash tools/checkrefs/checkrefs.sh
@@ -69,7 +105,7 @@ vmtest-cgroup2: ## cgroup v2 only (6.12): the key e2e tests
 demo: build ## a self-contained drain on this machine, as root
 	$(GO) -C tools run ./demo --bin $(abspath $(BIN))
 
-.PHONY: help build tools test test-tools vet check-refs peers bench bench-node generate vmtest vmtest-arm64 vmtest-cgroup2 demo
+.PHONY: help build tools test unit-cache unit unit-race test-tools vet lint check-refs peers bench bench-node generate vmtest vmtest-arm64 vmtest-cgroup2 demo
 
 # ---- e2e-kubelet: draind under a real kubelet (e2e/kubelet, docs/kubernetes.md) ----
 KUBELET_VERSION ?= v1.34.2

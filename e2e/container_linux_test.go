@@ -13,8 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/testenv/testutil"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // A container here is what runc makes of one: a process that is PID 1 of
@@ -161,7 +162,8 @@ func containerInit(args []string) int {
 		}
 	}
 	if uid >= 0 {
-		if err := unix.Setgroups(nil); err == nil {
+		err = unix.Setgroups(nil)
+		if err == nil {
 			err = unix.Setresgid(uid, uid, uid)
 		}
 		if err == nil {

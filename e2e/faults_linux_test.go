@@ -223,7 +223,7 @@ func runFault(t *testing.T, fc faultCase) {
 	} else if l := p.logLines(logevent.DrainListenersGaveUp); len(l) > 0 {
 		drained = fmt.Sprintf("drain_listeners never succeeded (%v attempts)", l[0]["attempts"])
 	}
-	respected := true
+	var respected bool
 	if triggered {
 		stopped = secs(proxy.at.Sub(p.drainedAt))
 		if q := p.phaseTime("stopping"); !q.IsZero() {

@@ -11,8 +11,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/draind/draind/internal/testenv/mesh"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/draind/draind/internal/testenv/mesh"
 )
 
 // Issue 22: Istio's own injector, offline. `istioctl kube-inject` (built

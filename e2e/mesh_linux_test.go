@@ -20,11 +20,12 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/testenv/envoysim/conformance"
 	"github.com/draind/draind/internal/testenv/mesh"
-	"golang.org/x/sys/unix"
 )
 
 // Issue 13: a pod under Istio's own interception (`pilot-agent

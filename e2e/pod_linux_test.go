@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -583,6 +584,7 @@ func stuckProxyRole(args []string) int {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
+			runtime.KeepAlive(held) // reachable until here: a collected conn's finalizer would close it
 			return 1
 		}
 		held = append(held, c) // never read, never answered

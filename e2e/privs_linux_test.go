@@ -15,9 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/privs"
-	"golang.org/x/sys/unix"
 )
 
 // draind's privileges in a pod, with the real binary: static
@@ -64,7 +65,7 @@ func draindBinary(t *testing.T) string {
 		}
 		goBin, err := exec.LookPath("go")
 		if err != nil {
-			staticDraind.err = fmt.Errorf("skip: no go toolchain to build a static draind (set DRAIND_E2E_BIN): %v", err)
+			staticDraind.err = fmt.Errorf("skip: no go toolchain to build a static draind (set DRAIND_E2E_BIN): %w", err)
 			return
 		}
 		dir, err := os.MkdirTemp("", "draind-build-")
@@ -76,7 +77,7 @@ func draindBinary(t *testing.T) string {
 		cmd := exec.Command(goBin, "build", "-trimpath", "-o", filepath.Join(dir, "draind"), "../cmd/draind")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			staticDraind.err = fmt.Errorf("build a static draind: %v\n%s", err, out)
+			staticDraind.err = fmt.Errorf("build a static draind: %w\n%s", err, out)
 			return
 		}
 		staticDraind.bin, staticDraind.err = os.ReadFile(filepath.Join(dir, "draind"))

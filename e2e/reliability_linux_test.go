@@ -19,9 +19,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/testenv/nsrun"
 	"github.com/draind/draind/internal/testenv/testutil"
-	"golang.org/x/sys/unix"
 )
 
 // The fault and load suite (issue 16, docs/reliability.md): draind's
@@ -151,16 +152,6 @@ func watchPid(t testing.TB, pid int, what string) *procWatch {
 		unix.Close(fd)
 	})
 	return w
-}
-
-// gone reports whether the process has exited.
-func (w *procWatch) gone() bool {
-	select {
-	case <-w.exited:
-		return true
-	default:
-		return false
-	}
 }
 
 // waitGone waits for the exit, at most d.

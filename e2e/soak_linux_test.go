@@ -40,7 +40,7 @@ func measureSoak(t *testing.T, n int, held []bpfObjects) soakFigures {
 	}
 	f := soakFigures{lifecycles: n, fds: fdCount(os.Getpid()), goroutines: runtime.NumGoroutine(), netns: netnsCount(),
 		descendants: len(descendants(os.Getpid())), bpf: bpfLive(t)}
-	var all bpfObjects = bpfObjects{}
+	all := bpfObjects{}
 	for _, h := range held {
 		for k, ids := range h {
 			all[k] = append(all[k], ids...)

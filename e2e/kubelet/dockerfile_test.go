@@ -9,11 +9,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/draind/draind/e2e/kubelet/internal/fcap"
 	"github.com/moby/buildkit/frontend/dockerfile/instructions"
 	"github.com/moby/buildkit/frontend/dockerfile/parser"
 	"github.com/moby/patternmatcher"
 	"github.com/moby/patternmatcher/ignorefile"
+
+	"github.com/draind/draind/e2e/kubelet/internal/fcap"
 )
 
 // dockerfile is the root Dockerfile, parsed by BuildKit's own parser.

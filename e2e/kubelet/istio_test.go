@@ -13,14 +13,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/e2e/kubelet/internal/node"
-	"github.com/draind/draind/e2e/kubelet/internal/ociimage"
-	"github.com/draind/draind/internal/logevent"
 	"github.com/moby/buildkit/frontend/dockerfile/instructions"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/draind/draind/e2e/kubelet/internal/node"
+	"github.com/draind/draind/e2e/kubelet/internal/ociimage"
+	"github.com/draind/draind/internal/logevent"
 )
 
 // Issue 22, acceptance 4: the pods Istio's own injector made from

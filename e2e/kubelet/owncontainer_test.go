@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/draind/draind/e2e/kubelet/internal/ociimage"
 	"github.com/draind/draind/internal/logevent"
-	corev1 "k8s.io/api/core/v1"
 )
 
 // Who is the app, under the kubelet: nothing of the proxy's own container

@@ -20,11 +20,12 @@ import (
 	"text/template"
 	"time"
 
-	"github.com/draind/draind/e2e/kubelet/internal/node"
-	"github.com/draind/draind/internal/logevent"
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/draind/draind/e2e/kubelet/internal/node"
+	"github.com/draind/draind/internal/logevent"
 )
 
 // podParams fill a template of testdata/.

@@ -10,12 +10,13 @@ import (
 	"strings"
 	"unicode"
 
+	"go.uber.org/zap"
+
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/envoy"
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/proxy"
-	"go.uber.org/zap"
 )
 
 // Config is everything `draind run` is told.

@@ -4,10 +4,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/draind/draind/internal/drain"
-	"github.com/draind/draind/internal/flows"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/flows"
 )
 
 // metrics are draind's Prometheus metrics. Every value is read at scrape

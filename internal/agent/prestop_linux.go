@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/namespace"
-	"go.uber.org/zap"
 )
 
 // PrestopConfig configures Prestop.

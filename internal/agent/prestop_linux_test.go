@@ -11,13 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/testenv/testutil"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
-	"golang.org/x/sys/unix"
 )
 
 // sockDiagFDs lists this process's NETLINK_SOCK_DIAG sockets.

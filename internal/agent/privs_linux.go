@@ -7,11 +7,12 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/privs"
-	"go.uber.org/zap"
 )
 
 // draind's privileges over a run (docs/threat-model.md, "Privileges"): Run

@@ -16,6 +16,10 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/btf"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/envoy"
@@ -23,9 +27,6 @@ import (
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/proxy"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 )
 
 // Result is how a run ended (drain.Result: exit code and reason).

@@ -15,10 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/drain"
-	"github.com/draind/draind/internal/testenv/testutil"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // The status server is served on real sockets in a pod's network
@@ -312,7 +313,7 @@ func TestStatusLimits(t *testing.T) {
 			c := sp.dial(t, "pod", addr)
 			io.WriteString(c, tc.partial)
 			b, err := io.ReadAll(c) // until the server closes; the conn's deadline is 10 s
-			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 				t.Fatalf("the server kept the connection: %v", err)
 			}
 			if err != nil && !errors.Is(err, unix.ECONNRESET) {

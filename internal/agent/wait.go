@@ -15,7 +15,7 @@ func WaitReady(ctx context.Context, url string, period, timeout time.Duration) e
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	hc := &http.Client{}
-	last := "no answer yet"
+	var last string // the latest answer (or error), named when time runs out
 	for {
 		rctx, rcancel := context.WithTimeout(ctx, min(period, time.Second))
 		req, err := http.NewRequestWithContext(rctx, http.MethodGet, url, nil)

@@ -7,9 +7,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
-	"golang.org/x/sys/unix"
 )
 
 // ebpfSource is the eBPF backend, over probes.Procs. Its programs are

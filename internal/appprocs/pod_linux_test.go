@@ -18,8 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/testenv/testutil"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // The pod tests put the tracker and the app where Kubernetes puts them:

@@ -12,8 +12,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/draind/draind/internal/namespace"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/namespace"
 )
 
 // procSource is the /proc backend: /proc read on a period, every /proc/PID
@@ -167,13 +168,13 @@ func (s *procSource) scan() (map[int]Process, error) {
 		}
 		dir := s.root + "/" + name
 		in := false
-		switch err := unix.Stat(dir+"/ns/net", &st); {
-		case err == nil:
+		switch err := unix.Stat(dir+"/ns/net", &st); err {
+		case nil:
 			in = st.Ino == s.netns
-		case err == unix.EACCES || err == unix.EPERM:
+		case unix.EACCES, unix.EPERM:
 			in = !s.hostView // see openProc
 			s.unreadable.Add(1)
-		case err == unix.ENOENT:
+		case unix.ENOENT:
 			// Gone, a zombie, or a leader that exited before its other
 			// threads (its nsproxy is gone, theirs is not).
 			in = threadInNS(dir, pid, s.netns)
@@ -287,7 +288,7 @@ func firstMountID(dir string) (id uint64, exiting bool) {
 	defer f.Close()
 	var buf [32]byte
 	n, err := f.Read(buf[:])
-	if n == 0 && (err == io.EOF || errors.Is(err, unix.ESRCH)) {
+	if n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, unix.ESRCH)) {
 		return 0, true // its namespace went between open and read
 	}
 	field, _, ok := strings.Cut(string(buf[:n]), " ")

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/btf"
+
 	"github.com/draind/draind/internal/probes"
 )
 

@@ -17,8 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/testenv/testutil"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // The test binary doubles as the helper processes of these tests: it is
@@ -219,7 +220,10 @@ func procsPidNSHelper() string {
 				return strconv.Atoi(n)
 			}
 		}
-		return 0, fmt.Errorf("detach: %v: %s", err, out)
+		if err != nil {
+			return 0, fmt.Errorf("detach: %w: %s", err, out)
+		}
+		return 0, fmt.Errorf("detach: no pid in its output: %s", out)
 	}
 	app, err := start()
 	if err != nil {

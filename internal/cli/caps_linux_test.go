@@ -7,9 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/privs"
 	"github.com/draind/draind/internal/testenv/testutil"
-	"golang.org/x/sys/unix"
 )
 
 // conns on a thread whose permitted set holds a capability its effective

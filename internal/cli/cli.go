@@ -11,8 +11,9 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/draind/draind/internal/privs"
 	"go.uber.org/zap"
+
+	"github.com/draind/draind/internal/privs"
 )
 
 // exitError carries a process exit code (with or without a message).

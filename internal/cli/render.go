@@ -22,12 +22,11 @@ const flushAt = 32 << 10
 // and a reflective encoder spends more time on 100k flows than the kernel
 // dump.
 type JSONWriter struct {
-	w       io.Writer
-	b       []byte
-	lists   int // lists opened: 1 listeners, 2 flows
-	inList  int // items written to the open list
-	err     error
-	started bool
+	w      io.Writer
+	b      []byte
+	lists  int // lists opened: 1 listeners, 2 flows
+	inList int // items written to the open list
+	err    error
 }
 
 // NewJSONWriter starts a snapshot of namespace taken at taken.

@@ -13,10 +13,11 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/sockdiag"
 	"github.com/draind/draind/internal/tcpstate"
-	"golang.org/x/sys/unix"
 )
 
 func testSnapshot() flows.Snapshot {

@@ -10,13 +10,14 @@ import (
 	"strings"
 	"syscall"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/privs"
 	"github.com/draind/draind/internal/probes"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 )
 
 // istioAliases are Istio's variables honoured where they mean the same,

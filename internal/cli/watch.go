@@ -9,10 +9,11 @@ import (
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/tcpstate"
-	"go.uber.org/zap"
 )
 
 func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -187,7 +187,9 @@ func (c *Client) do(ctx context.Context, r request) (int, []byte, error) {
 		case <-ctx.Done():
 			t.Stop()
 			if perr := parent.Err(); perr != nil {
-				return code, body, fmt.Errorf("envoy admin: %s %s: %w (after: %v)", r.method, r.path, perr, err)
+				// The parent's end is the cause callers match; the last
+				// attempt's error is only told.
+				return code, body, fmt.Errorf("envoy admin: %s %s: %w (after: %v)", r.method, r.path, perr, err) //nolint:errorlint // see above
 			}
 			return code, body, err
 		case <-t.C:

@@ -283,22 +283,22 @@ func TestClientAnswers(t *testing.T) {
 					want = tc.postAttempts
 				}
 				switch {
-				case tc.is == envoy.ErrMalformed && cl.name == "QuitQuitQuit":
+				case errors.Is(tc.is, envoy.ErrMalformed) && cl.name == "QuitQuitQuit":
 					// A quit's body is not read: any 200 is Envoy going.
 					if err != nil {
 						t.Errorf("err = %v", err)
 					}
-				case tc.is == envoy.ErrMalformed && cl.name == "DrainListeners":
+				case errors.Is(tc.is, envoy.ErrMalformed) && cl.name == "DrainListeners":
 					// A drain's is: only Envoy's OK says it drains.
 					if !errors.Is(err, envoy.ErrMalformed) {
 						t.Errorf("err = %v, want ErrMalformed", err)
 					}
-				case tc.is == envoy.ErrUnreachable && cl.name == "QuitQuitQuit":
+				case errors.Is(tc.is, envoy.ErrUnreachable) && cl.name == "QuitQuitQuit":
 					want = 1 // the request may have been acted on: not retried
 					if !errors.Is(err, envoy.ErrUnreachable) {
 						t.Errorf("err = %v", err)
 					}
-				case tc.is == errAny && !cl.get:
+				case errors.Is(tc.is, errAny) && !cl.get:
 					if err == nil {
 						t.Error("no error for a body over the limit")
 					}
@@ -310,7 +310,7 @@ func TestClientAnswers(t *testing.T) {
 					if errors.Is(err, envoy.ErrUnreachable) {
 						t.Errorf("a status error is not ErrUnreachable")
 					}
-				case tc.is == errAny:
+				case errors.Is(tc.is, errAny):
 					if err == nil {
 						t.Error("no error")
 					}

@@ -1,6 +1,7 @@
 package flows
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -35,6 +36,9 @@ func Words[T ~string](ws []T, sep string) string {
 	}
 	return strings.Join(s, sep)
 }
+
+// ErrTrackerMode is returned for an unknown mode.
+var ErrTrackerMode = errors.New("tracker mode must be " + Words(TrackerModes, ", "))
 
 // errTrackerMode is the error for a mode not in TrackerModes.
 func errTrackerMode(m TrackerMode) error {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/btf"
+
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/testenv/testutil"

@@ -9,10 +9,11 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
 	"github.com/draind/draind/internal/tcpstate"
-	"golang.org/x/sys/unix"
 )
 
 // TestFlowTableEvents replays event sequences the probe delivers, with and

@@ -10,10 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/testenv/testutil"
-	"golang.org/x/sys/unix"
 )
 
 // BenchmarkTrackerNotify measures the time from close() of a flow's last

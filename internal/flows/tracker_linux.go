@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/btf"
+	"go.uber.org/zap"
+
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/sockdiag"
 	"github.com/draind/draind/internal/tcpstate"
-	"go.uber.org/zap"
 )
 
 // TrackerConfig configures OpenTracker. The zero value tracks in auto mode
@@ -90,9 +91,6 @@ type Tracker struct {
 	closeOnce sync.Once
 	closeErr  error
 }
-
-// ErrTrackerMode is returned for an unknown mode.
-var ErrTrackerMode = errors.New("tracker mode must be " + Words(TrackerModes, ", "))
 
 // OpenTracker opens the sources for ns (which must stay open while the
 // tracker runs) and takes the first snapshot. Call Run to keep it live.

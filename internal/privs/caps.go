@@ -8,19 +8,19 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // Cap is one Linux capability, by its number (linux/capability.h).
 type Cap uint8
 
 // The capabilities draind names in its code; every other one is known by
-// name too (ParseCap, String).
+// name too (ParseCap, String). The numbers are linux/capability.h's,
+// written out because x/sys/unix defines CAP_* on Linux only and this file
+// builds everywhere (caps_linux_test.go checks them against unix's).
 const (
-	CapKill, CapSetGID, CapSetUID, CapSetPCap Cap = unix.CAP_KILL, unix.CAP_SETGID, unix.CAP_SETUID, unix.CAP_SETPCAP
-	CapNetAdmin, CapSysPtrace, CapSysAdmin    Cap = unix.CAP_NET_ADMIN, unix.CAP_SYS_PTRACE, unix.CAP_SYS_ADMIN
-	CapPerfmon, CapBPF                        Cap = unix.CAP_PERFMON, unix.CAP_BPF
+	CapKill, CapSetGID, CapSetUID, CapSetPCap Cap = 5, 6, 7, 8
+	CapNetAdmin, CapSysPtrace, CapSysAdmin    Cap = 12, 19, 21
+	CapPerfmon, CapBPF                        Cap = 38, 39
 )
 
 // capNames are the kernel's names without CAP_, as Kubernetes writes them

@@ -338,8 +338,8 @@ func runHelper(t *testing.T, role string, spec helperSpec) (map[string]helperLin
 			runtime.LockOSThread()
 			for c := range lastCap() + 1 {
 				if !spec.bounding.Has(c) {
-					if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {
-						out, err = nil, fmt.Errorf("drop %s from the bounding set: %w", c, err)
+					if perr := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); perr != nil {
+						out, err = nil, fmt.Errorf("drop %s from the bounding set: %w", c, perr)
 						return
 					}
 				}

@@ -36,9 +36,9 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"time"
 
 	"github.com/cilium/ebpf/btf"
-	"time"
 
 	"github.com/draind/draind/internal/tcpstate"
 )

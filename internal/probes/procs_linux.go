@@ -15,8 +15,9 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/draind/draind/internal/namespace"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/namespace"
 )
 
 // Procs follows the processes of one network namespace with the programs

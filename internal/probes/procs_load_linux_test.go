@@ -11,9 +11,10 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/testenv/testutil"
-	"golang.org/x/sys/unix"
 )
 
 // loadProcsForStats loads the procs object as OpenProcs does, with the
@@ -56,10 +57,7 @@ func TestProcsVerifierStats(t *testing.T) {
 		"procs_exec": objs.ProcsExec,
 		"procs_exit": objs.ProcsExit,
 	} {
-		var stats []string
-		for _, m := range verifierStatsRe.FindAllString(p.VerifierLog, -1) {
-			stats = append(stats, m)
-		}
+		stats := verifierStatsRe.FindAllString(p.VerifierLog, -1)
 		t.Logf("%s: %s", name, strings.Join(stats, "; "))
 	}
 	t.Logf("load and verify (stats log): %v", d)

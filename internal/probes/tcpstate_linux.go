@@ -17,8 +17,9 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
-	"github.com/draind/draind/internal/tcpstate"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/tcpstate"
 )
 
 // TCPState delivers the TCP state changes of one network namespace, seen

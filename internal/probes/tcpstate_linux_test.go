@@ -22,12 +22,13 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/sockdiag"
 	"github.com/draind/draind/internal/tcpstate"
 	"github.com/draind/draind/internal/testenv/testutil"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 )
 
 // --- layout and pure helpers -------------------------------------------

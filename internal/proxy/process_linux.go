@@ -29,8 +29,9 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/draind/draind/internal/privs"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/privs"
 )
 
 // Options configures Start.

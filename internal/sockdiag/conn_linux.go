@@ -6,9 +6,10 @@ import (
 	"os"
 	"sync"
 
-	"github.com/draind/draind/internal/namespace"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/namespace"
 )
 
 // ErrNoInetDiag means the kernel answered that it has no inet_diag handler

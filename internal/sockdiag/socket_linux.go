@@ -10,9 +10,10 @@ import (
 	"syscall"
 	"unsafe"
 
-	"github.com/draind/draind/internal/namespace"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/namespace"
 )
 
 // errTruncated means a datagram did not fit the receive buffer.
@@ -38,6 +39,7 @@ type datagramSocket struct {
 	err    error
 }
 
+//nolint:staticcheck // netlink.Socket is deprecated as a test seam; here it is the reason above, and netlink.NewConn takes it
 var _ netlink.Socket = (*datagramSocket)(nil)
 
 // dialSocket opens and binds a non-blocking NETLINK_SOCK_DIAG socket in ns

@@ -24,9 +24,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/draind/draind/internal/testenv/nsrun"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/draind/draind/internal/testenv/nsrun"
 )
 
 const (

@@ -35,9 +35,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/draind/draind/internal/testenv/testutil"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // Mode is Istio's interceptionMode (istio-iptables -m).

@@ -7,9 +7,10 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/draind/draind/internal/testenv/testutil"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // A raw NETLINK_SOCK_DIAG dump, decoded here from the bytes (not through

@@ -20,10 +20,11 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/draind/draind/internal/testenv/nsrun"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/testenv/nsrun"
 )
 
 // RequireRoot skips the test unless it runs as root (euid 0).

@@ -20,13 +20,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/sockdiag"
 	"github.com/draind/draind/internal/tcpstate"
 	"github.com/draind/draind/internal/testenv/nsrun"
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 )
 
 // PerChild bounds the connections one child holds.
@@ -154,8 +155,12 @@ func (b *NS) addChild(k int) error {
 			return fmt.Errorf("start child: %w", err)
 		}
 		b.children = append(b.children, child{cmd, in})
-		if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
-			return fmt.Errorf("child %d: %q %v", len(b.children), line, err)
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err != nil {
+			return fmt.Errorf("child %d: %q: %w", len(b.children), line, err)
+		}
+		if line != "ready\n" {
+			return fmt.Errorf("child %d: %q, not ready", len(b.children), line)
 		}
 		b.conns += k
 		return nil
@@ -190,7 +195,10 @@ func (b *NS) WaitEstablished(n int, timeout time.Duration) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("namespace has %d established sockets, want %d (%v)", got, n, err)
+			if err != nil {
+				return fmt.Errorf("namespace's established sockets, want %d: %w", n, err)
+			}
+			return fmt.Errorf("namespace has %d established sockets, want %d", got, n)
 		}
 	}
 }

@@ -16,8 +16,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/draind/draind/tools/bench/benchns"
 	"github.com/vishvananda/netns"
+
+	"github.com/draind/draind/tools/bench/benchns"
 )
 
 // proxySetup is how draind is run: `draind run` with envoysim as its
@@ -203,7 +204,10 @@ func (c *nsClient) waitReady(a *agentProc, timeout time.Duration) (time.Duration
 		default:
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("not ready after %s (last: %d %v):\n%s", timeout, code, err, a.output())
+			if err == nil {
+				err = fmt.Errorf("status %d", code)
+			}
+			return 0, fmt.Errorf("not ready after %s (last: %w):\n%s", timeout, err, a.output())
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -19,8 +19,9 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/draind/draind/tools/bench/benchns"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/tools/bench/benchns"
 )
 
 // footprint node: what a node full of idle draind pods costs its
@@ -277,7 +278,10 @@ func (b *nodeBench) startPod(ctx context.Context, p proxySetup) (*nodePod, error
 		default:
 		}
 		if time.Now().After(deadline) {
-			return pod, fmt.Errorf("not ready after 30 s (last: %d %v):\n%s", code, err, a.output())
+			if err == nil {
+				err = fmt.Errorf("status %d", code)
+			}
+			return pod, fmt.Errorf("not ready after 30 s (last: %w):\n%s", err, a.output())
 		}
 	}
 }

@@ -147,8 +147,11 @@ func rssRound(ctx context.Context, p proxySetup, n int, settle time.Duration, be
 // scrape reads draind's /metrics into name{labels} → value.
 func scrape(c *nsClient) (map[string]float64, error) {
 	code, body, err := c.get("http://" + statusAddr + "/metrics")
-	if err != nil || code != 200 {
-		return nil, fmt.Errorf("/metrics: %d %v", code, err)
+	if err != nil {
+		return nil, fmt.Errorf("/metrics: %w", err)
+	}
+	if code != 200 {
+		return nil, fmt.Errorf("/metrics: status %d", code)
 	}
 	out := map[string]float64{}
 	for l := range strings.SplitSeq(body, "\n") {

@@ -289,7 +289,10 @@ func (g *guest) openPorts(wait time.Duration) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("virtio ports did not appear (found %v, err %v)", ports, err)
+			if err != nil {
+				return fmt.Errorf("virtio ports did not appear: %w", err)
+			}
+			return fmt.Errorf("virtio ports did not appear (found %v)", ports)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

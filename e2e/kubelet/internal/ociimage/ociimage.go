@@ -20,7 +20,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/draind/draind/e2e/kubelet/internal/fcap"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -28,6 +27,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/draind/draind/e2e/kubelet/internal/fcap"
 )
 
 // File is one file of the image's single layer.

@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
 
 	"github.com/draind/draind/internal/testenv/envoysim/conformance"
@@ -16,9 +15,9 @@ func TestEnvoysim(t *testing.T) { conformance.Run(t, conformance.Sim()) }
 // TestEnvoysimProgram plays them against the envoysim program, a process.
 func TestEnvoysimProgram(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "envoysim")
-	goBin, err := exec.LookPath("go")
+	goBin, err := exec.LookPath("go") // go test puts its own toolchain first in the PATH
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Fatalf("no go toolchain to build envoysim: %v", err)
 	}
 	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/draind/draind/internal/testenv/envoysim/cmd/envoysim")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

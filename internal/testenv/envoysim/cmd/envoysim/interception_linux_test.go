@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -103,7 +104,7 @@ func ask(t *testing.T, dial func(ctx context.Context, network, addr string) (net
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil && err != io.EOF {
+	if err != nil && !errors.Is(err, io.EOF) {
 		t.Fatalf("read from %s: %v", addr, err)
 	}
 	return strings.TrimSpace(line)

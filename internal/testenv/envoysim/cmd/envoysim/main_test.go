@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -36,14 +35,16 @@ func build(t *testing.T) string {
 		if buildErr != nil {
 			return
 		}
+		// go test puts its own toolchain first in the PATH.
 		goBin, err := exec.LookPath("go")
 		if err != nil {
-			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+			buildErr = fmt.Errorf("no go toolchain to build envoysim: %w", err)
+			return
 		}
 		binPath = filepath.Join(binDir, "envoysim")
 		out, err := exec.Command(goBin, "build", "-o", binPath, ".").CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
 		}
 		// Readable and runnable by an unprivileged uid (the proxy's, 1337).
 		os.Chmod(binDir, 0o755)
