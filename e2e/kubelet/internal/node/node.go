@@ -420,15 +420,12 @@ const (
 )
 
 func ensureNodeAddress() error {
-	for _, f := range []string{"/proc/net/route", "/proc/net/ipv6_route"} {
-		b, _ := os.ReadFile(f)
-		for _, line := range strings.Split(string(b), "\n") {
-			fields := strings.Fields(line)
-			// route: Iface Destination (hex, 00000000 is default); ipv6_route: destination first, length second.
-			if (f == "/proc/net/route" && len(fields) > 1 && fields[1] == "00000000") ||
-				(f == "/proc/net/ipv6_route" && len(fields) > 1 && fields[0] == strings.Repeat("0", 32) && fields[1] == "00") {
-				return nil
-			}
+	// The IPv4 table only: /proc/net/ipv6_route lists a reject route to ::/0
+	// on lo even where there is no IPv6 route (the kernel's null entry).
+	b, _ := os.ReadFile("/proc/net/route")
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[1] == "00000000" {
+			return nil // Iface Destination ...: 00000000 is the default
 		}
 	}
 	for _, args := range [][]string{
