@@ -2,6 +2,8 @@ package drain
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -132,17 +134,25 @@ func (c Config) Validate() error {
 		return bad("--drain-deadline %s leaves no time to drain: the stop steps alone take up to %s (quit call, 2 × --stop-timeout %s, %s after SIGKILL)",
 			c.Deadline, c.StopReserve(), c.StopTimeout, KillWait)
 	}
-	switch c.AppExit {
-	case AppExitWait, AppExitFlows:
-	default:
-		return bad("--app-exit %q: must be wait or flows", c.AppExit)
+	if !slices.Contains(AppExits, c.AppExit) {
+		return bad("--app-exit %q: must be %s", c.AppExit, oneOf(AppExits))
 	}
-	switch c.ExitWithApp {
-	case "", ExitWithAppOff, ExitWithAppSuccess, ExitWithAppAny:
-	default:
-		return bad("--exit-with-app %q: must be off, success or any", c.ExitWithApp)
+	if c.ExitWithApp != "" && !slices.Contains(ExitWithApps, c.ExitWithApp) {
+		return bad("--exit-with-app %q: must be %s", c.ExitWithApp, oneOf(ExitWithApps))
 	}
 	return nil
+}
+
+// oneOf names a list of words for an error: "a, b or c".
+func oneOf[T ~string](ws []T) string {
+	s := make([]string, len(ws))
+	for i, w := range ws {
+		s[i] = string(w)
+	}
+	if len(s) < 2 {
+		return strings.Join(s, "")
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
 }
 
 // Reconcile mends a min-drain that does not fit before the deadline, as an
