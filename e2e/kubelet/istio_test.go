@@ -247,9 +247,12 @@ func TestIstioInjectedUnderLoad(t *testing.T) {
 				after, what = o.draindTerm, "the kubelet's SIGTERM to istio-proxy"
 				t.Logf("%s: the kubelet's SIGTERM to istio-proxy %s after the app's exit; /quitquitquit %s after that SIGTERM", tc.name, fmtDur(o.draindTerm.Sub(appExit)), fmtDur(quit.Sub(o.draindTerm)))
 			}
-			if d := quit.Sub(after); quit.IsZero() || after.IsZero() || d < 0 || d > 50*time.Millisecond || quit.Before(appExit) || !tc.native && quit.Before(minDrainEnd) {
-				t.Errorf("/quitquitquit %s after %s (%s after the app's exit, %s after min-drain's end): want 0-50 ms, after the app and min-drain",
-					fmtDur(d), what, fmtDur(quit.Sub(appExit)), fmtDur(quit.Sub(minDrainEnd)))
+			// Scaled: 50 ms on a real node, stretched under emulation
+			// (make e2e-kubelet-vm: 74 and 176 ms there beside a CI run).
+			bound := scaled(50 * time.Millisecond)
+			if d := quit.Sub(after); quit.IsZero() || after.IsZero() || d < 0 || d > bound || quit.Before(appExit) || !tc.native && quit.Before(minDrainEnd) {
+				t.Errorf("/quitquitquit %s after %s (%s after the app's exit, %s after min-drain's end): want 0-%s, after the app and min-drain",
+					fmtDur(d), what, fmtDur(quit.Sub(appExit)), fmtDur(quit.Sub(minDrainEnd)), bound)
 			}
 			want := "signal"
 			if tc.native {
