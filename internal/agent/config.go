@@ -157,10 +157,28 @@ func (c *Config) Validate() error {
 	if err := mustBeOneOf("--host-network", c.HostNetwork, HostNetworks); err != nil {
 		return err
 	}
+	if err := ringSizeOK("--debug-ring-size", c.RingSize); err != nil {
+		return err
+	}
+	if err := ringSizeOK("--debug-proc-ring-size", c.ProcRingSize); err != nil {
+		return err
+	}
 	if len(c.Command) == 0 {
 		return configErr("no proxy command: draind run [flags] -- COMMAND [ARGS...]")
 	}
 	return nil
+}
+
+// ringSizeOK refuses at start a ring buffer size the kernel would refuse
+// when the probe loads (a BPF ring buffer is a power of two and a multiple
+// of the page size), where draind would fall back to sockets at run time
+// instead. 0 is the default.
+func ringSizeOK(flag string, n int) error {
+	page := os.Getpagesize()
+	if n == 0 || n > 0 && n&(n-1) == 0 && n%page == 0 {
+		return nil
+	}
+	return configErr("%s %d: must be 0 (the default) or a power of two of at least the page size (%d bytes)", flag, n, page)
 }
 
 // mustBeOneOf is a configuration error naming flag when v is not in its list.

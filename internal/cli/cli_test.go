@@ -80,6 +80,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"run", "--drain-deadline", "3s", "--", "envoy"}, nil, 2, "--drain-deadline 3s leaves no time to drain"},
 		{[]string{"run", "--", "envoy"}, map[string]string{"TERMINATION_DRAIN_DURATION_SECONDS": "1m"}, 2, `TERMINATION_DRAIN_DURATION_SECONDS="1m"`},
 		{[]string{"run", "--app-exit", "maybe", "--", "envoy"}, nil, 2, "must be one of wait|flows"},
+		{[]string{"run", "--debug-proc-ring-size", "1024", "--", "envoy"}, nil, 2, "--debug-proc-ring-size 1024: must be 0 (the default) or a power of two of at least the page size"},
+		{[]string{"run", "--debug-ring-size", "100000", "--", "envoy"}, nil, 2, "--debug-ring-size 100000: must be 0"},
+		{[]string{"run", "--debug-ring-size", "-4096", "--", "envoy"}, nil, 2, "--debug-ring-size -4096: must be 0"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
