@@ -53,12 +53,14 @@ func Prestop(ctx context.Context, ns *namespace.Net, cfg PrestopConfig) (drain.R
 	// failed poll) ends the machine at once: its table would no longer
 	// change, and the wait would run to --timeout on stale counts.
 	rctx, cancel := context.WithCancel(ctx)
-	trErr := make(chan error, 1)
+	var trErr error // set before done closes
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		defer cancel()
-		trErr <- tr.Run(rctx)
+		trErr = tr.Run(rctx)
 	}()
-	defer func() { cancel(); <-trErr }()
+	defer func() { cancel(); <-done }()
 
 	var ports map[uint16]bool
 	if cfg.WaitListeners && len(cfg.AppPorts) > 0 {
@@ -72,8 +74,8 @@ func Prestop(ctx context.Context, ns *namespace.Net, cfg PrestopConfig) (drain.R
 	}
 	if rctx.Err() != nil {
 		// Only the tracker cancels rctx while ctx lives.
-		err := <-trErr
-		trErr <- err // for the deferred wait
+		<-done
+		err := trErr
 		if err == nil {
 			err = errors.New("stopped")
 		}
