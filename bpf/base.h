@@ -32,6 +32,7 @@ typedef _Bool bool;
 #define false 0
 
 enum bpf_map_type {
+	BPF_MAP_TYPE_ARRAY = 2,
 	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
 	BPF_MAP_TYPE_RINGBUF = 27,
 };

@@ -8,8 +8,9 @@
  *
  * Both programs run for every TCP state change of the node, in every
  * namespace, for as long as they are attached (draind attaches them only
- * while it drains): each compares the namespace first and returns for
- * another before touching a map.
+ * while it drains, and not at all where bpf/podsock.c covers the pod): each
+ * compares the namespace first and returns for another before touching a
+ * map.
  *
  * Kernel requirements: BTF and tp_btf (5.5), BPF ring buffer (5.8).
  * bpf_get_socket_cookie in tracing programs needs 5.12: on older kernels the
@@ -18,54 +19,30 @@
  * and never checks it, and events carry cookie = 0; user space keys them by
  * skaddr + 5-tuple instead.
  */
-#include "tcpstate.h"
+#include "tcpevent.h"
 
-#include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
-#include <bpf/bpf_core_read.h>
-#include <bpf/bpf_endian.h>
 
 char LICENSE[] SEC("license") = "GPL";
 
-/*
- * One state change. Layout is fixed (72 bytes, little-endian on bpfel) and
- * decoded by hand in internal/probes/tcpstate_linux.go: change both
- * together, and the size assertion in internal/probes/tcpstate_linux_test.go.
- */
-struct event {
-	__u64 ts_ns;    /* bpf_ktime_get_ns() */
-	__u64 cookie;   /* bpf_get_socket_cookie(sk), 0 when unavailable */
-	__u64 skaddr;   /* kernel address of the struct sock */
-	__u8 saddr[16]; /* local address, network order; AF_INET: first 4 bytes */
-	__u8 daddr[16]; /* remote address, same layout */
-	__u32 uid;      /* sk->sk_uid (kuid, init user namespace) */
-	__u16 sport;    /* local port, host order */
-	__u16 dport;    /* remote port, host order */
-	__u16 family;   /* AF_INET or AF_INET6 */
-	__u8 oldstate;
-	__u8 newstate;
-	__u8 _pad[4];
-};
-
-/* Makes clang emit struct event into BTF so that bpf2go -type event finds it. */
+/* Makes clang emit struct event (bpf/tcpevent.h) into BTF so that bpf2go -type event finds it. */
 const struct event *unused_event __attribute__((unused));
 
-/* Set by the loader before loading (CollectionSpec.Variables). */
-volatile const __u64 target_netns = 0; /* ns.inum of the namespace to watch */
-volatile const __u8 use_cookie = 1;    /* 0 before 5.12 */
+volatile const __u8 use_cookie = 1; /* 0 before 5.12; set by the loader */
 
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 8 << 20); /* overridden at load: TCPStateOptions.RingSize */
-} events SEC(".maps");
-
-/* Failed ring buffer reservations, per CPU: the lost-event counter. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} lost_events SEC(".maps");
+/*
+ * The socket's cookie. LISTEN -> SYN_RECV fires on the child while
+ * inet_csk_clone_lock is still turning a copy of the listener into it: on
+ * some kernels its cookie is still the listener's (6.18 already gives the
+ * child's). Never report it: the child's own comes with its next change
+ * (SYN_RECV -> ESTABLISHED, in the same softirq).
+ */
+static __always_inline __u64 cookie_of(const struct sock *sk, int oldstate, int newstate)
+{
+	if (!use_cookie || (oldstate == TCP_LISTEN && newstate == TCP_SYN_RECV))
+		return 0;
+	return bpf_get_socket_cookie((void *)sk);
+}
 
 /*
  * Recursion. The kernel runs a tracing program at most once per CPU at a
@@ -148,58 +125,6 @@ static __always_inline bool wanted(const struct sock *sk)
 	return BPF_CORE_READ(sk, sk_protocol) == IPPROTO_TCP;
 }
 
-static __always_inline void emit(const struct sock *sk, __u64 skaddr, int oldstate, int newstate)
-{
-	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		__u32 zero = 0;
-		__u64 *lost = bpf_map_lookup_elem(&lost_events, &zero);
-		if (lost) /* atomic: a nested run may count too */
-			__sync_fetch_and_add(lost, 1);
-		return;
-	}
-
-	e->ts_ns = bpf_ktime_get_ns();
-	e->skaddr = skaddr;
-	e->oldstate = oldstate;
-	e->newstate = newstate;
-	e->_pad[0] = e->_pad[1] = e->_pad[2] = e->_pad[3] = 0;
-
-	/*
-	 * LISTEN -> SYN_RECV fires on the child while inet_csk_clone_lock is
-	 * still turning a copy of the listener into it: on some kernels its
-	 * cookie is still the listener's (6.18 already gives the child's). Never report it: the child's own comes with its
-	 * next change (SYN_RECV -> ESTABLISHED, in the same softirq).
-	 */
-	e->cookie = 0;
-	if (use_cookie && !(oldstate == TCP_LISTEN && newstate == TCP_SYN_RECV))
-		e->cookie = bpf_get_socket_cookie((void *)sk);
-
-	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
-	e->family = family;
-	e->uid = BPF_CORE_READ(sk, sk_uid.val);
-
-	/*
-	 * skc_num (the local port) is already 0 on transitions to CLOSE:
-	 * inet_sport keeps it. Both are network order here.
-	 */
-	const struct inet_sock *inet = (const struct inet_sock *)sk;
-	e->sport = bpf_ntohs(BPF_CORE_READ(inet, inet_sport));
-	e->dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
-
-	if (family == AF_INET6) {
-		BPF_CORE_READ_INTO(&e->saddr, sk, __sk_common.skc_v6_rcv_saddr.in6_u.u6_addr8);
-		BPF_CORE_READ_INTO(&e->daddr, sk, __sk_common.skc_v6_daddr.in6_u.u6_addr8);
-	} else {
-		__builtin_memset(e->saddr, 0, sizeof(e->saddr));
-		__builtin_memset(e->daddr, 0, sizeof(e->daddr));
-		BPF_CORE_READ_INTO((__be32 *)e->saddr, sk, __sk_common.skc_rcv_saddr);
-		BPF_CORE_READ_INTO((__be32 *)e->daddr, sk, __sk_common.skc_daddr);
-	}
-
-	bpf_ringbuf_submit(e, 0);
-}
-
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(on_set_state, const struct sock *sk, int oldstate, int newstate)
 {
@@ -213,7 +138,7 @@ int BPF_PROG(on_set_state, const struct sock *sk, int oldstate, int newstate)
 		seen->key[h & (SEEN_SLOTS - 1)] = change_key(skaddr, oldstate, newstate);
 		seen->head = h + 1;
 	}
-	emit(sk, skaddr, oldstate, newstate);
+	emit(sk, skaddr, oldstate, newstate, cookie_of(sk, oldstate, newstate));
 	return 0;
 }
 
@@ -244,6 +169,6 @@ int BPF_PROG(on_set_state_backup, const struct sock *sk, int oldstate, int newst
 	__u64 *covered = bpf_map_lookup_elem(&backup_covered, &zero);
 	if (covered)
 		__sync_fetch_and_add(covered, 1);
-	emit(sk, skaddr, oldstate, newstate);
+	emit(sk, skaddr, oldstate, newstate, cookie_of(sk, oldstate, newstate));
 	return 0;
 }

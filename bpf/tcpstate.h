@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * The kernel types bpf/tcpstate.c reads, hand-written (base.h has the
- * scalar types both programs share).
+ * The kernel types bpf/tcpstate.c and bpf/podsock.c read, hand-written
+ * (base.h has the scalar types every program shares; podsock.h the types
+ * only podsock.c reads).
  *
  * This replaces a generated vmlinux.h on purpose: the objects are rebuilt in
  * CI on another kernel and must come out byte-identical, so nothing here may
@@ -85,9 +86,17 @@ struct sock_common {
 	struct in6_addr skc_v6_rcv_saddr;
 };
 
+struct cgroup;
+
+/* The cgroup v2 the socket was made in (a union of two u32 before 5.15). */
+struct sock_cgroup_data {
+	struct cgroup *cgroup;
+};
+
 struct sock {
 	struct sock_common __sk_common;
 	kuid_t sk_uid;
+	struct sock_cgroup_data sk_cgrp_data;
 	/* A plain u16 since 5.6; a bitfield before (tp_btf's 5.5 only). */
 	__u16 sk_protocol;
 };

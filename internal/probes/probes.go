@@ -8,6 +8,10 @@
 // (tp_btf/inet_sock_set_state) of one network namespace, delivered through
 // a ring buffer as [TCPEvent]s. The namespace is a load-time constant.
 //
+// With [TCPStateOptions.PodCgroup], it also loads bpf/podsock.c: a sock_ops
+// program for the pod's cgroup and a tcp iterator, writing into the same
+// ring, so that a drain costs other pods nothing ([TCPScope]).
+//
 // [Procs] loads bpf/procs.c: the processes of one network namespace, from
 // tp_btf sched_process_fork/exec/exit ([ProcEvent]s through a ring buffer)
 // and, on demand, a task iterator's [ProcSnapshot], which walks every
@@ -91,7 +95,34 @@ type TCPStateOptions struct {
 	// Detached loads the programs (verified, maps made) without attaching
 	// them: they run for no event until Attach.
 	Detached bool
+	// PodCgroup, when set, is the pod's cgroup v2: Attach then follows the
+	// pod's sockets with a program attached to that cgroup (bpf/podsock.c)
+	// instead of the node-wide tracepoint, which it attaches only where the
+	// cgroup cannot see them all (TCPState.Scope says which, and why).
+	PodCgroup *PodCgroup
 }
+
+// PodCgroup is a pod's cgroup v2 directory.
+type PodCgroup struct {
+	// Path is the directory, as draind sees it.
+	Path string
+	// ID is the cgroup's id: the directory's inode number (kernfs), what
+	// the kernel's cgroup->kn->id holds.
+	ID uint64
+}
+
+// TCPScope is which sockets' changes run a draind program once attached.
+type TCPScope string
+
+const (
+	// ScopePodCgroup: only the pod's own sockets (a sock_ops program on
+	// the pod's cgroup): other pods pay nothing.
+	ScopePodCgroup TCPScope = "pod-cgroup"
+	// ScopeNode: every TCP state change of the node runs the programs
+	// (the inet_sock_set_state tracepoint), which return first for another
+	// namespace.
+	ScopeNode TCPScope = "node"
+)
 
 // DefaultTCPRingSize holds about 6.5k events (72 bytes + an 8-byte ring
 // header each): a burst of that many state changes is absorbed while the

@@ -52,3 +52,9 @@ func (p *Procs) Lost() uint64 { return 0 }
 
 // Close does nothing outside Linux.
 func (p *Procs) Close() error { return nil }
+
+// Attach never succeeds outside Linux.
+func (p *TCPState) Attach() error { return ErrUnsupportedOS }
+
+// Scope is empty outside Linux.
+func (p *TCPState) Scope() (TCPScope, string) { return "", "" }

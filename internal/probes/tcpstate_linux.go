@@ -62,6 +62,15 @@ type TCPState struct {
 	full    perCPUCounter // ring reservations that failed
 	covered perCPUCounter // changes the backup program emitted for the primary
 
+	// pod is bpf/podsock.c when TCPStateOptions.PodCgroup was given and it
+	// loaded; podUnavailable says why not when it did not.
+	pod            *podScope
+	podUnavailable string
+
+	scopeMu     sync.Mutex
+	scope       TCPScope // set by the first Attach that succeeded
+	scopeReason string
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -125,20 +134,37 @@ func openTCPState(netnsInode uint64, opts TCPStateOptions, forceNoCookie bool) (
 	}
 
 	useCookie := !forceNoCookie && !cookieUnsupported.Load()
-	p, err := loadProbe(netnsInode, uint32(ringSize), useCookie, opts.Detached, opts.BTFCache)
+	p, err := loadProbe(netnsInode, uint32(ringSize), useCookie, opts.BTFCache)
 	if err != nil && useCookie && isCookieRefused(err) {
 		cookieUnsupported.Store(true)
 		useCookie = false
-		p, err = loadProbe(netnsInode, uint32(ringSize), false, opts.Detached, opts.BTFCache)
+		p, err = loadProbe(netnsInode, uint32(ringSize), false, opts.BTFCache)
 	}
 	if err != nil {
 		return nil, unavailable(err)
 	}
 	p.usesCookie = useCookie
+	if opts.PodCgroup != nil {
+		pod, err := loadPodScope(*opts.PodCgroup, netnsInode, uint32(ringSize), p.objs.Events, p.objs.LostEvents, opts.BTFCache)
+		if err != nil {
+			p.podUnavailable = "the pod's cgroup program did not load: " + unavailableReason(err)
+			if errors.Is(err, unix.EPERM) {
+				p.podUnavailable = "the pod's cgroup program did not load: a sock_ops program needs CAP_NET_ADMIN to load"
+			}
+		} else {
+			p.pod = pod
+		}
+	}
+	if !opts.Detached {
+		if err := p.Attach(); err != nil {
+			p.Close()
+			return nil, err
+		}
+	}
 	return p, nil
 }
 
-func loadProbe(netnsInode uint64, ringSize uint32, useCookie, detached bool, cache *btf.Cache) (_ *TCPState, err error) {
+func loadProbe(netnsInode uint64, ringSize uint32, useCookie bool, cache *btf.Cache) (_ *TCPState, err error) {
 	spec, err := loadTcpstate()
 	if err != nil {
 		return nil, err
@@ -168,11 +194,6 @@ func loadProbe(netnsInode uint64, ringSize uint32, useCookie, detached bool, cac
 	// they were attached, and the backup only emits what the primary did
 	// not see (bpf/tcpstate.c, "Recursion").
 	p.hooks = []hook{{"inet_sock_set_state", p.objs.OnSetState}, {"inet_sock_set_state", p.objs.OnSetStateBackup}}
-	if !detached {
-		if err := p.attach(); err != nil {
-			return nil, err
-		}
-	}
 	if p.ring, err = newRingReader(p.objs.Events); err != nil {
 		return nil, err
 	}
@@ -186,16 +207,55 @@ func loadProbe(netnsInode uint64, ringSize uint32, useCookie, detached bool, cac
 // checks them only when a program or map is made (6.18: draind attaches
 // with none left); a kernel that checks every bpf() call while
 // kernel.unprivileged_bpf_disabled is set needs CAP_BPF, which draind keeps
-// there (privs.Needs). Idempotent; safe from any goroutine.
+// there (privs.Needs).
+//
+// With a PodCgroup, the pod's cgroup program goes first, then the walk
+// that turns on the state callbacks of the pod's sockets made before; it
+// must be called from the pod's network namespace (the walk's). Where that
+// cannot see every socket of the namespace (Scope's reason), the
+// node-wide tracepoint is attached, then the cgroup program removed: some
+// changes may come twice meanwhile, none is missed. Idempotent; safe from
+// any goroutine.
 func (p *TCPState) Attach() error {
+	p.scopeMu.Lock()
+	defer p.scopeMu.Unlock()
+	if p.scope != "" {
+		return nil
+	}
+	why := p.podUnavailable
+	if p.pod != nil {
+		var err error
+		why, err = p.pod.attach()
+		if err == nil && why == "" {
+			p.scope = ScopePodCgroup
+			return nil
+		}
+		if err != nil {
+			why = "the pod's cgroup program did not attach: " + oneLine(err.Error())
+		}
+	}
 	if err := p.attach(); err != nil {
 		return unavailable(err)
 	}
+	if p.pod != nil {
+		_ = p.pod.detach() // the tracepoint sees everything now; Close reports a failure to detach
+	}
+	p.scope, p.scopeReason = ScopeNode, why
 	return nil
 }
 
+// Scope says which sockets' changes run the attached programs, and why
+// the node's when a PodCgroup was asked for ("" before Attach).
+func (p *TCPState) Scope() (TCPScope, string) {
+	p.scopeMu.Lock()
+	defer p.scopeMu.Unlock()
+	return p.scope, p.scopeReason
+}
+
 // Attached reports whether the programs run.
-func (p *TCPState) Attached() bool { return p.isAttached() }
+func (p *TCPState) Attached() bool {
+	return p.isAttached() || p.pod != nil && p.pod.linked()
+}
 
 // isCookieRefused reports whether the verifier refused the program only
 // because tracing programs cannot call bpf_get_socket_cookie here (< 5.12).
@@ -278,6 +338,9 @@ func (p *TCPState) UsesCookie() bool { return p.usesCookie }
 func (p *TCPState) Close() error {
 	p.closeOnce.Do(func() {
 		errs := p.detach()
+		if p.pod != nil {
+			errs = append(errs, p.pod.Close()) // before the ring it writes to
+		}
 		o := &p.objs
 		for _, c := range []io.Closer{o.OnSetState, o.OnSetStateBackup, o.Events, o.LostEvents, o.PrimarySeen, o.BackupCovered} {
 			errs = append(errs, c.Close())

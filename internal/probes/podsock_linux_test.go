@@ -1,0 +1,253 @@
+package probes
+
+import (
+	"bufio"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/tcpstate"
+	"github.com/draind/draind/internal/testenv/testutil"
+)
+
+// testCgroup2 returns a cgroup v2 mount: the system's, or one mounted for
+// the test (a cgroup v1 host still has the v2 hierarchy, with no
+// controllers: every process is in its root until moved).
+func testCgroup2(t *testing.T) string {
+	t.Helper()
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// "36 25 0:31 / /sys/fs/cgroup rw,... - cgroup2 cgroup2 rw"
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if fs := strings.Fields(post); ok && len(fs) > 0 && fs[0] == "cgroup2" {
+			if pf := strings.Fields(pre); len(pf) > 4 && pf[3] == "/" {
+				return pf[4]
+			}
+		}
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("cgroup2", dir, "cgroup2", 0, ""); err != nil {
+		t.Fatalf("mount cgroup2 (every 5.x+ kernel has it): %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	return dir
+}
+
+// testPodCgroup makes a pod cgroup under root and returns it with a
+// function that runs fn with this test process inside it (its sockets are
+// then the pod's: a socket keeps the cgroup it was made in).
+func testPodCgroup(t *testing.T, root string) (PodCgroup, func(fn func())) {
+	t.Helper()
+	dir, err := os.MkdirTemp(root, "draind-probes-pod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	home := filepath.Join(root, selfCgroup2(t))
+	t.Cleanup(func() {
+		if err := os.Remove(dir); err != nil {
+			t.Errorf("remove pod cgroup: %v", err)
+		}
+	})
+	move := func(to string) {
+		if err := os.WriteFile(filepath.Join(to, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+			t.Fatalf("move the test into %s: %v", to, err)
+		}
+	}
+	return PodCgroup{Path: dir, ID: st.Ino}, func(fn func()) {
+		move(dir)
+		defer move(home)
+		fn()
+	}
+}
+
+// selfCgroup2 is this process's cgroup v2 path ("0::PATH").
+func selfCgroup2(t *testing.T) string {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok {
+			return p
+		}
+	}
+	t.Fatal("no cgroup v2 line in /proc/self/cgroup")
+	return ""
+}
+
+// openPodProbe opens a Detached probe of ns for the pod cgroup cg and
+// attaches it from inside ns, as draind does at the trigger.
+func openPodProbe(t *testing.T, ns *testutil.NetNS, cg PodCgroup) *TCPState {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.RequireBTF(t)
+	p, err := OpenTCPState(ns.Inode, TCPStateOptions{Detached: true, PodCgroup: &cg})
+	if err != nil {
+		t.Fatalf("OpenTCPState: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if p.pod == nil {
+		t.Fatalf("the pod's cgroup program did not load: %s", p.podUnavailable)
+	}
+	return p
+}
+
+// TestPodCgroupScope: with a PodCgroup, a drain's tracking runs only for
+// the pod's sockets. A flow opened before the attach and one opened after
+// are both followed to CLOSE; the node-wide tracepoint is not attached;
+// another namespace's changes run nothing of the probe.
+func TestPodCgroupScope(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := testCgroup2(t)
+	cg, inPod := testPodCgroup(t, root)
+	ns, other := testutil.NewNetNS(t), testutil.NewNetNS(t)
+
+	// Before the trigger: a listener and an established flow of the pod.
+	var ln1 testListener
+	inPod(func() {
+		ln1.ln = probeListen(t, ns, 0, "tcp4", "127.0.0.1:0")
+		ln1.c = probeDial(t, ns, 0, "tcp4", ln1.ln.Addr().String())
+		ln1.s = testutil.Accept(t, ln1.ln)
+	})
+
+	p := openPodProbe(t, ns, cg)
+	rec := recordProbe(t, p)
+	var err error
+	ns.Do(t, func() { err = p.Attach() })
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	scope, why := p.Scope()
+	if !probeKernelAtLeast(6, 12) {
+		// The flow above was opened before: only the socket option of 6.12
+		// turns its callbacks on.
+		if scope != ScopeNode || !strings.Contains(why, "6.12") {
+			t.Fatalf("scope %q (%s), want node: before 6.12 the pod's earlier sockets cannot be followed", scope, why)
+		}
+		t.Logf("kernel %s: scope node as it should be (%s)", probeKernelRelease(), why)
+		return
+	}
+	if scope != ScopePodCgroup {
+		t.Fatalf("scope %q, want %q: %s", scope, ScopePodCgroup, why)
+	}
+	if p.isAttached() {
+		t.Fatal("the node-wide tracepoint is attached in pod scope")
+	}
+	if !p.Attached() {
+		t.Fatal("Attached() is false after Attach")
+	}
+
+	// The earlier flow closes: both ends report it.
+	client := probeAddrPort(ln1.c.LocalAddr())
+	ln1.c.Close()
+	rec.waitFor(t, "earlier client ESTABLISHED->FIN_WAIT1", probeAnd(probeTrans(tcpstate.Established, tcpstate.FinWait1), probeLocalIs(client)))
+	ln1.s.Close()
+	rec.waitFor(t, "earlier server end CLOSE_WAIT->LAST_ACK", probeAnd(probeTrans(tcpstate.CloseWait, tcpstate.LastAck), func(e *TCPEvent) bool { return e.Remote == client }))
+
+	// A flow opened after the attach, by the pod: seen from its connect.
+	var c2 testListener
+	inPod(func() {
+		c2.c = probeDial(t, ns, 0, "tcp4", ln1.ln.Addr().String())
+		c2.s = testutil.Accept(t, ln1.ln)
+	})
+	local2 := probeAddrPort(c2.c.LocalAddr())
+	syn := rec.waitFor(t, "new CLOSE->SYN_SENT", probeAnd(probeTrans(tcpstate.Close, tcpstate.SynSent), probeLocalIs(local2)))
+	est := rec.waitFor(t, "new client ESTABLISHED", probeAnd(probeTrans(tcpstate.SynSent, tcpstate.Established), probeLocalIs(local2)))
+	child := rec.waitFor(t, "new server child ESTABLISHED", probeAnd(probeTrans(tcpstate.SynRecv, tcpstate.Established), func(e *TCPEvent) bool { return e.Remote == local2 }))
+	if syn.Cookie == 0 || syn.Cookie != est.Cookie || syn.SkAddr == 0 || syn.SkAddr != est.SkAddr {
+		t.Errorf("client events do not share a cookie and address: %s / %s", probeFmtEvent(syn), probeFmtEvent(est))
+	}
+	if c, _ := probeDiagCookie(t, ns, local2, probeAddrPort(ln1.ln.Addr())); c != syn.Cookie {
+		t.Errorf("client cookie %#x, sock_diag says %#x", syn.Cookie, c)
+	}
+	if child.Cookie == 0 || child.Cookie == syn.Cookie {
+		t.Errorf("server child cookie %#x (client's %#x)", child.Cookie, syn.Cookie)
+	}
+	c2.c.Close()
+	rec.waitFor(t, "new client FIN_WAIT1", probeAnd(probeTrans(tcpstate.Established, tcpstate.FinWait1), probeLocalIs(local2)))
+	c2.s.Close()
+	ln1.ln.Close()
+	rec.waitFor(t, "listener LISTEN->CLOSE", probeAnd(probeTrans(tcpstate.Listen, tcpstate.Close), probeLocalIs(probeAddrPort(ln1.ln.Addr()))))
+
+	// Another namespace of the same cgroup, and the host: nothing.
+	before := len(rec.all())
+	inPod(func() { probeChurn(t, other) })
+	probeChurn(t, nil)
+	for _, e := range rec.all()[before:] {
+		t.Errorf("a change of another namespace was reported: %s", probeFmtEvent(e))
+	}
+}
+
+// TestPodCgroupOutsideSocket: a socket of the pod's namespace made outside
+// its cgroup (a process that joined the namespace from the node) cannot be
+// seen from the cgroup: Attach falls back to the node-wide tracepoint, says
+// why, and the socket's changes arrive.
+func TestPodCgroupOutsideSocket(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := testCgroup2(t)
+	cg, _ := testPodCgroup(t, root)
+	ns := testutil.NewNetNS(t)
+	ln := probeListen(t, ns, 0, "tcp4", "127.0.0.1:0") // this test's cgroup: outside the pod's
+
+	p := openPodProbe(t, ns, cg)
+	rec := recordProbe(t, p)
+	var err error
+	ns.Do(t, func() { err = p.Attach() })
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	scope, why := p.Scope()
+	if scope != ScopeNode || !strings.Contains(why, "outside its cgroup") {
+		t.Fatalf("scope %q (%s), want node because of the socket made outside the pod's cgroup", scope, why)
+	}
+	if !p.isAttached() || p.pod.linked() {
+		t.Fatalf("after the fallback: tracepoint attached %v, cgroup program attached %v; want true, false", p.isAttached(), p.pod.linked())
+	}
+	ln.Close()
+	rec.waitFor(t, "the outside listener's close", probeAnd(probeTrans(tcpstate.Listen, tcpstate.Close), probeLocalIs(probeAddrPort(ln.Addr()))))
+}
+
+// TestPodCgroupNotInNamespace: Attach from a thread outside the pod's
+// namespace cannot walk the pod's sockets: it falls back, saying why.
+func TestPodCgroupNotInNamespace(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := testCgroup2(t)
+	cg, _ := testPodCgroup(t, root)
+	ns := testutil.NewNetNS(t)
+	p := openPodProbe(t, ns, cg)
+	if err := p.Attach(); err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	scope, why := p.Scope()
+	if scope != ScopeNode || !strings.Contains(why, "not the pod's") {
+		t.Fatalf("scope %q (%s), want node: the walk ran outside the pod's namespace", scope, why)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := p.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// testListener is a listener of the pod and one flow of it: client and
+// accepted ends.
+type testListener struct {
+	ln   net.Listener
+	c, s net.Conn
+}
