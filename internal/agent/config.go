@@ -66,6 +66,11 @@ type Config struct {
 	RingSize int
 	// ProcRingSize is the same for the app's process events.
 	ProcRingSize int
+	// CgroupRoot is a cgroup v2 mount of the node's hierarchy
+	// (--cgroup-root): draind finds the pod's cgroup there and, while it
+	// drains, follows the pod's sockets from a program on that cgroup
+	// rather than the node-wide tracepoint ("": the tracepoint).
+	CgroupRoot string
 	// HostNetwork says whether the pod shares the node's network
 	// namespace (auto: told by the kernel where it can be).
 	HostNetwork HostNetwork
@@ -156,6 +161,9 @@ func (c *Config) Validate() error {
 	}
 	if err := mustBeOneOf("--host-network", c.HostNetwork, HostNetworks); err != nil {
 		return err
+	}
+	if c.CgroupRoot != "" && c.Tracker == flows.ModeSockDiag {
+		return configErr("--cgroup-root %s: scopes the eBPF tracker to the pod's cgroup, and --tracker %s polls instead", c.CgroupRoot, c.Tracker)
 	}
 	if err := ringSizeOK("--debug-ring-size", c.RingSize); err != nil {
 		return err

@@ -26,6 +26,8 @@ import (
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/namespace"
+	"github.com/draind/draind/internal/podcgroup"
+	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/proxy"
 )
 
@@ -119,6 +121,10 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		return Result{}, err
 	}
 	closers = append(closers, a.ns.Close)
+	podCgroup, err := a.findPodCgroup()
+	if err != nil {
+		return Result{}, err
+	}
 	pod := PodPolicy{ProxyUID: cfg.ProxyUID, ProxyPorts: cfg.ProxyPorts, AdminPort: adminPort, StatusPort: statusPort,
 		ExcludePorts: cfg.ExcludePorts, IdleTimeout: cfg.Drain.IdleTimeout}
 	if cfg.pilotAgent() {
@@ -198,7 +204,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		background()
 		// Dormant: loaded and verified now, attached at the drain trigger
 		// (docs/design.md, "Track only while draining").
-		a.tracker, trErr = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: pod.Flows(), Logger: log, RingSize: cfg.RingSize, BTFCache: cache, Dormant: true})
+		a.tracker, trErr = flows.OpenTracker(a.ns, flows.TrackerConfig{Mode: cfg.Tracker, Policy: pod.Flows(), Logger: log, RingSize: cfg.RingSize, BTFCache: cache, Dormant: true, PodCgroup: podCgroup})
 	})
 	loads.Go(func() {
 		background()
@@ -379,6 +385,20 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 	cov := src.Coverage()
 	a.log.Info("app liveness", logevent.AppLiveness.Field(), zap.Stringer("source", src.Kind()), zap.String("reason", reason), zap.Int("app_processes", src.Count()),
 		zap.Bool("complete", cov.Complete), zap.String("coverage", cov.Reason), zap.Duration("took", time.Since(start)))
+}
+
+// findPodCgroup finds the pod's cgroup under --cgroup-root (nil without
+// it): the cgroup the drain's TCP program attaches to.
+func (a *agent) findPodCgroup() (*probes.PodCgroup, error) {
+	if a.cfg.CgroupRoot == "" {
+		return nil, nil
+	}
+	f, err := podcgroup.Find(a.cfg.CgroupRoot, os.Getpid())
+	if err != nil {
+		return nil, configErr("--cgroup-root %s: %v", a.cfg.CgroupRoot, err)
+	}
+	a.log.Info("pod cgroup", logevent.PodCgroup.Field(), zap.String("pod", f.Pod.Path), zap.String("own", f.Own.Path))
+	return &probes.PodCgroup{Path: f.Pod.Path, ID: f.Pod.ID}, nil
 }
 
 // watchesAppWhileReady: --exit-with-app ends the drain-free life of the

@@ -47,6 +47,12 @@ type TrackerConfig struct {
 	// a pod pays for the live view only while it drains
 	// (docs/design.md, "Track only while draining").
 	Dormant bool
+	// PodCgroup, when set, scopes eBPF mode's live view to the pod's own
+	// sockets: a program on the pod's cgroup instead of the node-wide
+	// tracepoint where it sees them all (probes.TCPStateOptions.PodCgroup;
+	// docs/design.md, "Track only while draining"). Start must then run in
+	// the pod's network namespace.
+	PodCgroup *probes.PodCgroup
 }
 
 // DefaultPollPeriod is sockdiag mode's polling period: a LISTEN-and-flows
@@ -125,7 +131,7 @@ func OpenTracker(ns *namespace.Net, cfg TrackerConfig) (_ *Tracker, err error) {
 		t.mode, t.reason = ModeSockDiag, "asked for (--tracker sockdiag)"
 	case ModeEBPF, ModeAuto:
 		loadStart := time.Now()
-		p, perr := probes.OpenTCPState(ns.Inode(), probes.TCPStateOptions{RingSize: cfg.RingSize, BTFCache: cfg.BTFCache, Detached: cfg.Dormant})
+		p, perr := probes.OpenTCPState(ns.Inode(), probes.TCPStateOptions{RingSize: cfg.RingSize, BTFCache: cfg.BTFCache, Detached: cfg.Dormant, PodCgroup: cfg.PodCgroup})
 		if perr != nil {
 			var pu *probes.UnavailableError
 			if cfg.Mode == ModeEBPF || !errors.As(perr, &pu) {
@@ -172,6 +178,9 @@ func (t *Tracker) Start() error {
 			t.log.Warn("tracker falls back to sock_diag polling", zap.Error(err))
 			t.probe.Close()
 			t.probe = nil
+		} else {
+			scope, why := t.probe.Scope()
+			t.log.Info("tcp tracking", logevent.TCPTracking.Field(), zap.String("scope", string(scope)), zap.String("reason", why))
 		}
 	}
 	return t.goLiveLocked()

@@ -34,6 +34,11 @@ const (
 	NoListenerGauges Event = "no_listener_gauges"
 	// TrackingLive: the live views started at the trigger.
 	TrackingLive Event = "tracking_live"
+	// PodCgroup: the pod's cgroup found under --cgroup-root.
+	PodCgroup Event = "pod_cgroup"
+	// TCPTracking: which sockets' changes run the TCP programs once
+	// attached ("scope": pod-cgroup or node, and why node).
+	TCPTracking Event = "tcp_tracking"
 	// TrackingFailed: the live views did not start.
 	TrackingFailed Event = "tracking_failed"
 	// DrainListenersSent: POST /drain_listeners succeeded.

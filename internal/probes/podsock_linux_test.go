@@ -1,93 +1,23 @@
 package probes
 
 import (
-	"bufio"
 	"errors"
 	"net"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/draind/draind/internal/tcpstate"
 	"github.com/draind/draind/internal/testenv/testutil"
 )
 
-// testCgroup2 returns a cgroup v2 mount: the system's, or one mounted for
-// the test (a cgroup v1 host still has the v2 hierarchy, with no
-// controllers: every process is in its root until moved).
-func testCgroup2(t *testing.T) string {
+// testPodCgroup makes a pod cgroup and returns it with a function that
+// runs fn with this test process inside it.
+func testPodCgroup(t *testing.T) (PodCgroup, func(fn func())) {
 	t.Helper()
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// "36 25 0:31 / /sys/fs/cgroup rw,... - cgroup2 cgroup2 rw"
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if fs := strings.Fields(post); ok && len(fs) > 0 && fs[0] == "cgroup2" {
-			if pf := strings.Fields(pre); len(pf) > 4 && pf[3] == "/" {
-				return pf[4]
-			}
-		}
-	}
-	dir := t.TempDir()
-	if err := unix.Mount("cgroup2", dir, "cgroup2", 0, ""); err != nil {
-		t.Fatalf("mount cgroup2 (every 5.x+ kernel has it): %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
-}
-
-// testPodCgroup makes a pod cgroup under root and returns it with a
-// function that runs fn with this test process inside it (its sockets are
-// then the pod's: a socket keeps the cgroup it was made in).
-func testPodCgroup(t *testing.T, root string) (PodCgroup, func(fn func())) {
-	t.Helper()
-	dir, err := os.MkdirTemp(root, "draind-probes-pod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(dir, &st); err != nil {
-		t.Fatal(err)
-	}
-	home := filepath.Join(root, selfCgroup2(t))
-	t.Cleanup(func() {
-		if err := os.Remove(dir); err != nil {
-			t.Errorf("remove pod cgroup: %v", err)
-		}
-	})
-	move := func(to string) {
-		if err := os.WriteFile(filepath.Join(to, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
-			t.Fatalf("move the test into %s: %v", to, err)
-		}
-	}
-	return PodCgroup{Path: dir, ID: st.Ino}, func(fn func()) {
-		move(dir)
-		defer move(home)
-		fn()
-	}
-}
-
-// selfCgroup2 is this process's cgroup v2 path ("0::PATH").
-func selfCgroup2(t *testing.T) string {
-	b, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if p, ok := strings.CutPrefix(l, "0::"); ok {
-			return p
-		}
-	}
-	t.Fatal("no cgroup v2 line in /proc/self/cgroup")
-	return ""
+	root := testutil.Cgroup2Root(t)
+	cg := testutil.NewCgroup(t, root, "draind-probes-"+t.Name())
+	return PodCgroup{Path: cg.Path, ID: cg.ID}, func(fn func()) { cg.Within(t, root, fn) }
 }
 
 // openPodProbe opens a Detached probe of ns for the pod cgroup cg and
@@ -113,8 +43,7 @@ func openPodProbe(t *testing.T, ns *testutil.NetNS, cg PodCgroup) *TCPState {
 // another namespace's changes run nothing of the probe.
 func TestPodCgroupScope(t *testing.T) {
 	testutil.RequireRoot(t)
-	root := testCgroup2(t)
-	cg, inPod := testPodCgroup(t, root)
+	cg, inPod := testPodCgroup(t)
 	ns, other := testutil.NewNetNS(t), testutil.NewNetNS(t)
 
 	// Before the trigger: a listener and an established flow of the pod.
@@ -199,8 +128,7 @@ func TestPodCgroupScope(t *testing.T) {
 // why, and the socket's changes arrive.
 func TestPodCgroupOutsideSocket(t *testing.T) {
 	testutil.RequireRoot(t)
-	root := testCgroup2(t)
-	cg, _ := testPodCgroup(t, root)
+	cg, _ := testPodCgroup(t)
 	ns := testutil.NewNetNS(t)
 	ln := probeListen(t, ns, 0, "tcp4", "127.0.0.1:0") // this test's cgroup: outside the pod's
 
@@ -226,8 +154,7 @@ func TestPodCgroupOutsideSocket(t *testing.T) {
 // namespace cannot walk the pod's sockets: it falls back, saying why.
 func TestPodCgroupNotInNamespace(t *testing.T) {
 	testutil.RequireRoot(t)
-	root := testCgroup2(t)
-	cg, _ := testPodCgroup(t, root)
+	cg, _ := testPodCgroup(t)
 	ns := testutil.NewNetNS(t)
 	p := openPodProbe(t, ns, cg)
 	if err := p.Attach(); err != nil {
