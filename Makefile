@@ -3,7 +3,7 @@ GO       ?= go
 BIN      ?= bin
 KERNELS  ?= 5.10 6.1 6.12
 PKGS     ?= ./...
-VMPKGS   ?= ./internal/sockdiag ./internal/probes ./internal/flows ./internal/appprocs ./internal/testenv/mesh
+VMPKGS   ?= ./internal/sockdiag ./internal/probes ./internal/podcgroup ./internal/flows ./internal/appprocs ./internal/testenv/mesh
 # The end-to-end tests each kernel must pass (the whole e2e/ takes ~10 min a
 # kernel under qemu's emulation; `make vmtest VME2E=.` runs it all).
 VME2E    ?= TestContainerIsolation|TestAppShutdownInItsOwnContainer|TestNothingAttachedWhileReady|TestJobPostStartHookInProxyContainer|TestProcRingOverrun|TestHostNetworkPod|TestNativeSidecar|TestJobExitWithApp|TestSlowRequestIsNotIdle|TestEverythingStuck|TestMeshRScenario
@@ -32,7 +32,7 @@ test: ## run every test of the product (as root for the kernel tests); ends nami
 # why). As root, unit and unit-race run them as nobody, with Go caches of
 # its own in UNIT_CACHE, so that they are the rootless tests wherever run.
 UNIT_PKGS ?= ./internal/agent ./internal/appprocs ./internal/cli ./internal/drain ./internal/envoy \
-	./internal/flows ./internal/namespace ./internal/privs ./internal/probes ./internal/proxy ./internal/sockdiag ./internal/tcpstate
+	./internal/flows ./internal/namespace ./internal/podcgroup ./internal/privs ./internal/probes ./internal/proxy ./internal/sockdiag ./internal/tcpstate
 UNIT_CACHE ?= /var/tmp/draind-unit
 UNIT_AS = $(if $(filter 0,$(shell id -u)),setpriv --reuid=65534 --regid=65534 --clear-groups \
 	env HOME=$(UNIT_CACHE) GOCACHE=$(UNIT_CACHE)/go-build GOPATH=$(UNIT_CACHE)/go GOFLAGS=-buildvcs=false PATH="$(PATH)")

@@ -46,6 +46,7 @@ struct walk {
 	__u64 outside; /* sockets of the namespace made outside the pod's cgroup */
 	__u64 failed;  /* sockets the kernel refused the option for */
 	__s64 err;     /* the last refusal's error */
+	__u64 unknown; /* sockets whose cgroup this kernel cannot tell (before 5.15) */
 };
 
 /* Makes clang emit struct walk into BTF so that bpf2go -type walk finds it. */
@@ -159,8 +160,7 @@ int podsock_flag(struct bpf_iter__tcp *ctx)
 		return 0;
 	if (!bpf_core_field_exists(((struct cgroup *)0)->ancestors) ||
 	    !bpf_core_field_exists(((struct sock_cgroup_data *)0)->cgroup)) {
-		w->failed++;
-		w->err = -95; /* EOPNOTSUPP: no way to tell the socket's cgroup */
+		w->unknown++;
 		return 0;
 	}
 	if (!in_pod(sk)) {

@@ -19,6 +19,7 @@ type podsockWalk struct {
 	Outside uint64
 	Failed  uint64
 	Err     int64
+	Unknown uint64
 }
 
 // Names of all BPF objects in the ELF.

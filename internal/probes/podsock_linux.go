@@ -91,6 +91,8 @@ func (s *podScope) attach() (why string, err error) {
 		return "", err
 	}
 	switch {
+	case w.Unknown > 0:
+		return fmt.Sprintf("this kernel cannot tell which cgroup made a socket (%d of the namespace's; sock_cgroup_data.cgroup, 5.15)", w.Unknown), nil
 	case w.Failed > 0:
 		return fmt.Sprintf("the kernel refused to turn on the state callbacks of %d of the pod's sockets, opened before the drain (%v; the socket option TCP_BPF_SOCK_OPS_CB_FLAGS needs 6.12)",
 			w.Failed, syscall.Errno(-w.Err)), nil
