@@ -18,6 +18,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -63,6 +64,7 @@ type NS struct {
 	Handle   netns.NsHandle
 	children []child
 	conns    int
+	cgroupFD int // the cgroup v2 directory its processes start in (-1: the caller's)
 }
 
 type child struct {
@@ -71,8 +73,22 @@ type child struct {
 }
 
 // New creates a namespace with a process in it (Pid) and no connections.
-func New() (*NS, error) {
-	b := &NS{}
+func New() (*NS, error) { return newNS(-1) }
+
+// NewInCgroup is New with every process of the namespace (the one living
+// in it, and those holding its connections: so every socket of theirs)
+// started in the cgroup v2 directory cgroupFD refers to
+// (CLONE_INTO_CGROUP), as a pod's app container would be. The caller keeps
+// cgroupFD open until Close.
+func NewInCgroup(cgroupFD int) (*NS, error) {
+	if cgroupFD < 0 {
+		return nil, fmt.Errorf("cgroup file descriptor %d", cgroupFD)
+	}
+	return newNS(cgroupFD)
+}
+
+func newNS(cgroupFD int) (*NS, error) {
+	b := &NS{cgroupFD: cgroupFD}
 	errc := make(chan error, 1)
 	go func() {
 		// This thread switches namespace and never switches back: it is
@@ -143,6 +159,9 @@ func (b *NS) addChild(k int) error {
 		// No Pdeathsig: it fires when the forking thread ends. Children
 		// exit when their stdin closes, which our exit does too.
 		cmd.Stderr = os.Stderr
+		if b.cgroupFD >= 0 {
+			cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: b.cgroupFD}
+		}
 		in, err := cmd.StdinPipe()
 		if err != nil {
 			return err

@@ -62,8 +62,13 @@ func startAgent(ns *benchns.NS, cmd *exec.Cmd) (*agentProc, error) {
 	// A mount namespace of its own, as a container has in a pod: the
 	// benchmark's own sockets (the app's flows, its requests) are then the
 	// app's, not draind's container's (docs/design.md, "When is the app
-	// done").
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Cloneflags: syscall.CLONE_NEWNS}
+	// done"). A cgroup the caller set (CLONE_INTO_CGROUP: the pod's proxy
+	// container) is kept.
+	attr := &syscall.SysProcAttr{Setpgid: true, Cloneflags: syscall.CLONE_NEWNS}
+	if cmd.SysProcAttr != nil {
+		attr.UseCgroupFD, attr.CgroupFD = cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD
+	}
+	cmd.SysProcAttr = attr
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return nil, err

@@ -70,7 +70,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	podRungs := fs.String("pods", "10,40,110", "node: Ready pods in eBPF mode, rung by rung (comma-separated, ascending)")
 	sockdiagRungs := fs.String("sockdiag-pods", "110", "node: the same in sock_diag mode (empty: none)")
 	jobRungs := fs.String("job-pods", "110", "node: the same as Jobs, --exit-with-app (empty: none)")
-	draining := fs.Int("draining", 10, "node: pods put into drain at the top eBPF rung (0: none)")
+	cgroupRungs := fs.String("pod-cgroup-pods", "110", "node: the same in eBPF mode, each pod a cgroup v2 of its own (proxy and app containers) and draind run --cgroup-root (empty: none)")
+	draining := fs.Int("draining", 10, "node: pods put into drain at the top rung of --pods and of --pod-cgroup-pods (0: none)")
 	loadFor := fs.Duration("load-for", 2*time.Second, "node: each workload's run")
 	repeat := fs.Int("repeat", 3, "node: runs of each workload per rung, alternating (the best counts)")
 	statsFor := fs.Duration("stats-for", 2*time.Second, "node: each workload's run with BPF run-time statistics on")
@@ -111,6 +112,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			return err
 		}
 		if cfg.jobPods, err = podList("job-pods", *jobRungs); err != nil {
+			return err
+		}
+		if cfg.cgroupPods, err = podList("pod-cgroup-pods", *cgroupRungs); err != nil {
 			return err
 		}
 		for _, d := range []struct {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -39,7 +40,8 @@ type nodeConfig struct {
 	pods         []int         // the rungs of Ready pods in eBPF mode, ascending
 	sockdiagPods []int         // the same in sock_diag mode (no eBPF at all)
 	jobPods      []int         // the same as Jobs (--exit-with-app: the process programs attached while Ready)
-	draining     int           // pods draining at the top eBPF rung
+	cgroupPods   []int         // the same in eBPF mode, each pod a cgroup of its own and draind told (--cgroup-root)
+	draining     int           // pods draining at the top rung of both eBPF modes
 	loadFor      time.Duration // each workload's run, repeat times, alternating
 	repeat       int
 	statsFor     time.Duration
@@ -58,7 +60,15 @@ var nodeModes = map[string][]string{
 	// A Job's draind follows the app's processes while Ready: their
 	// completion is its trigger.
 	"job": {"--tracker", "ebpf", "--app-procs", "ebpf", "--exit-with-app", "success"},
+	// eBPF mode in a pod whose cgroup draind can see (nodecgroup.go): at
+	// the trigger it tracks TCP from the pod's cgroup, not the node's
+	// hook. startPods adds cgroupRootFlag.
+	podCgroupMode: {"--tracker", "ebpf"},
 }
+
+// podCgroupMode is the pod-cgroup pods' mode; its rows say "ebpf, pod
+// cgroup".
+const podCgroupMode = "ebpf, pod cgroup"
 
 // Log fields of `draind run` the benchmark reads (JSON log lines).
 const (
@@ -77,19 +87,27 @@ const userHZ = 100
 type nodePod struct {
 	ns       *benchns.NS
 	agent    *agentProc
+	cgroup   *podCgroup // pod-cgroup mode only
 	draining bool
 	sigAt    time.Duration // when SIGTERM was sent, since the agent's start
 }
 
 // nodeBench is one run: its pods, the workload's namespace, its rows.
 type nodeBench struct {
-	cfg  nodeConfig
-	dir  string
-	load *benchns.NS
-	pods []*nodePod
-	rows []nodeRow
-	// drainSeen is, per draining pod, SIGTERM → the "phase: draining"
-	// line on its stderr; trackingLive the hook's value (-1: not logged).
+	cfg    nodeConfig
+	dir    string
+	load   *benchns.NS
+	cg     *cgroupRoot // with pod-cgroup rungs only
+	pods   []*nodePod
+	rows   []nodeRow
+	drains []drainTimes // one per mode with draining pods
+}
+
+// drainTimes is, per draining pod of a mode, SIGTERM → the "phase:
+// draining" line on its stderr; trackingLive the hook's value (-1: not
+// logged).
+type drainTimes struct {
+	mode                    string
 	drainSeen, trackingLive []time.Duration
 }
 
@@ -104,6 +122,12 @@ type nodeRow struct {
 	bigMaps             string // the largest maps of one pod
 	rssMedKB, rssMaxKB  int64
 	progs               []progStat
+	// Of the draining pods: the scope of their TCP tracking ("tcp
+	// tracking" line; "" when not logged), the reasons given for "node",
+	// and the BPF links they hold by type.
+	scopes  map[string]int
+	reasons []string
+	links   map[string]int
 }
 
 // load is a workload's run: operations per second of wall time, and per
@@ -144,7 +168,15 @@ func nodeTable(ctx context.Context, w io.Writer, cfg nodeConfig) (err error) {
 	}); err != nil {
 		return fmt.Errorf("workload namespace: %w", err)
 	}
-	defer b.stopPods()
+	if len(cfg.cgroupPods) > 0 {
+		// Before the first pod: each draind's mount namespace is a copy
+		// of ours, made at its start, and so shows the mount.
+		if b.cg, err = openCgroupRoot(os.TempDir()); err != nil {
+			return fmt.Errorf("%s pods: %w", podCgroupMode, err)
+		}
+		defer func() { err = errors.Join(err, b.cg.close()) }()
+	}
+	defer func() { err = errors.Join(err, b.stopPods()) }()
 	startLoad := loadavg()
 	started := time.Now()
 	// A warm-up, not counted: /bin/true and this binary in the page
@@ -157,13 +189,15 @@ func nodeTable(ctx context.Context, w io.Writer, cfg nodeConfig) (err error) {
 	if err := b.step(ctx, "no draind"); err != nil {
 		return err
 	}
-	for _, mode := range []string{"ebpf", "job", "sockdiag"} {
+	for _, mode := range []string{"ebpf", podCgroupMode, "job", "sockdiag"} {
 		rungs := cfg.pods
 		switch mode {
 		case "sockdiag":
 			rungs = cfg.sockdiagPods
 		case "job":
 			rungs = cfg.jobPods
+		case podCgroupMode:
+			rungs = cfg.cgroupPods
 		}
 		for _, n := range rungs {
 			if err := b.startPods(ctx, mode, n-len(b.pods)); err != nil {
@@ -176,8 +210,9 @@ func nodeTable(ctx context.Context, w io.Writer, cfg nodeConfig) (err error) {
 				return err
 			}
 		}
-		if mode == "ebpf" && cfg.draining > 0 && len(b.pods) > 0 {
+		if (mode == "ebpf" || mode == podCgroupMode) && cfg.draining > 0 && len(b.pods) > 0 {
 			k := min(cfg.draining, len(b.pods))
+			b.drains = append(b.drains, drainTimes{mode: mode})
 			if err := b.drain(ctx, k); err != nil {
 				return err
 			}
@@ -188,10 +223,13 @@ func nodeTable(ctx context.Context, w io.Writer, cfg nodeConfig) (err error) {
 				return err
 			}
 			for _, p := range b.pods[:k] { // logged by now, if at all
-				b.trackingLive = append(b.trackingLive, p.trackingLive())
+				d := &b.drains[len(b.drains)-1]
+				d.trackingLive = append(d.trackingLive, p.trackingLive())
 			}
 		}
-		b.stopPods()
+		if err := b.stopPods(); err != nil {
+			return err
+		}
 	}
 	if err := b.step(ctx, "no draind, again (drift)"); err != nil {
 		return err
@@ -208,6 +246,11 @@ func (b *nodeBench) startPods(ctx context.Context, mode string, n int) error {
 	}
 	p := b.cfg.p
 	p.args = append(append([]string{"--log-format", "json", "--drain-deadline", "10m"}, nodeModes[mode]...), p.args...)
+	var cg *cgroupRoot
+	if mode == podCgroupMode {
+		cg = b.cg
+		p.args = append([]string{cgroupRootFlag, cg.mount}, p.args...)
+	}
 	var (
 		mu   sync.Mutex
 		errs []error
@@ -218,7 +261,7 @@ func (b *nodeBench) startPods(ctx context.Context, mode string, n int) error {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			pod, err := b.startPod(ctx, p)
+			pod, err := b.startPod(ctx, p, cg)
 			mu.Lock()
 			defer mu.Unlock()
 			if pod != nil {
@@ -232,11 +275,25 @@ func (b *nodeBench) startPods(ctx context.Context, mode string, n int) error {
 }
 
 // startPod returns the pod even when it failed to become ready, so that
-// stopPods ends it.
-func (b *nodeBench) startPod(ctx context.Context, p proxySetup) (*nodePod, error) {
-	ns, err := benchns.New()
+// stopPods ends it. With cg, the pod is a cgroup of its own under it:
+// draind (and so its proxy) starts in its proxy container's, the
+// namespace's other processes in its app container's.
+func (b *nodeBench) startPod(ctx context.Context, p proxySetup, cg *cgroupRoot) (*nodePod, error) {
+	var (
+		pc  *podCgroup
+		ns  *benchns.NS
+		err error
+	)
+	if cg != nil {
+		if pc, err = cg.newPod(); err != nil {
+			return nil, err
+		}
+		ns, err = benchns.NewInCgroup(int(pc.app.Fd()))
+	} else {
+		ns, err = benchns.New()
+	}
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(err, closePodCgroup(pc))
 	}
 	// A directory each: draindCommand writes the proxy's config there,
 	// and pods start side by side.
@@ -250,14 +307,22 @@ func (b *nodeBench) startPod(ctx context.Context, p proxySetup) (*nodePod, error
 	}
 	if err != nil {
 		ns.Close()
-		return nil, err
+		return nil, errors.Join(err, closePodCgroup(pc))
+	}
+	if pc != nil {
+		cmd.SysProcAttr = pc.proxyAttr()
 	}
 	a, err := startAgent(ns, cmd)
 	if err != nil {
 		ns.Close()
-		return nil, err
+		return nil, errors.Join(err, closePodCgroup(pc))
 	}
-	pod := &nodePod{ns: ns, agent: a}
+	pod := &nodePod{ns: ns, agent: a, cgroup: pc}
+	if pc != nil {
+		if err := errors.Join(pc.checkIn(a.cmd.Process.Pid, "proxy"), pc.checkIn(ns.Pid(), "app")); err != nil {
+			return pod, err
+		}
+	}
 	// "pod shape" follows the tracker's opening; readiness may come first.
 	if err := waitLine(ctx, a, `"msg":"pod shape"`, 0, 90*time.Second); err != nil {
 		return pod, err
@@ -319,12 +384,23 @@ func (a *agentProc) lineAfter(s string, after time.Duration) time.Duration {
 	return -1
 }
 
-func (b *nodeBench) stopPods() {
+// stopPods ends every pod and removes the pod cgroups.
+func (b *nodeBench) stopPods() error {
+	var errs []error
 	for _, p := range b.pods {
 		p.agent.stop()
 		p.ns.Close()
+		errs = append(errs, closePodCgroup(p.cgroup))
 	}
 	b.pods = nil
+	return errors.Join(errs...)
+}
+
+func closePodCgroup(c *podCgroup) error {
+	if c == nil {
+		return nil
+	}
+	return c.close()
 }
 
 // drain puts k Ready pods into drain, each held open by an in-flight
@@ -338,6 +414,11 @@ func (b *nodeBench) drain(ctx context.Context, k int) error {
 		if err := waitTracked(p, 2, 10*time.Second); err != nil {
 			return err
 		}
+		if p.cgroup != nil {
+			if err := waitPodSockets(p, 5*time.Second); err != nil {
+				return err
+			}
+		}
 		p.sigAt = time.Since(p.agent.start)
 		if err := p.agent.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			return err
@@ -346,7 +427,8 @@ func (b *nodeBench) drain(ctx context.Context, k int) error {
 		if err := waitLine(ctx, p.agent, `"phase":"draining"`, p.sigAt, 10*time.Second); err != nil {
 			return err
 		}
-		b.drainSeen = append(b.drainSeen, p.agent.lineAfter(`"phase":"draining"`, p.sigAt)-p.sigAt)
+		d := &b.drains[len(b.drains)-1]
+		d.drainSeen = append(d.drainSeen, p.agent.lineAfter(`"phase":"draining"`, p.sigAt)-p.sigAt)
 	}
 	return nil
 }
@@ -371,6 +453,18 @@ func waitTracked(p *nodePod, n int, timeout time.Duration) error {
 			return fmt.Errorf("draind tracks %d app flows after %s, want %d", got, timeout, n)
 		}
 	}
+}
+
+// waitPodSockets waits until every socket of the pod's namespace is the
+// pod's own (podCgroup.waitOwnSockets).
+func waitPodSockets(p *nodePod, timeout time.Duration) error {
+	d, err := p.ns.DialSockDiag()
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	d.SetInfo(false)
+	return p.cgroup.waitOwnSockets(d, timeout)
 }
 
 // trackingLive reads the hook's field from the pod's lines after its
@@ -407,6 +501,9 @@ func (b *nodeBench) step(ctx context.Context, label string) error {
 		if p.draining {
 			r.draining++
 		}
+	}
+	if r.draining > 0 {
+		r.scopes, r.links = map[string]int{}, map[string]int{}
 	}
 	fmt.Fprintf(os.Stderr, "footprint node: %s (load %s)\n", label, loadavg())
 	r.load = strings.Fields(loadavg())[0]
@@ -457,6 +554,23 @@ func (b *nodeBench) step(ctx context.Context, label string) error {
 		}
 		slices.Sort(rss)
 		r.rssMedKB, r.rssMaxKB = rss[len(rss)/2], rss[len(rss)-1]
+		for _, p := range b.pods {
+			if !p.draining {
+				continue
+			}
+			scope, reason := p.tcpScope()
+			r.scopes[scope]++
+			if scope != "" && scope != podScopeCgroup {
+				r.reasons = append(r.reasons, reason)
+			}
+			links, err := linkTypes(p.agent.cmd.Process.Pid)
+			if err != nil {
+				return err
+			}
+			for t, n := range links {
+				r.links[t] += n
+			}
+		}
 	}
 	// Every pod must still be as it was: alive, the draining ones still
 	// held (not stopping).
@@ -750,17 +864,59 @@ func (b *nodeBench) print(w io.Writer, loadStart, loadEnd string, took time.Dura
 			fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %s |\n", r.label, s.name, s.instances, s.runs, s.runs/uint64(s.instances), per)
 		}
 	}
-	if len(b.drainSeen) > 0 {
-		live := b.trackingLive
-		fmt.Fprintf(w, "\nDrain trigger, %d pods one after another (SIGTERM with the others on the node):\n\n", len(b.drainSeen))
+	for _, d := range b.drains {
+		if len(d.drainSeen) == 0 {
+			continue
+		}
+		live := d.trackingLive
+		fmt.Fprintf(w, "\nDrain trigger (%s), %d pods one after another (SIGTERM with the others on the node):\n\n", d.mode, len(d.drainSeen))
 		fmt.Fprintf(w, "| measure | p50 | p99 | max |\n|---|---|---|---|\n")
-		fmt.Fprintf(w, "| SIGTERM → `\"phase\":\"draining\"` on draind's stderr | %s |\n", quantiles(b.drainSeen))
+		fmt.Fprintf(w, "| SIGTERM → `\"phase\":\"draining\"` on draind's stderr | %s |\n", quantiles(d.drainSeen))
 		if len(live) == 0 || slices.Contains(live, -1) {
 			fmt.Fprintf(w, "| SIGTERM → tracking live (`%s` log field) | not logged by this draind | | |\n", trackingLiveField)
 		} else {
 			fmt.Fprintf(w, "| SIGTERM → tracking live (`%s` log field) | %s |\n", trackingLiveField, quantiles(live))
 		}
 	}
+	b.printDraining(w)
+}
+
+// printDraining says, per row with draining pods, where they track TCP
+// (the scope of their "tcp tracking" line) and the BPF links they hold.
+func (b *nodeBench) printDraining(w io.Writer) {
+	header := false
+	for _, r := range b.rows {
+		if r.draining == 0 {
+			continue
+		}
+		if !header {
+			fmt.Fprintf(w, "\nThe draining pods: the scope of their TCP tracking (`%s` line, `%s` field) and the BPF links they hold, all together, by type:\n\n", tcpTrackingMsg, tcpScopeField)
+			fmt.Fprintf(w, "| pods | %s | node | not logged | reasons (node) | links |\n|---|---|---|---|---|---|\n", podScopeCgroup)
+			header = true
+		}
+		other, reasons := 0, "-"
+		for scope, n := range r.scopes {
+			if scope != "" && scope != podScopeCgroup {
+				other += n
+			}
+		}
+		if len(r.reasons) > 0 {
+			reasons = strings.Join(r.reasons, "; ")
+		}
+		fmt.Fprintf(w, "| %s | %d | %d | %d | %s | %s |\n", r.label, r.scopes[podScopeCgroup], other, r.scopes[""], reasons, countList(r.links))
+	}
+}
+
+// countList is "k1 n1, k2 n2" in key order ("-": none).
+func countList(m map[string]int) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(out, ", ")
 }
 
 // quantiles is "p50 | p99 | max" (nearest rank).
