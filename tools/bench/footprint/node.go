@@ -890,7 +890,7 @@ func (b *nodeBench) printDraining(w io.Writer) {
 			continue
 		}
 		if !header {
-			fmt.Fprintf(w, "\nThe draining pods: the scope of their TCP tracking (`%s` line, `%s` field) and the BPF links they hold, all together, by type:\n\n", tcpTrackingMsg, tcpScopeField)
+			fmt.Fprintf(w, "\nThe draining pods: the scope of their TCP tracking (`%s` line, `%s` field) and the BPF links they hold, all together, by the kernel's link type (a tp_btf program's is raw_tracepoint, a sock_ops program's cgroup):\n\n", tcpTrackingMsg, tcpScopeField)
 			fmt.Fprintf(w, "| pods | %s | node | not logged | reasons (node) | links |\n|---|---|---|---|---|---|\n", podScopeCgroup)
 			header = true
 		}
