@@ -106,7 +106,9 @@ func (r *cgroupRoot) makeBase() error {
 		return fmt.Errorf("cgroup for the pods: %w", err)
 	}
 	r.base = base
-	return nil
+	// Readable as the pods' cgroups are, by a draind without
+	// CAP_DAC_OVERRIDE too.
+	return os.Chmod(base, 0o755)
 }
 
 // findCgroup2 is the first cgroup2 mount whose root is the hierarchy's
