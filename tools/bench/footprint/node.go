@@ -124,10 +124,8 @@ type nodeRow struct {
 	progs               []progStat
 	// Of the draining pods: the scope of their TCP tracking ("tcp
 	// tracking" line; "" when not logged), the reasons given for "node",
-	// and the BPF links they hold by type.
-	scopes  map[string]int
-	reasons []string
-	links   map[string]int
+	// and the BPF links they hold by type, each with how many pods.
+	scopes, reasons, links map[string]int
 }
 
 // load is a workload's run: operations per second of wall time, and per
@@ -503,7 +501,7 @@ func (b *nodeBench) step(ctx context.Context, label string) error {
 		}
 	}
 	if r.draining > 0 {
-		r.scopes, r.links = map[string]int{}, map[string]int{}
+		r.scopes, r.reasons, r.links = map[string]int{}, map[string]int{}, map[string]int{}
 	}
 	fmt.Fprintf(os.Stderr, "footprint node: %s (load %s)\n", label, loadavg())
 	r.load = strings.Fields(loadavg())[0]
@@ -561,7 +559,7 @@ func (b *nodeBench) step(ctx context.Context, label string) error {
 			scope, reason := p.tcpScope()
 			r.scopes[scope]++
 			if scope != "" && scope != podScopeCgroup {
-				r.reasons = append(r.reasons, reason)
+				r.reasons[reason]++
 			}
 			links, err := linkTypes(p.agent.cmd.Process.Pid)
 			if err != nil {
@@ -894,29 +892,28 @@ func (b *nodeBench) printDraining(w io.Writer) {
 			fmt.Fprintf(w, "| pods | %s | node | not logged | reasons (node) | links |\n|---|---|---|---|---|---|\n", podScopeCgroup)
 			header = true
 		}
-		other, reasons := 0, "-"
+		other := 0
 		for scope, n := range r.scopes {
 			if scope != "" && scope != podScopeCgroup {
 				other += n
 			}
 		}
-		if len(r.reasons) > 0 {
-			reasons = strings.Join(r.reasons, "; ")
-		}
+		// A reason is draind's text: no table cell ends in it.
+		reasons := strings.ReplaceAll(countList(r.reasons), "|", `\|`)
 		fmt.Fprintf(w, "| %s | %d | %d | %d | %s | %s |\n", r.label, r.scopes[podScopeCgroup], other, r.scopes[""], reasons, countList(r.links))
 	}
 }
 
-// countList is "k1 n1, k2 n2" in key order ("-": none).
+// countList is "k1 ×n1; k2 ×n2" in key order ("-": none).
 func countList(m map[string]int) string {
 	if len(m) == 0 {
 		return "-"
 	}
 	var out []string
 	for _, k := range slices.Sorted(maps.Keys(m)) {
-		out = append(out, fmt.Sprintf("%s %d", k, m[k]))
+		out = append(out, fmt.Sprintf("%s ×%d", k, m[k]))
 	}
-	return strings.Join(out, ", ")
+	return strings.Join(out, "; ")
 }
 
 // quantiles is "p50 | p99 | max" (nearest rank).

@@ -262,3 +262,21 @@ func TestTCPScope(t *testing.T) {
 		t.Errorf("the test's BPF links: %v, %v", n, err)
 	}
 }
+
+// The draining pods' table: a count per scope, draind's reasons as one
+// cell each however they are spelled.
+func TestPrintDraining(t *testing.T) {
+	b := &nodeBench{rows: []nodeRow{
+		{label: "110 Ready (ebpf)"},
+		{label: "100 Ready + 10 draining (ebpf, pod cgroup)", draining: 10,
+			scopes:  map[string]int{podScopeCgroup: 7, "node": 2, "": 1},
+			reasons: map[string]int{"kernel 6.6 | before 6.12": 2},
+			links:   map[string]int{"cgroup": 7, "raw_tracepoint": 4}},
+	}}
+	var out bytes.Buffer
+	b.printDraining(&out)
+	want := "| 100 Ready + 10 draining (ebpf, pod cgroup) | 7 | 2 | 1 | kernel 6.6 \\| before 6.12 ×2 | cgroup ×7; raw_tracepoint ×4 |\n"
+	if !strings.HasSuffix(out.String(), want) || strings.Contains(out.String(), "110 Ready (ebpf)") {
+		t.Errorf("got\n%s\nwant it to end with\n%s", out.String(), want)
+	}
+}
