@@ -559,6 +559,9 @@ func (b *nodeBench) step(ctx context.Context, label string) error {
 			scope, reason := p.tcpScope()
 			r.scopes[scope]++
 			if scope != "" && scope != podScopeCgroup {
+				if reason == "" {
+					reason = "(none given)" // draind without --cgroup-root
+				}
 				r.reasons[reason]++
 			}
 			links, err := linkTypes(p.agent.cmd.Process.Pid)
