@@ -35,6 +35,11 @@ type container struct {
 	sig  syscall.Signal
 	// exitedAt is when the test saw PID 1 exit, once done.
 	exitedAt time.Time
+	// cgroup is the container's cgroup when the pod has one (its
+	// processes, and those exec'd into it, start there); cgroupNS says it
+	// has a cgroup namespace of its own, rooted there.
+	cgroup   *testutil.Cgroup
+	cgroupNS bool
 }
 
 // Signal signals the container's PID 1.
@@ -74,6 +79,24 @@ func (p *pod) runContainer(name string, uid int, out io.Writer, role string, arg
 		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS,
 		Pdeathsig:  syscall.SIGKILL,
 	}
+	c := &container{name: name, cmd: cmd, done: make(chan struct{})}
+	if p.cgroup != nil {
+		// The runtime makes the container's cgroup and starts its first
+		// process in it (CLONE_INTO_CGROUP): nothing of the container
+		// ever runs outside it.
+		p.containers++
+		c.cgroup = testutil.NewCgroup(p.t, p.cgroup.Path, fmt.Sprintf("%s-%d", name, p.containers))
+		f, err := c.cgroup.Open()
+		if err != nil {
+			p.t.Fatalf("container %s: %v", name, err)
+		}
+		defer f.Close()
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(f.Fd())
+		if p.cgroupNS {
+			c.cgroupNS = true
+			cmd.Env = append(os.Environ(), cgroupNSEnv+"=1")
+		}
+	}
 	start := cmd.Start
 	if p.sharePID && p.pause != nil {
 		// shareProcessNamespace: every container joins the sandbox's PID
@@ -85,7 +108,10 @@ func (p *pod) runContainer(name string, uid int, out io.Writer, role string, arg
 		// reads as 0 there, so the child would kill itself at once. The
 		// cleanup below kills it.
 		cmd.SysProcAttr.Pdeathsig = 0
-		cmd.Env = append(os.Environ(), sharedPIDEnv+"=1")
+		if cmd.Env == nil {
+			cmd.Env = os.Environ()
+		}
+		cmd.Env = append(cmd.Env, sharedPIDEnv+"=1")
 		start = func() error { return inPIDNS(p.pause.Pid(), cmd.Start) }
 	}
 	var err error
@@ -97,7 +123,6 @@ func (p *pod) runContainer(name string, uid int, out io.Writer, role string, arg
 	if err != nil {
 		p.t.Fatalf("start container %s: %v", name, err)
 	}
-	c := &container{name: name, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		cmd.Wait()
 		c.exitedAt = time.Now()
@@ -152,6 +177,14 @@ func containerInit(args []string) int {
 		fmt.Fprintln(os.Stderr, "container: mount /proc:", err)
 		return 1
 	}
+	// runc unshares the cgroup namespace once the container is in its
+	// cgroup: that cgroup becomes the namespace's root.
+	if os.Getenv(cgroupNSEnv) != "" {
+		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+			fmt.Fprintln(os.Stderr, "container: cgroup namespace:", err)
+			return 1
+		}
+	}
 	// The bounding set a runtime gives the container (privs_linux_test.go):
 	// without a capability there, execve gives it to no process in it.
 	if bnd, err := strconv.ParseUint(os.Getenv(boundingEnv), 16, 64); err == nil {
@@ -192,6 +225,10 @@ func containerInit(args []string) int {
 // namespace (shareProcessNamespace), where pause is PID 1.
 const sharedPIDEnv = "DRAIND_E2E_SHARED_PID"
 
+// cgroupNSEnv tells a container's init to take a cgroup namespace of its
+// own (pod.cgroupNS).
+const cgroupNSEnv = "DRAIND_E2E_CGROUPNS"
+
 // inPIDNS runs start (a fork) on a thread whose children are born in the
 // PID namespace of process pid, then puts the thread back: setns of a PID
 // namespace changes only where the thread's children go.
@@ -223,13 +260,26 @@ func inPIDNS(pid int, start func() error) error {
 
 // execIn runs argv in container c as root, as the runtime runs a hook, an
 // exec probe or `kubectl exec`: in the container's mount, PID and network
-// namespaces, its parent (the test, standing for the runtime's shim)
-// outside the pod. nsenter joins the mount namespace (a multithreaded Go
-// process cannot) and execs argv without forking.
+// namespaces (and its cgroup, and cgroup namespace when it has one), its
+// parent (the test, standing for the runtime's shim) outside the pod.
+// nsenter joins the mount namespace (a multithreaded Go process cannot) and
+// execs argv without forking.
 func (p *pod) execIn(c *container, out io.Writer, argv ...string) *exec.Cmd {
 	p.t.Helper()
-	cmd := exec.Command("nsenter", append([]string{fmt.Sprintf("--mount=/proc/%d/ns/mnt", c.Pid()), "--"}, argv...)...)
+	nsenter := []string{fmt.Sprintf("--mount=/proc/%d/ns/mnt", c.Pid())}
+	if c.cgroupNS {
+		nsenter = append(nsenter, fmt.Sprintf("--cgroup=/proc/%d/ns/cgroup", c.Pid()))
+	}
+	cmd := exec.Command("nsenter", append(append(nsenter, "--"), argv...)...)
 	cmd.Stdout, cmd.Stderr = out, out
+	if c.cgroup != nil {
+		f, err := c.cgroup.Open()
+		if err != nil {
+			p.t.Fatalf("exec %v in %s: %v", argv, c.name, err)
+		}
+		defer f.Close()
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd())}
+	}
 	var err error
 	p.ns.Do(p.t, func() { err = inPIDNS(c.Pid(), cmd.Start) })
 	if err != nil {

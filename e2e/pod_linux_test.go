@@ -244,6 +244,37 @@ type pod struct {
 	// sharePID: the containers started after pause share its PID
 	// namespace (shareProcessNamespace: true).
 	sharePID bool
+
+	// cgroup, when set (newPod's inPodCgroup), is the pod's cgroup v2
+	// cgroup under cgroupRoot (a cgroup2 mount of the whole hierarchy):
+	// each container starts in a child of it (container_linux_test.go).
+	// The test, standing for the runtime's shim, stays outside it.
+	cgroup     *testutil.Cgroup
+	cgroupRoot string
+	// cgroupNS: each container gets a cgroup namespace rooted at its own
+	// cgroup (runc's default on a cgroup v2 node): its /proc/self/cgroup
+	// reads "0::/".
+	cgroupNS bool
+	// containers counts the containers started, for unique cgroup names.
+	containers int
+}
+
+// podOption shapes a pod before its sandbox (pause) starts.
+type podOption func(*pod)
+
+// inPodCgroup puts the pod in a cgroup v2 pod cgroup of its own, each
+// container in a child cgroup of it, as the kubelet and a real runtime do.
+func inPodCgroup(p *pod) {
+	p.t.Helper()
+	p.cgroupRoot = testutil.Cgroup2(p.t)
+	p.cgroup = testutil.NewCgroup(p.t, p.cgroupRoot, filepath.Base(p.dir))
+}
+
+// cgroupNamespaces gives each container of a pod in a pod cgroup its own
+// cgroup namespace.
+func cgroupNamespaces(p *pod) {
+	inPodCgroup(p)
+	p.cgroupNS = true
 }
 
 const (
@@ -251,7 +282,7 @@ const (
 	remoteIP = "192.0.2.2"
 )
 
-func newPod(t testing.TB) *pod {
+func newPod(t testing.TB, opts ...podOption) *pod {
 	t.Helper()
 	testutil.RequireRoot(t)
 	// Not t.TempDir: its parent is private to root, and the proxy and the
@@ -271,6 +302,9 @@ func newPod(t testing.TB) *pod {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "pong\n") })}
 	go srv.Serve(p.upstream)
 	t.Cleanup(func() { srv.Close() })
+	for _, o := range opts {
+		o(p)
+	}
 	// The sandbox comes first, as the runtime starts it.
 	p.pause = p.runContainer("pause", -1, testWriter{t}, "__pause")
 	return p
