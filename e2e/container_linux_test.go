@@ -8,7 +8,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -136,6 +138,20 @@ func (p *pod) runContainer(name string, uid int, out io.Writer, role string, arg
 		c.Kill()
 		c.wait(10 * time.Second)
 	})
+	if c.cgroupNS {
+		// As runc's start returns once the container is set up: what is
+		// exec'd into it later joins its cgroup namespace, not ours.
+		own, _ := os.Readlink("/proc/self/ns/cgroup")
+		for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/cgroup", c.Pid()))
+			if err == nil && ns != own {
+				break
+			}
+			if c.wait(0) || time.Now().After(end) {
+				p.t.Fatalf("container %s: no cgroup namespace of its own (%s, %v)", name, ns, err)
+			}
+		}
+	}
 	return c
 }
 
@@ -178,8 +194,10 @@ func containerInit(args []string) int {
 		return 1
 	}
 	// runc unshares the cgroup namespace once the container is in its
-	// cgroup: that cgroup becomes the namespace's root.
+	// cgroup: that cgroup becomes the namespace's root. Unshare moves this
+	// thread only: it stays locked, and the exec below runs on it.
 	if os.Getenv(cgroupNSEnv) != "" {
+		runtime.LockOSThread()
 		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 			fmt.Fprintln(os.Stderr, "container: cgroup namespace:", err)
 			return 1
@@ -343,4 +361,70 @@ func probeRole() int {
 	unix.Stat("/proc/self/ns/net", &st)
 	fmt.Printf("pid=%d uid=%d procs=%d netns=%d\n", os.Getpid(), os.Getuid(), procs, st.Ino)
 	return 0
+}
+
+// TestContainerCgroups checks the harness's pod cgroup: each container's
+// processes, from PID 1 on and whatever is exec'd into it, are in a cgroup
+// of their own under the pod's, which the container sees at the test's
+// cgroup2 mount path; the test (the shim) stays outside. With cgroup
+// namespaces each container reads its own cgroup as "/".
+func TestContainerCgroups(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opt  podOption
+	}{{"host-cgroupns", inPodCgroup}, {"own-cgroupns", cgroupNamespaces}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPod(t, tc.opt)
+			c := p.runContainer("a", 1000, testWriter{t}, "__pause")
+			rel := func(cg *testutil.Cgroup) string { return "0::" + strings.TrimPrefix(cg.Path, p.cgroupRoot) }
+			for _, c := range []*container{p.pause, c} {
+				if c.cgroup == nil || filepath.Dir(c.cgroup.Path) != p.cgroup.Path {
+					t.Fatalf("container %s: cgroup %v, want a child of %s", c.name, c.cgroup, p.cgroup.Path)
+				}
+				if procs, err := c.cgroup.Procs(); err != nil || !slices.Equal(procs, []int{c.Pid()}) {
+					t.Errorf("container %s: cgroup.procs %v (%v), want its PID 1 %d alone", c.name, procs, err, c.Pid())
+				}
+				if got := cgroupLine(t, fmt.Sprintf("/proc/%d/cgroup", c.Pid())); got != rel(c.cgroup) {
+					t.Errorf("container %s: the host reads its cgroup as %q, want %q", c.name, got, rel(c.cgroup))
+				}
+			}
+			if got := cgroupLine(t, "/proc/self/cgroup"); strings.HasPrefix(got, rel(p.cgroup)) {
+				t.Errorf("the test (the shim) is in the pod's cgroup: %s", got)
+			}
+			// Exec'd into the container: its cgroup (and namespace), and
+			// the cgroup2 mount at the same path.
+			var out syncBuffer
+			cmd := p.execIn(c, &out, "/bin/cat", "/proc/self/cgroup", filepath.Join(c.cgroup.Path, "cgroup.procs"))
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("exec: %v: %s", err, out.String())
+			}
+			want := rel(c.cgroup)
+			if p.cgroupNS {
+				want = "0::/"
+			}
+			lines := strings.Split(out.String(), "\n")
+			if !slices.Contains(lines, want) {
+				t.Errorf("exec'd process reads its cgroup as:\n%s\nwant a line %q", out.String(), want)
+			}
+			if !slices.Contains(lines, "1") {
+				t.Errorf("container's cgroup.procs from inside: %q, want its PID 1", lines)
+			}
+		})
+	}
+}
+
+// cgroupLine is the cgroup v2 line ("0::PATH") of a /proc/PID/cgroup file.
+func cgroupLine(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if strings.HasPrefix(l, "0::") {
+			return l
+		}
+	}
+	t.Fatalf("%s has no cgroup v2 line:\n%s", path, b)
+	return ""
 }
