@@ -6,7 +6,7 @@ PKGS     ?= ./...
 VMPKGS   ?= ./internal/sockdiag ./internal/probes ./internal/podcgroup ./internal/flows ./internal/appprocs ./internal/testenv/mesh
 # The end-to-end tests each kernel must pass (the whole e2e/ takes ~10 min a
 # kernel under qemu's emulation; `make vmtest VME2E=.` runs it all).
-VME2E    ?= TestContainerIsolation|TestAppShutdownInItsOwnContainer|TestNothingAttachedWhileReady|TestJobPostStartHookInProxyContainer|TestProcRingOverrun|TestHostNetworkPod|TestNativeSidecar|TestJobExitWithApp|TestSlowRequestIsNotIdle|TestEverythingStuck|TestMeshRScenario
+VME2E    ?= TestContainerIsolation|TestAppShutdownInItsOwnContainer|TestNothingAttachedWhileReady|TestContainerCgroups|TestPodCgroupTracking|TestJobPostStartHookInProxyContainer|TestProcRingOverrun|TestHostNetworkPod|TestNativeSidecar|TestJobExitWithApp|TestSlowRequestIsNotIdle|TestEverythingStuck|TestMeshRScenario
 
 .DEFAULT_GOAL := help
 
