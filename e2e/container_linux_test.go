@@ -87,7 +87,8 @@ func (p *pod) runContainer(name string, uid int, out io.Writer, role string, arg
 		// process in it (CLONE_INTO_CGROUP): nothing of the container
 		// ever runs outside it.
 		p.containers++
-		c.cgroup = testutil.NewCgroup(p.t, p.cgroup.Path, fmt.Sprintf("%s-%d", name, p.containers))
+		cg := testutil.NewCgroup(p.t, p.cgroup.Path, fmt.Sprintf("%s-%d", name, p.containers))
+		c.cgroup = &cg
 		f, err := c.cgroup.Open()
 		if err != nil {
 			p.t.Fatalf("container %s: %v", name, err)

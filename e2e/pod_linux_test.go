@@ -266,8 +266,9 @@ type podOption func(*pod)
 // container in a child cgroup of it, as the kubelet and a real runtime do.
 func inPodCgroup(p *pod) {
 	p.t.Helper()
-	p.cgroupRoot = testutil.Cgroup2(p.t)
-	p.cgroup = testutil.NewCgroup(p.t, p.cgroupRoot, filepath.Base(p.dir))
+	p.cgroupRoot = testutil.Cgroup2Root(p.t)
+	cg := testutil.NewCgroup(p.t, p.cgroupRoot, filepath.Base(p.dir))
+	p.cgroup = &cg
 }
 
 // cgroupNamespaces gives each container of a pod in a pod cgroup its own

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/logevent"
+	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/testenv/testutil"
 )
 
@@ -192,33 +192,19 @@ const (
 	flowOutbound     = "outbound"      // the app's call made 10 ms after SIGTERM
 )
 
-// tcpTrackingMsg is the message of draind's line, at the drain trigger,
-// saying how TCP is tracked: "scope" is scopePodCgroup or scopeNode, and
-// "reason" says why not the pod's cgroup.
-const (
-	tcpTrackingMsg = "tcp tracking"
-	scopePodCgroup = "pod-cgroup"
-	scopeNode      = "node"
+// The scopes of draind's tcp tracking line, as strings.
+var (
+	scopePodCgroup = string(probes.ScopePodCgroup)
+	scopeNode      = string(probes.ScopeNode)
 )
 
-// wantTCPTracking waits for draind's tcp tracking line and checks its
-// scope: the pod's cgroup when podScoped, else the node with a reason,
-// which names outside (a socket's address) when given. It returns the
-// scope.
+// wantTCPTracking waits for draind's tcp tracking line (at the trigger)
+// and checks its scope: the pod's cgroup when podScoped, else the node
+// with a reason, which names outside (a socket's address) when given. It
+// returns the scope.
 func (p *pod) wantTCPTracking(podScoped bool, outside string) string {
 	p.t.Helper()
-	var line map[string]any
-	for end := time.Now().Add(5 * time.Second); line == nil; time.Sleep(5 * time.Millisecond) {
-		for l := range strings.SplitSeq(p.draindLog.String(), "\n") {
-			var m map[string]any
-			if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == tcpTrackingMsg {
-				line = m
-			}
-		}
-		if line == nil && time.Now().After(end) {
-			p.t.Fatalf("no %q line after the trigger; log:\n%s", tcpTrackingMsg, p.draindLog.String())
-		}
-	}
+	line := p.waitLog(5*time.Second, logevent.TCPTracking, nil)
 	scope, _ := line["scope"].(string)
 	reason, _ := line["reason"].(string)
 	p.t.Logf("tcp tracking: scope %q reason %q", scope, reason)

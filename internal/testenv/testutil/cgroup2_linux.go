@@ -2,11 +2,14 @@ package testutil
 
 import (
 	"bufio"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -58,9 +61,20 @@ func NewCgroup(tb testing.TB, parent, name string) Cgroup {
 		tb.Fatalf("make cgroup: %v", err)
 	}
 	tb.Cleanup(func() {
-		if err := os.Remove(dir); err != nil {
-			tb.Errorf("remove cgroup %s: %v", dir, err)
+		// A killed process leaves its cgroup when its exit is complete, a
+		// moment after its parent saw it die (and the rest of a container
+		// after its PID 1).
+		var err error
+		for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if err = unix.Rmdir(dir); err == nil || errors.Is(err, unix.ENOENT) {
+				return
+			}
+			if !errors.Is(err, unix.EBUSY) || time.Now().After(end) {
+				break
+			}
 		}
+		procs, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		tb.Errorf("remove cgroup %s: %v (processes: %q)", dir, err, strings.Fields(string(procs)))
 	})
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
@@ -95,4 +109,30 @@ func (cg Cgroup) Within(tb testing.TB, root string, fn func()) {
 	move(cg.Path)
 	defer move(home)
 	fn()
+}
+
+// Open opens the cgroup's directory for CLONE_INTO_CGROUP
+// (syscall.SysProcAttr.UseCgroupFD): the child starts in it, as a
+// container runtime starts a container's first process. The caller closes
+// the file once the child started.
+func (cg Cgroup) Open() (*os.File, error) {
+	return os.OpenFile(cg.Path, os.O_RDONLY|unix.O_DIRECTORY, 0)
+}
+
+// Procs lists the pids in the cgroup (not its children), as this process's
+// PID namespace numbers them.
+func (cg Cgroup) Procs() ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(cg.Path, "cgroup.procs"))
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			return nil, fmt.Errorf("cgroup.procs of %s: %q", cg.Path, f)
+		}
+		pids = append(pids, pid)
+	}
+	return pids, nil
 }

@@ -13,6 +13,7 @@ package testutil
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -42,6 +43,22 @@ func RequireBTF(tb testing.TB) {
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); errors.Is(err, os.ErrNotExist) {
 		tb.Skip("kernel has no BTF (/sys/kernel/btf/vmlinux absent)")
 	}
+}
+
+// KernelAtLeast reports whether the running kernel's release is at least
+// major.minor.
+func KernelAtLeast(tb testing.TB, major, minor int) bool {
+	tb.Helper()
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		tb.Fatalf("uname: %v", err)
+	}
+	rel := unix.ByteSliceToString(u.Release[:])
+	var maj, mi int
+	if _, err := fmt.Sscanf(rel, "%d.%d", &maj, &mi); err != nil {
+		tb.Fatalf("kernel release %q: %v", rel, err)
+	}
+	return maj > major || maj == major && mi >= minor
 }
 
 // NetNS is a network namespace created for one test.

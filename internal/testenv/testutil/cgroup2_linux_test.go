@@ -16,7 +16,7 @@ import (
 // first instruction, /proc/PID/cgroup names it, and the cgroups go with
 // the test.
 func TestCgroupCloneInto(t *testing.T) {
-	root := Cgroup2(t)
+	root := Cgroup2Root(t)
 	parent := NewCgroup(t, root, "draind-testutil-"+filepath.Base(t.TempDir()))
 	child := NewCgroup(t, parent.Path, "c")
 	f, err := child.Open()
