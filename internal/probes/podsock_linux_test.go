@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
 	"github.com/draind/draind/internal/tcpstate"
 	"github.com/draind/draind/internal/testenv/testutil"
 )
@@ -185,4 +188,87 @@ func TestPodCgroupNotInNamespace(t *testing.T) {
 type testListener struct {
 	ln   net.Listener
 	c, s net.Conn
+}
+
+// BenchmarkOwnChange: what the pod's own state changes cost the program
+// that reports them, from the kernel's run-time statistics (ns per run): a
+// loopback connect+close of the pod, in pod scope (sock_ops, which the
+// kernel also runs for the ops it ignores) and in node scope (the
+// tracepoint's primary).
+func BenchmarkOwnChange(b *testing.B) {
+	for _, scope := range []TCPScope{ScopePodCgroup, ScopeNode} {
+		b.Run(string(scope), func(b *testing.B) { benchOwnChange(b, scope) })
+	}
+}
+
+func benchOwnChange(b *testing.B, want TCPScope) {
+	testutil.RequireRoot(b)
+	root := testutil.Cgroup2Root(b)
+	cg := testutil.NewCgroup(b, root, "draind-probes-bench")
+	ns := testutil.NewNetNS(b)
+	opts := TCPStateOptions{Detached: true, RingSize: benchRingSize}
+	if want == ScopePodCgroup {
+		opts.PodCgroup = &PodCgroup{Path: cg.Path, ID: cg.ID}
+	}
+	p, err := OpenTCPState(ns.Inode, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	ns.Do(b, func() { err = p.Attach() })
+	if err != nil {
+		b.Fatal(err)
+	}
+	if scope, why := p.Scope(); scope != want {
+		b.Skipf("scope %s (%s): pod scope needs 6.12", scope, why)
+	}
+	prog := p.objs.OnSetState
+	if want == ScopePodCgroup {
+		prog = p.pod.objs.PodsockOps
+	}
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		b.Fatalf("enable BPF stats: %v", err)
+	}
+	defer stats.Close()
+	go func() { // drain the ring; ends at p.Close
+		var ev TCPEvent
+		for p.ReadEvent(&ev) == nil {
+		}
+	}()
+	before, _ := prog.Stats()
+	b.ResetTimer()
+	cg.Within(b, root, func() {
+		ns.Do(b, func() {
+			ln, lerr := net.Listen("tcp4", "127.0.0.1:0")
+			if lerr != nil {
+				err = lerr
+				return
+			}
+			defer ln.Close()
+			for range b.N {
+				c, derr := net.Dial("tcp4", ln.Addr().String())
+				if derr != nil {
+					err = derr
+					return
+				}
+				s, aerr := ln.Accept()
+				if aerr != nil {
+					err = aerr
+					return
+				}
+				c.Close()
+				s.Close()
+			}
+		})
+	})
+	b.StopTimer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	after, _ := prog.Stats()
+	if runs := after.RunCount - before.RunCount; runs > 0 {
+		b.ReportMetric(float64(after.Runtime-before.Runtime)/float64(runs), "ns/run")
+		b.ReportMetric(float64(runs)/float64(b.N), "runs/op")
+	}
 }
