@@ -95,7 +95,7 @@ vmtest: ## run the kernel-facing packages and the key e2e tests in VMs: make vmt
 	bash tools/vmtest/vmtest.sh $(VMFLAGS) $(VMPKGS)
 	bash tools/vmtest/vmtest.sh $(VMFLAGS) --run '$(VME2E)' ./e2e
 # The arm64 key e2e tests on 6.1 and the cgroup-v2-only ones on 6.12 (docs/vmtest.md).
-VMKEYE2E ?= TestAppShutdownInItsOwnContainer|TestNativeSidecar|TestJobExitWithApp
+VMKEYE2E ?= TestAppShutdownInItsOwnContainer|TestNativeSidecar|TestJobExitWithApp|TestPodCgroupTracking
 # internal/testenv/mesh is left out: it needs pilot-agent, built for the host only.
 vmtest-arm64: ## arm64 (6.1, emulated): the kernel-facing packages and the key e2e tests
 	$(MAKE) vmtest ARCH=arm64 KERNELS="6.1" VMPKGS="$(filter-out ./internal/testenv/mesh,$(VMPKGS))" VME2E='$(VMKEYE2E)'
