@@ -50,6 +50,9 @@ type agent struct {
 	metrics    *metrics
 	// hostNet: the pod shares the node's network namespace.
 	hostNet bool
+	// cgroups: the pod's cgroup and draind's own under --cgroup-root
+	// (nil without it).
+	cgroups *podcgroup.Found
 	// pilotAgent asks pilot-agent's readiness (nil: the proxy is Envoy).
 	pilotAgent *pilotAgentReadiness
 	// early: drain requests before the machine is built; the status
@@ -398,6 +401,7 @@ func (a *agent) findPodCgroup() (*probes.PodCgroup, error) {
 		return nil, configErr("--cgroup-root %s: %v", a.cfg.CgroupRoot, err)
 	}
 	a.log.Info("pod cgroup", logevent.PodCgroup.Field(), zap.String("pod", f.Pod.Path), zap.String("own", f.Own.Path))
+	a.cgroups = &f
 	return &probes.PodCgroup{Path: f.Pod.Path, ID: f.Pod.ID}, nil
 }
 
