@@ -19,6 +19,7 @@ type load struct {
 	shortOK, shortFail atomic.Int64
 	longMu             sync.Mutex
 	longResults        []string
+	longEnds           []time.Time // when each long request's response ended (or failed)
 	longFail           int
 	wg                 sync.WaitGroup
 	stopShort          chan struct{}
@@ -73,6 +74,7 @@ func startLoad(pd *pod, long int, longFor time.Duration) *load {
 				}
 			}
 			l.longResults = append(l.longResults, res)
+			l.longEnds = append(l.longEnds, time.Now())
 		})
 	}
 	return l
@@ -111,6 +113,7 @@ type termination struct {
 	shortOK, shortFail   int64
 	longFail             int
 	longResults          []string
+	longEnds             []time.Time
 	calls, tail          callCount
 	kubeletProbes        string // the kubelet's readiness results for draind after termination started
 	trigger, shape       string // draind's drain: its trigger and the pod shape it logged
@@ -188,7 +191,7 @@ func terminateUnderLoad(t *testing.T, pd *pod) *termination {
 	o.appTerm = ev.first(killMsg, "app")
 	o.draindTerm = ev.first(killMsg, pd.proxyName())
 	o.shortOK, o.shortFail = l.shortOK.Load(), l.shortFail.Load()
-	o.longFail, o.longResults = l.longFail, l.longResults
+	o.longFail, o.longResults, o.longEnds = l.longFail, l.longResults, l.longEnds
 	o.calls, o.tail, o.appCallFailures = pd.appCalls(shutdownCalls)
 	if app := pd.container("app"); app != nil {
 		o.appExit, o.appCode = app.finished, app.exitCode
