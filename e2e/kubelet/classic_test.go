@@ -166,8 +166,14 @@ func pollReadiness(pd *pod, stop <-chan struct{}) (at time.Time, code int) {
 // in flight, removal of the manifest while the app makes its calls
 // through the proxy (gracefulAppArgs).
 func terminateUnderLoad(t *testing.T, pd *pod) *termination {
+	return terminateUnderLoadFor(t, pd, 7*time.Second)
+}
+
+// terminateUnderLoadFor is terminateUnderLoad with requests of longFor,
+// started 1.5 s before the removal.
+func terminateUnderLoadFor(t *testing.T, pd *pod, longFor time.Duration) *termination {
 	startUpstream(t, pd.n.Config().Gateway)
-	l := startLoad(pd, 2, 7*time.Second)
+	l := startLoad(pd, 2, longFor)
 	time.Sleep(1500 * time.Millisecond) // short load running, long requests in flight
 	pollStop := make(chan struct{})
 	o := &termination{}
