@@ -44,7 +44,7 @@ func TestPodCgroupUnderKubelet(t *testing.T) {
 		// Room for the long requests below: with 30 s, draind's gate
 		// deadline (19.5 s) would come before they end when the kubelet
 		// SIGTERMs soon after the removal.
-		Grace: 60,
+		Grace:         60,
 		DraindCommand: defaultDraindCommand("--cgroup-root", hostCgroupMount),
 	})
 
