@@ -115,8 +115,9 @@ e2e-kubelet: ## draind in pods under a real kubelet + containerd, as root (docs/
 # native sidecar, a Job either way, the restarted sidecar, eBPF and
 # sock_diag under the documented securityContexts, the static checks, the
 # proxy's own container (tini as its entrypoint; a root Job's postStart hook),
+# draind --cgroup-root under the kubelet's pod cgroup (cgroup v2: skipped on v1),
 # the Istio pods istioctl kube-inject made from deploy/istio.
-KUBELET_SHORT_RUN  = ^(TestDockerfile|TestDeployManifests|TestClassicSidecarUnderLoad|TestNativeSidecar|TestTrackerModeBySecurityContext|TestJobExitWithApp|TestSidecarRestartedWhileAppRuns|TestInitWrapperEntrypoint|TestJobRootProxyPostStartHook|TestIstioInjectedUnderLoad|TestIstioDockerfileProxyv2)/^(shareProcessNamespace=.*|p-documented|p-none|job|job-any-failed|classic|native|istio|istio-classic|istio-native|node-debug)$$
+KUBELET_SHORT_RUN  = ^(TestDockerfile|TestDeployManifests|TestClassicSidecarUnderLoad|TestPodCgroupUnderKubelet|TestNativeSidecar|TestTrackerModeBySecurityContext|TestJobExitWithApp|TestSidecarRestartedWhileAppRuns|TestInitWrapperEntrypoint|TestJobRootProxyPostStartHook|TestIstioInjectedUnderLoad|TestIstioDockerfileProxyv2)/^(shareProcessNamespace=.*|p-documented|p-none|job|job-any-failed|classic|native|istio|istio-classic|istio-native|node-debug)$$
 KUBELET_SHORT_SKIP = ^(TestSidecarRestartedWhileAppRuns|TestInitWrapperEntrypoint)$$/^shareProcessNamespace=true$$
 e2e-kubelet-short: ## the same, the acceptance scenarios only (about half the time)
 	KUBELET_VERSION=$(KUBELET_VERSION) RUN='$(KUBELET_SHORT_RUN)' SKIP='$(KUBELET_SHORT_SKIP)' \

@@ -19,6 +19,7 @@ type load struct {
 	shortOK, shortFail atomic.Int64
 	longMu             sync.Mutex
 	longResults        []string
+	longEnds           []time.Time // when each long request's response ended (or failed)
 	longFail           int
 	wg                 sync.WaitGroup
 	stopShort          chan struct{}
@@ -73,6 +74,7 @@ func startLoad(pd *pod, long int, longFor time.Duration) *load {
 				}
 			}
 			l.longResults = append(l.longResults, res)
+			l.longEnds = append(l.longEnds, time.Now())
 		})
 	}
 	return l
@@ -111,6 +113,7 @@ type termination struct {
 	shortOK, shortFail   int64
 	longFail             int
 	longResults          []string
+	longEnds             []time.Time
 	calls, tail          callCount
 	kubeletProbes        string // the kubelet's readiness results for draind after termination started
 	trigger, shape       string // draind's drain: its trigger and the pod shape it logged
@@ -163,8 +166,14 @@ func pollReadiness(pd *pod, stop <-chan struct{}) (at time.Time, code int) {
 // in flight, removal of the manifest while the app makes its calls
 // through the proxy (gracefulAppArgs).
 func terminateUnderLoad(t *testing.T, pd *pod) *termination {
+	return terminateUnderLoadFor(t, pd, 7*time.Second)
+}
+
+// terminateUnderLoadFor is terminateUnderLoad with requests of longFor,
+// started 1.5 s before the removal.
+func terminateUnderLoadFor(t *testing.T, pd *pod, longFor time.Duration) *termination {
 	startUpstream(t, pd.n.Config().Gateway)
-	l := startLoad(pd, 2, 7*time.Second)
+	l := startLoad(pd, 2, longFor)
 	time.Sleep(1500 * time.Millisecond) // short load running, long requests in flight
 	pollStop := make(chan struct{})
 	o := &termination{}
@@ -188,7 +197,7 @@ func terminateUnderLoad(t *testing.T, pd *pod) *termination {
 	o.appTerm = ev.first(killMsg, "app")
 	o.draindTerm = ev.first(killMsg, pd.proxyName())
 	o.shortOK, o.shortFail = l.shortOK.Load(), l.shortFail.Load()
-	o.longFail, o.longResults = l.longFail, l.longResults
+	o.longFail, o.longResults, o.longEnds = l.longFail, l.longResults, l.longEnds
 	o.calls, o.tail, o.appCallFailures = pd.appCalls(shutdownCalls)
 	if app := pd.container("app"); app != nil {
 		o.appExit, o.appCode = app.finished, app.exitCode

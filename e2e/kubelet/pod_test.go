@@ -49,6 +49,9 @@ type podParams struct {
 	// pods name it istio-proxy, and draind takes 15022 next to pilot-agent.
 	ProxyContainer string
 	StatusPort     int
+	// HostCgroup (classic.yaml) mounts the node's /sys/fs/cgroup there,
+	// read-only, in draind's container (--cgroup-root).
+	HostCgroup string
 }
 
 // proxyName is the name of draind's container.

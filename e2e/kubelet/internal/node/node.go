@@ -338,10 +338,10 @@ func tail(path string) string {
 // cgroupMount is where the node's cgroups are.
 const cgroupMount = "/sys/fs/cgroup"
 
-// unifiedOnly reports a node on the cgroup v2 unified hierarchy alone
+// UnifiedOnly reports a node on the cgroup v2 unified hierarchy alone
 // (cgroup2 mounted at /sys/fs/cgroup, as on systemd's unified mode), not
 // the v1 hierarchies under a tmpfs there.
-func unifiedOnly() bool {
+func UnifiedOnly() bool {
 	const cgroup2SuperMagic = 0x63677270
 	var st syscall.Statfs_t
 	return syscall.Statfs(cgroupMount, &st) == nil && st.Type == cgroup2SuperMagic
@@ -357,7 +357,7 @@ var v2Controllers = []string{"cpuset", "cpu", "io", "memory", "hugetlb", "pids"}
 // cgroup v2, once, with the controllers enabled from the top down to it
 // (a controller a cgroup's parent does not delegate is absent from it).
 func makeCgroupRoot(root string) error {
-	if unifiedOnly() {
+	if UnifiedOnly() {
 		return makeCgroupRootV2(root)
 	}
 	hier, _ := filepath.Glob("/sys/fs/cgroup/*")

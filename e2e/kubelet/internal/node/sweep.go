@@ -136,7 +136,7 @@ func killCgroupProcs(root string) {
 		return
 	}
 	top := filepath.Join(cgroupMount, "pids", root)
-	if unifiedOnly() {
+	if UnifiedOnly() {
 		top = filepath.Join(cgroupMount, root)
 	}
 	filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
