@@ -18,17 +18,17 @@ import (
 // program that runs for other pods' events: inotify on the cgroup.events
 // file of every child cgroup of the pod's (one per container) but draind's
 // own, and on the pod's cgroup directory. The kernel notifies a
-// modification of cgroup.events when its "populated" value changes (the
-// kernel's Documentation/admin-guide/cgroup-v2.rst, "cgroup.events"): a
-// container's first process came, or its last one left. IN_CREATE and
+// modification of cgroup.events when its "populated" value changes (as
+// the cgroup v2 interface documents it): a container's first process
+// came, or its last one left. IN_CREATE and
 // IN_DELETE on the pod's directory are a container started or removed
 // during the drain: a new child is watched at once.
 //
 // What it does not see: a process that exits while others of its
-// container live on (the container stays populated), and a process of the
-// namespace outside the pod's child cgroups (one that joined it from the
-// node). The source's Run resyncs on every event and every
-// cgroupResyncPeriod, so such an exit is seen late, never missed: the
+// container live on (the container stays populated), one born into a
+// populated container, and a process of the namespace outside the pod's
+// child cgroups (one that joined it from the node). The source's Run resyncs on every event and every
+// cgroupResyncPeriod, so such a change is seen late, never missed: the
 // drain waits for the app's processes to be none, and the last exit of
 // each container empties it, which is an event.
 type cgroupWatch struct {
