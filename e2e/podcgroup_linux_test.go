@@ -15,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf/btf"
 
+	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/probes"
@@ -162,6 +163,61 @@ func TestPodCgroupTracking(t *testing.T) {
 		}
 	})
 
+	// App process tracking on (the default): at the trigger draind follows
+	// the app's processes through the populated state of the pod's
+	// containers' cgroups, attaching no node-wide sched program, and says
+	// so. The app exits on SIGTERM once its in-flight request is done; its
+	// processes hold the drain until then, and draind quits after its exit.
+	// While it drains draind holds no raw_tracepoint or tracing link but
+	// inet_sock_set_state's where TCP is tracked node-wide (before 6.12).
+	t.Run("app-procs", func(t *testing.T) {
+		p := newPod(t, cgroupNamespaces)
+		p.startApp("--on-term", "graceful", "--linger", "300ms")
+		p.startDraind([]string{"--min-drain", "200ms", "--tracker", "ebpf", "--cgroup-root", p.cgroupRoot})
+		p.wantSources("ebpf", "ebpf")
+		pid := p.draind.Pid()
+		if l := draindLinks(t, pid); l.tcpState != 0 || l.cgroup != 0 || len(nodeWideLinks(l)) != 0 {
+			t.Errorf("Ready: %s, want nothing attached", l)
+		}
+		inFlight := p.inbound("/slow?ms=2000")
+		time.Sleep(300 * time.Millisecond)
+		p.terminate()
+
+		p.waitLog(10*time.Second, logevent.TrackingLive, nil)
+		scope := p.wantTCPTracking(podScoped, "")
+		line := p.waitLog(5*time.Second, logevent.AppTracking, nil)
+		t.Logf("app tracking: via %q reason %q", line["via"], line["reason"])
+		if line["via"] != string(appprocs.ViaCgroupEvents) {
+			t.Errorf("app tracking via %q (%v), want %q", line["via"], line["reason"], appprocs.ViaCgroupEvents)
+		}
+		if l := draindLinks(t, pid); p.draind.wait(0) {
+			t.Errorf("draind exited before the app; log:\n%s", p.draindLog.String())
+		} else {
+			p.wantLinks(l, scope)
+			if nw := nodeWideLinks(l); len(nw) != 0 {
+				t.Errorf("draining: node-wide links %v, want none but inet_sock_set_state's", nw)
+			}
+		}
+
+		if r := inFlight.result(); r.err != nil || r.code != 200 || !r.complete {
+			t.Errorf("in-flight request: %d complete=%v %v", r.code, r.complete, r.err)
+		}
+		code, _ := p.waitExit(20 * time.Second)
+		stopping := p.phaseTime("stopping")
+		if !p.app.wait(10 * time.Second) {
+			t.Errorf("app still running after draind's exit")
+		}
+		_, _, appExit := p.appResults()
+		t.Logf("app exited at +%s; quitquitquit at +%s; exit %d", appExit.Sub(p.drainedAt), stopping.Sub(p.drainedAt), code)
+		if code != 0 || appExit.IsZero() || stopping.IsZero() || stopping.Before(appExit) {
+			t.Errorf("exit %d; quitquitquit at +%s, the app's exit at +%s: want it after; log:\n%s",
+				code, stopping.Sub(p.drainedAt), appExit.Sub(p.drainedAt), p.draindLog.String())
+		}
+		if !p.gateHeldBy(drain.HoldAppProcs) {
+			t.Errorf("the log does not say the app's processes held the drain:\n%s", p.draindLog.String())
+		}
+	})
+
 	// A directory that is not a cgroup2 mount is bad input: refused at
 	// start, naming the flag, before the proxy starts.
 	t.Run("bad-root", func(t *testing.T) {
@@ -258,6 +314,19 @@ func (l linkSet) podCgroup(id uint64) int { return l.cgroupIDs[id] }
 
 func (l linkSet) String() string {
 	return fmt.Sprintf("%d links on inet_sock_set_state, cgroup links %v, others %v", l.tcpState, l.cgroupIDs, l.other)
+}
+
+// nodeWideLinks are l's raw_tracepoint and tracing links but those on
+// inet_sock_set_state: programs run for every process of the node (the
+// sched tracepoints).
+func nodeWideLinks(l linkSet) []string {
+	var out []string
+	for _, o := range l.other {
+		if strings.HasPrefix(o, "raw_tracepoint:") || strings.HasPrefix(o, "tracing:") {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // draindLinks reads the BPF links process pid holds. A tp_btf program is a

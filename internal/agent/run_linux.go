@@ -340,6 +340,10 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 	opts := []appprocs.Option{appprocs.WithBTFCache(cache)}
 	if !a.watchesAppWhileReady() {
 		opts = append(opts, appprocs.WithDormant())
+		if a.cgroups != nil {
+			// Followed through the pod's cgroups, not node-wide programs.
+			opts = append(opts, appprocs.WithPodCgroup(a.cgroups.Pod.Path, a.cgroups.Own.Path))
+		}
 	}
 	if a.cfg.ProcRingSize > 0 {
 		opts = append(opts, appprocs.WithRingSize(a.cfg.ProcRingSize))
@@ -429,6 +433,8 @@ func (v *liveViews) Start() error {
 	if a.procs != nil && !a.procs.Live() {
 		starts.Go(func() {
 			if prErr = a.procs.Start(); prErr == nil {
+				via, why := a.procs.Following()
+				a.log.Info("app tracking", logevent.AppTracking.Field(), zap.String("via", string(via)), zap.String("reason", why))
 				v.run("app process source", a.procs.Run)
 			}
 		})

@@ -19,7 +19,10 @@
 //     (the app's PID namespace is not draind's in a pod), then
 //     sched_process_fork/exec/exit events, each seen within one event, with
 //     the kernel's exit status. A loss of events is followed by a new
-//     snapshot.
+//     snapshot. Started with the pod's cgroups ([WithPodCgroup]), it
+//     attaches none of them: a snapshot is taken whenever one of the pod's
+//     containers' cgroups fills or empties (inotify on cgroup.events), and
+//     every second, so that nothing runs for other pods' processes.
 //   - proc: /proc scanned on a period, where /proc shows the app (a shared
 //     PID namespace, or the host's with CAP_SYS_PTRACE). Exits are inferred,
 //     without a status.

@@ -21,6 +21,10 @@ import (
 // polling. A failed ring buffer reservation (Lost) makes Run take a new
 // snapshot. A snapshot whose walk was cut short (see Coverage) is merged
 // with what the table knows: it never forgets a process then.
+//
+// Started with the pod's cgroups (WithPodCgroup), it attaches nothing:
+// Run takes a snapshot whenever one of the pod's containers' cgroups
+// fills or empties (cgroupWatch), and exits are inferred, without status.
 type ebpfSource struct {
 	*table
 	probe *probes.Procs
@@ -29,6 +33,12 @@ type ebpfSource struct {
 	since    time.Duration
 	seenLost uint64
 	snaps    atomic.Uint64 // snapshots taken (tests)
+	// podCgroup, ownCgroup: WithPodCgroup's directories ("": none). watch
+	// is set by Start when it follows the pod's cgroups instead of
+	// attaching fork, exec and exit (see cgroupWatch).
+	podCgroup, ownCgroup string
+	watch                *cgroupWatch
+	resyncPeriod         time.Duration // cgroupResyncPeriod (tests change it)
 }
 
 // openEBPF loads the programs and takes the first snapshot. It needs BTF,
@@ -47,7 +57,7 @@ func openEBPF(netnsInode uint64, rules Rules, o options) (Source, error) {
 	if rules.SelfMountNS == 0 {
 		rules.SelfMountNS = ownMountNS("/proc/self/ns/mnt")
 	}
-	s := &ebpfSource{table: newTable(rules), probe: probe}
+	s := &ebpfSource{table: newTable(rules), probe: probe, resyncPeriod: cgroupResyncPeriod}
 	s.translate = probe.PIDNS() != namespace.InitialPIDInode
 
 	// The programs run from here: events are queued while the snapshot is
@@ -68,12 +78,43 @@ func openEBPF(netnsInode uint64, rules Rules, o options) (Source, error) {
 	s.mu.Unlock()
 	s.refresh = s.resync
 	s.dormant.Store(o.dormant)
+	if o.dormant {
+		s.podCgroup, s.ownCgroup = o.podCgroup, o.ownCgroup
+	} else {
+		s.setFollowing(ViaSchedTracepoints, "live from start")
+	}
 	return s, nil
 }
 
-// Start attaches the programs of a dormant source, then takes the
-// snapshot that events are applied after.
-func (s *ebpfSource) Start() error { return s.start(s.probe.Attach) }
+// Start makes a dormant source follow changes, then takes the snapshot
+// that they are applied after: given the pod's cgroups (WithPodCgroup),
+// it watches them and attaches nothing; else, or when they cannot be
+// watched, it attaches fork, exec and exit.
+func (s *ebpfSource) Start() error { return s.start(s.follow) }
+
+// follow is Start's first step: what makes changes seen from here on.
+func (s *ebpfSource) follow() error {
+	if s.watch != nil { // an earlier Start that failed after it
+		s.watch.Close()
+		s.watch = nil
+	}
+	why := "no pod cgroup given"
+	if s.podCgroup != "" {
+		w, err := watchPodCgroups(s.podCgroup, s.ownCgroup)
+		if err == nil {
+			s.watch = w
+			s.setFollowing(ViaCgroupEvents, "a snapshot whenever a container's cgroup under "+s.podCgroup+
+				" fills or empties, and every "+s.resyncPeriod.String()+" (an exit in a container still populated is seen then)")
+			return nil
+		}
+		why = fmt.Sprintf("cannot watch the pod's cgroups: %v", err)
+	}
+	if err := s.probe.Attach(); err != nil {
+		return err
+	}
+	s.setFollowing(ViaSchedTracepoints, why)
+	return nil
+}
 
 // resync takes a snapshot and installs it: events older than it are
 // skipped by Run, losses counted before it are accounted for.
@@ -97,8 +138,15 @@ func (s *ebpfSource) Kind() Mode { return ModeEBPF }
 // Every loss is followed by a snapshot.
 func (s *ebpfSource) Lost() uint64 { return s.probe.Lost() }
 
-// Close detaches the programs. Safe twice; call it after Run returned.
-func (s *ebpfSource) Close() error { return s.probe.Close() }
+// Close detaches the programs and stops watching the pod's cgroups. Safe
+// twice; call it after Run returned.
+func (s *ebpfSource) Close() error {
+	var werr error
+	if s.watch != nil {
+		werr = s.watch.Close()
+	}
+	return errors.Join(werr, s.probe.Close())
+}
 
 func (s *ebpfSource) snapshot() (probes.ProcSnapshot, error) {
 	s.snaps.Add(1)
@@ -136,6 +184,9 @@ func (s *ebpfSource) Run(ctx context.Context) error {
 	if s.dormant.Load() {
 		return errors.New("app process source: Run before Start")
 	}
+	if s.watch != nil {
+		return s.runCgroupEvents(ctx)
+	}
 	pending := 0
 	err := probes.ReadUntil(ctx, s.probe, func(ev *probes.ProcEvent) error {
 		if ev.Time >= s.since {
@@ -164,6 +215,29 @@ func (s *ebpfSource) Run(ctx context.Context) error {
 		return s.fail(err)
 	}
 	return nil
+}
+
+// runCgroupEvents takes a snapshot at each change of the pod's cgroups
+// (and every cgroupResyncPeriod) until ctx ends: the resync that follows
+// lost events, which infers the exits of the processes gone (no status)
+// and signals Changed when the app's processes changed.
+func (s *ebpfSource) runCgroupEvents(ctx context.Context) error {
+	// The read's deadline cut to now ends a blocked read; wait checks ctx
+	// after setting each deadline, so a cancel is never overwritten.
+	stop := context.AfterFunc(ctx, func() { s.watch.f.SetReadDeadline(time.Now()) })
+	defer stop()
+	buf := make([]byte, 64*(unix.SizeofInotifyEvent+unix.NAME_MAX+1))
+	for {
+		if err := s.watch.wait(ctx, buf, s.resyncPeriod); err != nil {
+			return s.fail(err)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err := s.resync(); err != nil {
+			return s.fail(fmt.Errorf("resync on a cgroup change: %w", err))
+		}
+	}
 }
 
 // applyEvent applies one event to t (under its lock). Every event is

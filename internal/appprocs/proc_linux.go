@@ -80,6 +80,9 @@ func openProc(netnsInode uint64, rules Rules, o options) (Source, error) {
 	s.recomputeLocked()
 	s.refresh = s.rescan
 	s.dormant.Store(o.dormant)
+	if !o.dormant {
+		s.via, s.viaReason = ViaProcPolling, s.pollReason()
+	}
 	if !hostView {
 		// Only draind's own processes in sight: the PID namespace is not
 		// the app's (no shareProcessNamespace). The pod's pause process,
@@ -111,7 +114,11 @@ func haveCapSysPtrace() bool {
 }
 
 // Start makes a dormant source poll: it scans now; Run polls after.
-func (s *procSource) Start() error { return s.start(nil) }
+func (s *procSource) Start() error {
+	return s.start(func() error { s.setFollowing(ViaProcPolling, s.pollReason()); return nil })
+}
+
+func (s *procSource) pollReason() string { return "every " + s.period.String() }
 
 // rescan scans /proc and installs what it found.
 func (s *procSource) rescan() error {

@@ -62,6 +62,9 @@ type Source interface {
 	// Lost counts the events the kernel could not deliver (eBPF; 0 for
 	// /proc); each loss was followed by a resynchronising snapshot.
 	Lost() uint64
+	// Following says how a live source follows changes and why that way
+	// (one line for the log); "" while dormant.
+	Following() (via Via, reason string)
 	// Kind is the backend: one of Kinds.
 	Kind() Mode
 	// Err is the error that stopped Run, if any.
@@ -178,6 +181,21 @@ var Modes = []Mode{ModeAuto, ModeEBPF, ModeProc, ModeOff}
 // Kinds are the backends a Source is (Source.Kind).
 var Kinds = []Mode{ModeEBPF, ModeProc}
 
+// Via is how a live source learns of changes (Source.Following).
+type Via string
+
+const (
+	// ViaSchedTracepoints: eBPF programs on sched_process_fork, exec and
+	// exit, which run for every process of the node.
+	ViaSchedTracepoints Via = "sched-tracepoints"
+	// ViaCgroupEvents: eBPF's snapshot taken again whenever one of the
+	// pod's containers' cgroups empties or fills (WithPodCgroup): nothing
+	// runs for other pods' processes.
+	ViaCgroupEvents Via = "cgroup-events"
+	// ViaProcPolling: /proc read on a period.
+	ViaProcPolling Via = "proc-polling"
+)
+
 // UnavailableError says why a backend cannot run here. Reason is one line
 // for the log: one of probes.UnavailableError's reasons (eBPF), or
 // "/proc: <why /proc cannot see the app>", or both (auto mode).
@@ -191,6 +209,8 @@ type options struct {
 	procRoot   string
 	probe      probes.ProcOptions
 	dormant    bool
+	podCgroup  string
+	ownCgroup  string
 }
 
 // DefaultPollPeriod is the /proc backend's polling period.
@@ -241,6 +261,21 @@ func WithWalkCap(n int) Option {
 // while draining").
 func WithDormant() Option {
 	return func(o *options) { o.dormant = true; o.probe.Detached = true }
+}
+
+// WithPodCgroup gives an eBPF source opened WithDormant the pod's cgroup
+// and draind's own below it (directories of a cgroup v2 mount of the
+// node's hierarchy; see package podcgroup): Start then attaches no
+// program, and follows the app by watching the populated state of the
+// pod's other child cgroups (its containers), taking a snapshot at each
+// change. An exit is seen when its container empties, or at the next
+// change or resync (within a second) when others of its container live
+// on: enough for a drain, which waits for the app's processes to be none.
+// Where the cgroups cannot be watched, Start attaches fork, exec and exit
+// as without it, and Following says why. A live source (no WithDormant)
+// and the /proc backend ignore it.
+func WithPodCgroup(pod, own string) Option {
+	return func(o *options) { o.podCgroup, o.ownCgroup = pod, own }
 }
 
 // WithBTFCache makes the eBPF backend decode the kernel's BTF through c,

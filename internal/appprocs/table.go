@@ -33,7 +33,9 @@ type table struct {
 	pending   []pendingExit // exits since the last recompute
 	exits     []Exit        // the app's, retained (see Exits)
 	exitSeq   uint64
-	exitsNew  bool // exits changed since the last recompute
+	exitsNew  bool   // exits changed since the last recompute
+	via       Via    // how changes are followed ("": dormant)
+	viaReason string // why that way
 
 	// dormant: opened WithDormant and not started; refresh then reads
 	// the kernel for each question (refreshMu: one at a time, and not
@@ -97,6 +99,19 @@ func (t *table) start(attach func() error) error {
 	}
 	t.dormant.Store(false)
 	return nil
+}
+
+// Following says how the source follows changes, and why that way.
+func (t *table) Following() (Via, string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.via, t.viaReason
+}
+
+func (t *table) setFollowing(via Via, reason string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.via, t.viaReason = via, reason
 }
 
 // Processes returns the app's processes, by PID.

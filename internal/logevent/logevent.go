@@ -39,6 +39,9 @@ const (
 	// TCPTracking: which sockets' changes run the TCP programs once
 	// attached ("scope": pod-cgroup or node, and why node).
 	TCPTracking Event = "tcp_tracking"
+	// AppTracking: how the app's processes are followed once started
+	// ("via": cgroup-events, sched-tracepoints or proc-polling, and why).
+	AppTracking Event = "app_tracking"
 	// TrackingFailed: the live views did not start.
 	TrackingFailed Event = "tracking_failed"
 	// DrainListenersSent: POST /drain_listeners succeeded.
