@@ -462,6 +462,9 @@ func TestGateWaitsForEnvoyDownstream(t *testing.T) {
 		r.waitPhase(Ready)
 		r.m.Trigger(CauseSignal)
 		r.waitPhase(Gating)
+		// The machine logs gating, then evaluates the gate: let it hold on
+		// the app first (the first of the two lines counted below).
+		synctest.Wait()
 		r.apps.exit()
 		r.notDone(30 * time.Millisecond)
 		if r.admin.activeCalls.Load() != 0 {
