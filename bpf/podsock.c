@@ -71,6 +71,11 @@ static __always_inline __u64 addr_of(const void *p)
 	return addr;
 }
 
+static __always_inline bool in_target_netns(const struct sock *sk)
+{
+	return BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum) == target_netns;
+}
+
 SEC("sockops")
 int podsock_ops(struct bpf_sock_ops *skops)
 {
@@ -117,7 +122,7 @@ int podsock_ops(struct bpf_sock_ops *skops)
 		return 1;
 	const struct sock *sk = (const struct sock *)tp;
 	/* A process of the pod in another namespace (hostNetwork, a test). */
-	if (BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum) != target_netns)
+	if (!in_target_netns(sk))
 		return 1;
 	emit(sk, addr_of(tp), oldstate, newstate, bpf_get_socket_cookie(skops));
 	return 1;
@@ -152,7 +157,7 @@ int podsock_flag(struct bpf_iter__tcp *ctx)
 	if (!tp)
 		return 0;
 	const struct sock *sk = (const struct sock *)tp;
-	if (BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum) != target_netns)
+	if (!in_target_netns(sk))
 		return 0;
 	__u32 zero = 0;
 	struct walk *w = bpf_map_lookup_elem(&pod_walk, &zero);

@@ -98,7 +98,7 @@ func (s *ebpfSource) follow() error {
 		s.watch.Close()
 		s.watch = nil
 	}
-	why := "no pod cgroup given (--cgroup-root)"
+	why := probes.ReasonNoPodCgroup
 	if s.podCgroup != "" {
 		w, err := watchPodCgroups(s.podCgroup, s.ownCgroup)
 		if err == nil {

@@ -180,9 +180,6 @@ func (t *Tracker) Start() error {
 			t.probe = nil
 		} else {
 			scope, why := t.probe.Scope()
-			if why == "" && scope == probes.ScopeNode {
-				why = "no pod cgroup given (--cgroup-root)"
-			}
 			t.log.Info("tcp tracking", logevent.TCPTracking.Field(), zap.String("scope", string(scope)), zap.String("reason", why))
 		}
 	}

@@ -40,6 +40,18 @@ func openPodProbe(t *testing.T, ns *testutil.NetNS, cg PodCgroup) *TCPState {
 	return p
 }
 
+// attachInNS attaches p from a thread in ns, as draind does at the trigger
+// from the pod's namespace (the walk's), and returns its scope.
+func attachInNS(tb testing.TB, ns *testutil.NetNS, p *TCPState) (TCPScope, string) {
+	tb.Helper()
+	var err error
+	ns.Do(tb, func() { err = p.Attach() })
+	if err != nil {
+		tb.Fatalf("Attach: %v", err)
+	}
+	return p.Scope()
+}
+
 // TestPodCgroupScope: with a PodCgroup, a drain's tracking runs only for
 // the pod's sockets. A flow opened before the attach and one opened after
 // are both followed to CLOSE; the node-wide tracepoint is not attached;
@@ -59,12 +71,7 @@ func TestPodCgroupScope(t *testing.T) {
 
 	p := openPodProbe(t, ns, cg)
 	rec := recordProbe(t, p)
-	var err error
-	ns.Do(t, func() { err = p.Attach() })
-	if err != nil {
-		t.Fatalf("Attach: %v", err)
-	}
-	scope, why := p.Scope()
+	scope, why := attachInNS(t, ns, p)
 	if !probeKernelAtLeast(6, 12) {
 		// The flow above was opened before: only the socket option of 6.12
 		// turns its callbacks on.
@@ -141,12 +148,7 @@ func TestPodCgroupOutsideSocket(t *testing.T) {
 
 	p := openPodProbe(t, ns, cg)
 	rec := recordProbe(t, p)
-	var err error
-	ns.Do(t, func() { err = p.Attach() })
-	if err != nil {
-		t.Fatalf("Attach: %v", err)
-	}
-	scope, why := p.Scope()
+	scope, why := attachInNS(t, ns, p)
 	want := "outside its cgroup"
 	if !probeKernelAtLeast(5, 15) {
 		want = "cannot tell which cgroup"
@@ -215,11 +217,7 @@ func benchOwnChange(b *testing.B, want TCPScope) {
 		b.Fatal(err)
 	}
 	defer p.Close()
-	ns.Do(b, func() { err = p.Attach() })
-	if err != nil {
-		b.Fatal(err)
-	}
-	if scope, why := p.Scope(); scope != want {
+	if scope, why := attachInNS(b, ns, p); scope != want {
 		b.Skipf("scope %s (%s): pod scope needs 6.12", scope, why)
 	}
 	prog := p.objs.OnSetState

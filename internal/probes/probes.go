@@ -111,6 +111,10 @@ type PodCgroup struct {
 	ID uint64
 }
 
+// ReasonNoPodCgroup is why a probe or a process source opened without the
+// pod's cgroup follows it node-wide: the one wording of it for the logs.
+const ReasonNoPodCgroup = "no pod cgroup given (--cgroup-root)"
+
 // TCPScope is which sockets' changes run a draind program once attached.
 type TCPScope string
 

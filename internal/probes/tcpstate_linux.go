@@ -223,6 +223,9 @@ func (p *TCPState) Attach() error {
 		return nil
 	}
 	why := p.podUnavailable
+	if p.pod == nil && why == "" {
+		why = ReasonNoPodCgroup
+	}
 	if p.pod != nil {
 		var err error
 		why, err = p.pod.attach()
