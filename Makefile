@@ -24,7 +24,8 @@ tools: ## build the developer tools (tools/: vmexec, benchsnap, demo) into ./bin
 	CGO_ENABLED=0 GOARCH=arm64 $(GO) -C tools build -o $(abspath $(BIN))/vmexec-arm64 ./vmtest/vmexec
 
 # go test's output, then what was skipped and why (tools/testsummary).
-test: ## run every test of the product (as root for the kernel tests); ends naming the skipped tests
+test: ## run every test of the product (as root for the kernel tests); installs what they use first (tools/deps.sh); ends naming the skipped tests
+	bash tools/deps.sh
 	@mkdir -p $(BIN) && CGO_ENABLED=0 $(GO) -C tools build -o $(abspath $(BIN))/testsummary ./testsummary
 	$(BIN)/testsummary $(GO) test -json -count=1 -p 1 -timeout 20m $(PKGS)
 
@@ -128,6 +129,22 @@ e2e-kubelet-vm: ## e2e-kubelet-short in a cgroup-v2-only VM (docs/kubernetes.md)
 	bash e2e/kubelet/hack/vm.sh
 .PHONY: e2e-kubelet e2e-kubelet-short e2e-kubelet-vm
 # ---- end e2e-kubelet ----
+
+# ---- cluster: a single-node cluster with istiod on this machine (e2e/kubelet/internal/cluster, docs/kubernetes.md) ----
+# The components are built once per version into DRAIND_KUBELET_CACHE and
+# DRAIND_PEERS_CACHE (hack/build-k8s.sh, hack/build-etcd.sh, tools/peers).
+cluster: ## start a single-node Kubernetes cluster with istiod on this machine, as root; prints the KUBECONFIG
+	KUBELET_VERSION=$(KUBELET_VERSION) bash e2e/kubelet/hack/cluster.sh up
+cluster-down: ## remove everything make cluster made (processes, mounts, netns, iptables rules, sysctls, files)
+	bash e2e/kubelet/hack/cluster.sh down
+e2e-cluster: ## the acceptance tests in a cluster of their own (replaces make cluster's), as root
+	KUBELET_VERSION=$(KUBELET_VERSION) bash e2e/kubelet/hack/cluster.sh test
+# CI's variant: the same tests, the Jobs' longer runs left out.
+CLUSTER_SHORT_SKIP = ^TestJobsThroughAPI$$/5s$$
+e2e-cluster-short: ## the same, shorter (CI)
+	KUBELET_VERSION=$(KUBELET_VERSION) SKIP='$(CLUSTER_SHORT_SKIP)' bash e2e/kubelet/hack/cluster.sh test
+.PHONY: cluster cluster-down e2e-cluster e2e-cluster-short
+# ---- end cluster ----
 
 # ---- fuzz: each fuzz target for FUZZTIME (CI runs a short one) ----
 FUZZTIME ?= 10s

@@ -59,6 +59,9 @@ func mustAbs(p string) string {
 
 func TestMain(m *testing.M) {
 	code := func() int {
+		if os.Getenv(clusterEnableVar) == "1" {
+			return runWithCluster(m)
+		}
 		if os.Getenv(enableVar) != "1" {
 			return m.Run()
 		}

@@ -24,13 +24,15 @@ ISTIO_API_VERSION=v1.31.1
 GO_CONTROL_PLANE_ENVOY=v1.37.1-0.20260729145720-a2d8c7492908
 GO_CONTROL_PLANE_CONTRIB=v1.36.1-0.20260729145720-a2d8c7492908
 
-# The command to build: pilot-agent (default) or istioctl, from the same
-# Istio version, so that istioctl's injector matches the pilot-agent run.
+# The command to build: pilot-agent (default), istioctl or pilot-discovery
+# (istiod), from the same Istio version, so that istioctl's and istiod's
+# injectors match the pilot-agent run.
 peer=${1:-pilot-agent}
 case $peer in
 pilot-agent) pkg=istio.io/istio/pilot/cmd/pilot-agent ;;
 istioctl) pkg=istio.io/istio/istioctl/cmd/istioctl ;;
-*) echo "pilot-agent.sh: unknown peer $peer (pilot-agent or istioctl)" >&2; exit 2 ;;
+pilot-discovery) pkg=istio.io/istio/pilot/cmd/pilot-discovery ;; # istiod, for make cluster
+*) echo "pilot-agent.sh: unknown peer $peer (pilot-agent, istioctl or pilot-discovery)" >&2; exit 2 ;;
 esac
 
 cache=${DRAIND_PEERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/draind-peers}

@@ -12,6 +12,12 @@
 //	          more (its listener closed, no request in flight: only its
 //	          process says the app is not done), then exit 0
 //
+// --delay-shutdown D puts agnhost's `netexec --delay-shutdown` shape before
+// graceful: at SIGTERM /readyz answers 503 at once, and the app keeps
+// serving (and accepting) for D before it stops accepting, its --calls
+// made meanwhile. Run with no arguments it serves HTTP on :8080 (/,
+// /readyz, /slow?ms=N) and exits at once on SIGTERM, as agnhost does.
+//
 // Every outcome is a line on stdout and, with --result, in that file:
 // "ok N", "fail N ERROR", "term UNIXNANO", "exit UNIXNANO CODE".
 package main
@@ -28,6 +34,7 @@ import (
 	"os/signal"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -72,6 +79,7 @@ func run(args []string) int {
 	jobDelay := fs.Duration("job-delay", time.Second, "batch mode: wait this long first")
 	exitCode := fs.Int("exit-code", 0, "batch mode: exit code")
 	failOnce := fs.String("fail-once", "", "batch mode: exit 1 when this file does not exist yet (and create it): the restarted container then exits --exit-code")
+	delayShutdown := fs.Duration("delay-shutdown", 0, "graceful: at SIGTERM answer 503 on /readyz and keep serving this long before stopping (agnhost netexec --delay-shutdown)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -123,6 +131,14 @@ func run(args []string) int {
 		fmt.Fprintf(w, "slept %d ms\n", ms)
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "app ok\n") })
+	var terminating atomic.Bool
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if terminating.Load() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
 	srv := &http.Server{Handler: mux}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -140,8 +156,10 @@ func run(args []string) int {
 		}
 		break
 	}
+	terminating.Store(true)
 	var wg sync.WaitGroup
 	wg.Go(func() {
+		time.Sleep(*delayShutdown)
 		if err := srv.Shutdown(context.Background()); err != nil {
 			rec.line("shutdown %v", err)
 		}

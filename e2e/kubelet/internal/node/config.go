@@ -21,6 +21,20 @@ type Config struct {
 	LogDir     string // where Close leaves the daemons' logs
 	PortBase   int    // kubelet ports: PortBase+250 (API), +255 (read-only), +248 (healthz)
 	Logf       func(format string, args ...any)
+	// Detach leaves the daemons running when this process exits (make
+	// cluster: a cluster that outlives the command that started it, and
+	// that make cluster-down stops); otherwise they die with it.
+	Detach bool
+	// API, when set, registers the kubelet as a node of that API server
+	// (make cluster) instead of running it standalone.
+	API *APIAccess
+}
+
+// APIAccess is what a kubelet needs to join a cluster.
+type APIAccess struct {
+	KubeConfig   string // the kubelet's client credentials (system:node:NodeName)
+	ClientCAFile string // the CA of the clients it serves (the API server's)
+	NodeIP       string // the node's address: the kubelet serves there
 }
 
 // DefaultConfig is what make e2e-kubelet uses.
@@ -135,6 +149,9 @@ func (c Config) cniConfig() string {
 // swap check, no image GC or disk eviction that could remove the
 // imported images.
 func (c Config) kubeletConfig() string {
+	if c.API != nil {
+		return c.clusterKubeletConfig()
+	}
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 staticPodPath: %[1]q
@@ -165,3 +182,45 @@ oomScoreAdj: 0
 enforceNodeAllocatable: []
 `, c.manifestDir(), c.PortBase+250, c.PortBase+255, c.PortBase+248, c.CgroupRoot, c.socket(), c.podLogsDir())
 }
+
+// clusterKubeletConfig is the kubelet of make cluster: registered with the
+// API server, which it authenticates (x509 from ClientCAFile, bearer
+// tokens by TokenReview) and asks to authorize (SubjectAccessReview), on
+// the node's address; otherwise as the standalone one.
+func (c Config) clusterKubeletConfig() string {
+	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPath: %[1]q
+fileCheckFrequency: 1s
+syncFrequency: 10s
+address: %[8]q
+port: %[2]d
+readOnlyPort: %[3]d
+healthzBindAddress: 127.0.0.1
+healthzPort: %[4]d
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: %[9]q}
+authorization: {mode: Webhook}
+clusterDomain: cluster.local
+cgroupDriver: cgroupfs
+cgroupRoot: %[5]q
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://%[6]s
+podLogsDir: %[7]q
+resolvConf: ""
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", imagefs.available: "1%%"}
+localStorageCapacityIsolation: false
+oomScoreAdj: 0
+enforceNodeAllocatable: []
+nodeStatusUpdateFrequency: 4s
+`, c.manifestDir(), c.PortBase+250, c.PortBase+255, c.PortBase+248, c.CgroupRoot, c.socket(), c.podLogsDir(), c.API.NodeIP, c.API.ClientCAFile)
+}
+
+// Socket is containerd's CRI socket.
+func (c Config) Socket() string { return c.socket() }

@@ -78,11 +78,10 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 	}
 	t0 = time.Now()
-	n.containerd, err = startDaemon(filepath.Join(cfg.StateDir, "containerd.log"), "containerd", "--config", filepath.Join(cfg.StateDir, "containerd.toml"))
+	n.containerd, err = StartDaemon(cfg, "containerd", "containerd", "--config", filepath.Join(cfg.StateDir, "containerd.toml"))
 	if err != nil {
 		return nil, err
 	}
-	writePID(cfg, "containerd", n.containerd.Process.Pid)
 	if n.conn, err = grpc.NewClient("unix://"+cfg.socket(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
 		return nil, err
 	}
@@ -130,18 +129,23 @@ func (n *Node) StartKubelet(ctx context.Context) (err error) {
 	if err := makeCgroupRoot(n.cfg.CgroupRoot); err != nil {
 		return err
 	}
-	if err := ensureNodeAddress(); err != nil {
+	if err := EnsureNodeAddress(); err != nil {
 		return err
 	}
-	n.kubelet, err = startDaemon(filepath.Join(n.cfg.StateDir, "kubelet.log"), n.cfg.Kubelet,
+	args := []string{
 		"--config", filepath.Join(n.cfg.StateDir, "kubelet.yaml"),
 		"--root-dir", n.cfg.kubeletRoot(),
 		"--hostname-override", n.cfg.NodeName,
-		"--v", "3") // 3: every probe result is logged
+		"--v", "3", // 3: every probe result is logged
+	}
+	if a := n.cfg.API; a != nil {
+		// Its serving certificate in its own root, not /var/lib/kubelet/pki.
+		args = append(args, "--kubeconfig", a.KubeConfig, "--node-ip", a.NodeIP, "--cert-dir", filepath.Join(n.cfg.kubeletRoot(), "pki"))
+	}
+	n.kubelet, err = StartDaemon(n.cfg, "kubelet", n.cfg.Kubelet, args...)
 	if err != nil {
 		return err
 	}
-	writePID(n.cfg, "kubelet", n.kubelet.Process.Pid)
 	hc := &http.Client{Timeout: time.Second}
 	if err := waitFor(ctx, 60*time.Second, func() error {
 		if n.kubelet.ProcessState != nil {
@@ -195,7 +199,7 @@ func (n *Node) Close() error {
 		n.kubelet = nil
 	}
 	if n.Runtime != nil && n.containerd != nil && n.containerd.ProcessState == nil {
-		errs = append(errs, n.removeAllSandboxes())
+		errs = append(errs, removeAllSandboxes(n.Runtime))
 	}
 	if n.conn != nil {
 		n.conn.Close()
@@ -226,19 +230,42 @@ func (n *Node) keepLogs() error {
 	return nil
 }
 
-func (n *Node) removeAllSandboxes() error {
+// RemoveAllSandboxes removes every container and sandbox of a containerd
+// this package started, through its CRI socket (CNI DEL: the veths and
+// addresses go), when it still runs: make cluster-down, in a process other
+// than the one that started it.
+func RemoveAllSandboxes(cfg Config) error {
+	if _, err := os.Stat(cfg.socket()); err != nil {
+		return nil
+	}
+	conn, err := grpc.NewClient("unix://"+cfg.socket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	rt := runtimeapi.NewRuntimeServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_, err = rt.Version(ctx, &runtimeapi.VersionRequest{})
+	cancel()
+	if err != nil {
+		return nil // not running: Sweep does the rest
+	}
+	return removeAllSandboxes(rt)
+}
+
+func removeAllSandboxes(rt runtimeapi.RuntimeServiceClient) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var errs []error
-	if cs, err := n.Runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{}); err == nil {
+	if cs, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{}); err == nil {
 		for _, c := range cs.Containers {
-			n.Runtime.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: c.Id, Timeout: 0})
-			if _, err := n.Runtime.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: c.Id}); err != nil {
+			rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: c.Id, Timeout: 0})
+			if _, err := rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: c.Id}); err != nil {
 				errs = append(errs, fmt.Errorf("remove container %s: %w", c.Id, err))
 			}
 		}
 	}
-	sbs, err := n.Runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	sbs, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
 	if err != nil {
 		return err
 	}
@@ -246,33 +273,56 @@ func (n *Node) removeAllSandboxes() error {
 		// The kubelet has stopped most: a second stop would run CNI DEL on
 		// a network namespace that is gone.
 		if sb.State == runtimeapi.PodSandboxState_SANDBOX_READY {
-			if _, err := n.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+			if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
 				errs = append(errs, fmt.Errorf("stop sandbox %s: %w", sb.Id, err))
 			}
 		}
-		if _, err := n.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+		if _, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
 			errs = append(errs, fmt.Errorf("remove sandbox %s: %w", sb.Id, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func startDaemon(logPath, bin string, args ...string) (*exec.Cmd, error) {
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+// StartDaemon starts bin as the daemon name: its output in
+// StateDir/NAME.log, its PID in StateDir/NAME.pid (which Sweep and
+// StopRecorded read). The daemon dies with this process unless cfg.Detach.
+func StartDaemon(cfg Config, name, bin string, args ...string) (*exec.Cmd, error) {
+	return startDaemon(cfg, "", nil, name, bin, args...)
+}
+
+// StartDaemonIn is StartDaemon in the working directory dir with the
+// environment env (nil: this process's).
+func StartDaemonIn(cfg Config, dir string, env []string, name, bin string, args ...string) error {
+	_, err := startDaemon(cfg, dir, env, name, bin, args...)
+	return err
+}
+
+func startDaemon(cfg Config, dir string, env []string, name, bin string, args ...string) (*exec.Cmd, error) {
+	logf, err := os.OpenFile(filepath.Join(cfg.StateDir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close()
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	// Its own process group, and gone with us if the test binary dies.
+	cmd.Dir, cmd.Env = dir, env
+	// Its own process group, and gone with us if the test binary dies; a
+	// detached one its own session, so that make's end does not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if cfg.Detach {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
 	go cmd.Wait() // sets ProcessState; stopDaemon waits on it
+	writePID(cfg, name, cmd.Process.Pid)
 	return cmd, nil
 }
+
+// Alive reports whether a daemon StartDaemon started is still running.
+func Alive(cmd *exec.Cmd) bool { return cmd != nil && cmd.ProcessState == nil }
 
 func stopDaemon(cmd *exec.Cmd, grace time.Duration) error {
 	if cmd == nil || cmd.Process == nil {
@@ -419,7 +469,8 @@ const (
 	nodeAddress     = "198.19.255.1/32"
 )
 
-func ensureNodeAddress() error {
+// EnsureNodeAddress gives a machine without a default route one (nodeAddressLink).
+func EnsureNodeAddress() error {
 	// The IPv4 table only: /proc/net/ipv6_route lists a reject route to ::/0
 	// on lo even where there is no IPv6 route (the kernel's null entry).
 	b, _ := os.ReadFile("/proc/net/route")

@@ -56,7 +56,18 @@ func removeDir(d string) error {
 	return errors.Join(errs...)
 }
 
+// StopRecorded stops the daemon StartDaemon recorded as name (SIGTERM,
+// then SIGKILL after grace), if it still runs: make cluster-down, which
+// stops what another process started.
+func StopRecorded(cfg Config, name string, grace time.Duration) error {
+	return stopRecorded(cfg, name, grace)
+}
+
 func killRecorded(cfg Config, name string) error {
+	return stopRecorded(cfg, name, 5*time.Second)
+}
+
+func stopRecorded(cfg Config, name string, grace time.Duration) error {
 	b, err := os.ReadFile(filepath.Join(cfg.StateDir, name+".pid"))
 	if err != nil {
 		return nil
@@ -70,14 +81,20 @@ func killRecorded(cfg Config, name string) error {
 		return nil // gone, or the PID was reused by something else
 	}
 	syscall.Kill(pid, syscall.SIGTERM)
-	for range 100 {
+	for end := time.Now().Add(grace); time.Now().Before(end); {
 		if processGone(pid) {
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	syscall.Kill(pid, syscall.SIGKILL)
-	return nil
+	for range 100 {
+		if processGone(pid) {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("%s (pid %d) still there after SIGKILL", name, pid)
 }
 
 // killRuncContainers kills and deletes the containers under our runc root

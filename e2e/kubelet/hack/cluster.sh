@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# make cluster / make cluster-down / make e2e-cluster: a single-node
+# Kubernetes cluster on this machine, every component a process
+# (internal/cluster). Installs what is missing from Debian, builds the
+# components once per version (cached: hack/build-k8s.sh, hack/build-etcd.sh,
+# tools/peers/pilot-agent.sh), then
+#
+#   hack/cluster.sh up     start it; prints the KUBECONFIG to use
+#   hack/cluster.sh down   remove everything it made
+#   hack/cluster.sh test   run the e2e-cluster tests (they start their own)
+#
+#   KUBELET_VERSION=v1.34.2  ETCD_VERSION=v3.6.16
+#   RUN=regexp SKIP=regexp   (test) only these tests / not these
+#   PROXY_SYNC_PERIOD=1s     kube-proxy's --iptables-min-sync-period
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
+cmd=${1:?usage: cluster.sh up|down|test}
+if [[ $(id -u) != 0 ]]; then
+	echo "cluster: needs root (it runs containerd, a kubelet, kube-proxy's iptables rules and pods)" >&2
+	exit 1
+fi
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1fs", b - a }'; }
+
+if [[ $cmd == down ]]; then
+	exec go run ./cmd/cluster down
+fi
+
+need=()
+command -v containerd >/dev/null || need+=(containerd)
+command -v runc >/dev/null || need+=(runc)
+for p in bridge host-local loopback; do
+	[[ -x /usr/lib/cni/$p ]] || { need+=(containernetworking-plugins); break; }
+done
+command -v ip >/dev/null || need+=(iproute2)
+command -v iptables >/dev/null || need+=(iptables)
+command -v conntrack >/dev/null || need+=(conntrack)
+command -v ldd >/dev/null || need+=(libc-bin)
+if ((${#need[@]})); then
+	t=$(now)
+	echo "cluster: installing ${need[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+	echo "cluster: phase apt-get install                 $(since "$t")"
+fi
+
+t=$(now)
+K8S_DIR=$(bash hack/build-k8s.sh "${KUBELET_VERSION:-v1.34.2}")
+ETCD=$(bash hack/build-etcd.sh "${ETCD_VERSION:-v3.6.16}")
+PILOT_AGENT=$(bash ../../tools/peers/pilot-agent.sh)
+ISTIOCTL=$(bash ../../tools/peers/istioctl.sh)
+ISTIOD=$(bash ../../tools/peers/pilot-agent.sh pilot-discovery)
+echo "cluster: phase builds (cached per version)         $(since "$t")"
+export DRAIND_CLUSTER_K8S_DIR=$K8S_DIR DRAIND_CLUSTER_ETCD=$ETCD DRAIND_PILOT_AGENT=$PILOT_AGENT \
+	DRAIND_ISTIOCTL=$ISTIOCTL DRAIND_CLUSTER_ISTIOD=$ISTIOD
+
+case $cmd in
+up)
+	exec go run ./cmd/cluster up --k8s-dir "$K8S_DIR" --etcd "$ETCD" \
+		--istiod "$ISTIOD" --istioctl "$ISTIOCTL" --pilot-agent "$PILOT_AGENT" \
+		--istio-values ../../deploy/istio/injection-template.yaml --istio-values testdata/cluster/istio-values.yaml \
+		--proxy-sync-period "${PROXY_SYNC_PERIOD:-1s}"
+	;;
+test)
+	export DRAIND_E2E_CLUSTER=1
+	t=$(now)
+	status=0
+	go test -count=1 -v -timeout 40m ${RUN:+-run "$RUN"} ${SKIP:+-skip "$SKIP"} . || status=$?
+	echo "e2e-cluster: phase go test                         $(since "$t") (exit $status)"
+	exit "$status"
+	;;
+*)
+	echo "cluster.sh: unknown command $cmd (up, down or test)" >&2
+	exit 2
+	;;
+esac

@@ -1,0 +1,148 @@
+package cluster
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Inventory is the machine's state in every respect the cluster changes:
+// the list of what it makes, which Down must leave as it found it.
+type Inventory struct {
+	Processes []string          // running executables among the cluster's (daemons, shims, runc, pods' processes by their container root)
+	Mounts    []string          // mount points
+	Links     []string          // network interfaces
+	NetNS     []string          // named network namespaces (/run/netns)
+	Rules     []string          // iptables and ip6tables rules and chains, by table, counters left out
+	Paths     []string          // the files and directories of cluster's places that exist
+	Sysctls   map[string]string // the sysctls it sets or its components set
+	Cgroups   []string          // cgroup directories under its cgroup root, in every hierarchy
+}
+
+// places are the paths the cluster or its components write: its own
+// directories, and where a kubelet, containerd or CNI writes by default.
+func (c Config) places() []string {
+	return append([]string{c.StateDir, c.DataDir, c.restoreRecord(), "/var/log/pods", "/var/log/containers",
+		"/etc/kubernetes", "/etc/cni/net.d", "/var/lib/containerd", "/run/netns", "/var/run/netns"}, defaultPaths...)
+}
+
+// daemonExecutables are the names of the processes the cluster runs.
+var daemonExecutables = append(slices.Clone(daemonNames), "containerd-shim-runc-v2", "runc", "pause", "draind", "pilot-agent", "envoy", "testapp")
+
+// Snapshot reads the inventory now.
+func (c Config) Snapshot() Inventory {
+	inv := Inventory{Sysctls: map[string]string{}}
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		if _, err := strconv.Atoi(p.Name()); err != nil {
+			continue
+		}
+		exe, err := os.Readlink(filepath.Join("/proc", p.Name(), "exe"))
+		if err != nil {
+			continue
+		}
+		base := filepath.Base(exe)
+		for _, d := range daemonExecutables {
+			if strings.HasPrefix(base, d) {
+				inv.Processes = append(inv.Processes, exe)
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 4 {
+				inv.Mounts = append(inv.Mounts, unescape(f[4]))
+			}
+		}
+	}
+	ifs, _ := net.Interfaces()
+	for _, i := range ifs {
+		inv.Links = append(inv.Links, i.Name)
+	}
+	for _, d := range []string{"/run/netns", "/var/run/netns"} {
+		es, _ := os.ReadDir(d)
+		for _, e := range es {
+			inv.NetNS = append(inv.NetNS, filepath.Join(d, e.Name()))
+		}
+	}
+	for _, bin := range []string{"iptables-save", "ip6tables-save"} {
+		out, err := exec.Command(bin).Output()
+		if err != nil {
+			continue
+		}
+		table := ""
+		sc := bufio.NewScanner(bytes.NewReader(out))
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case strings.HasPrefix(line, "*"):
+				table = line[1:]
+			case strings.HasPrefix(line, ":"):
+				inv.Rules = append(inv.Rules, fmt.Sprintf("%s %s chain %s", bin, table, strings.Fields(line[1:])[0]))
+			case strings.HasPrefix(line, "-A "):
+				inv.Rules = append(inv.Rules, fmt.Sprintf("%s %s %s", bin, table, line))
+			}
+		}
+	}
+	for _, p := range c.places() {
+		filepath.WalkDir(p, func(path string, d os.DirEntry, err error) error {
+			if err == nil {
+				inv.Paths = append(inv.Paths, path)
+			}
+			return nil
+		})
+	}
+	for k := range sysctls {
+		if b, err := os.ReadFile("/proc/sys/" + k); err == nil {
+			inv.Sysctls[k] = strings.TrimSpace(string(b))
+		}
+	}
+	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, h := range append(hier, "/sys/fs/cgroup") {
+		filepath.WalkDir(filepath.Join(h, c.Node.CgroupRoot), func(path string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				inv.Cgroups = append(inv.Cgroups, path)
+			}
+			return nil
+		})
+	}
+	return inv
+}
+
+// Leftovers lists what now is in the inventory and was not in before,
+// and the sysctls whose value changed: what Down failed to remove.
+func (now Inventory) Leftovers(before Inventory) []string {
+	var out []string
+	diff := func(kind string, a, b []string) {
+		for _, x := range a {
+			if !slices.Contains(b, x) {
+				out = append(out, kind+" "+x)
+			}
+		}
+	}
+	diff("process", now.Processes, before.Processes)
+	diff("mount", now.Mounts, before.Mounts)
+	diff("link", now.Links, before.Links)
+	diff("netns", now.NetNS, before.NetNS)
+	diff("iptables", now.Rules, before.Rules)
+	diff("path", now.Paths, before.Paths)
+	diff("cgroup", now.Cgroups, before.Cgroups)
+	for k, v := range before.Sysctls {
+		if now.Sysctls[k] != v {
+			out = append(out, fmt.Sprintf("sysctl %s=%s (was %s)", k, now.Sysctls[k], v))
+		}
+	}
+	return out
+}
+
+func unescape(s string) string {
+	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
+}
