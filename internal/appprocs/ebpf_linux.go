@@ -18,9 +18,11 @@ import (
 // namespace, and a walk of every process of the node: the app's PID
 // namespace is not draind's in a pod); Run then applies the events newer
 // than it as they come: a change is seen within one event, with no
-// polling. A failed ring buffer reservation (Lost) makes Run take a new
-// snapshot. A snapshot whose walk was cut short (see Coverage) is merged
-// with what the table knows: it never forgets a process then.
+// polling. An exit older than the snapshot is applied too: the snapshot
+// says the process is gone, not how it ended. A failed ring buffer
+// reservation (Lost) makes Run take a new snapshot. A snapshot whose walk
+// was cut short (see Coverage) is merged with what the table knows: it
+// never forgets a process then.
 //
 // Started with the pod's cgroups (WithPodCgroup), it attaches nothing:
 // Run takes a snapshot whenever one of the pod's containers' cgroups
@@ -28,7 +30,8 @@ import (
 type ebpfSource struct {
 	*table
 	probe *probes.Procs
-	// Run's: events older than since are in the last snapshot; seenLost is
+	// Run's: births and execs older than since are in the last snapshot
+	// (exits are applied whenever they happened); seenLost is
 	// Lost at the last snapshot.
 	since    time.Duration
 	seenLost uint64
@@ -61,9 +64,9 @@ func openEBPF(netnsInode uint64, rules Rules, o options) (Source, error) {
 	s.translate = probe.PIDNS() != namespace.InitialPIDInode
 
 	// The programs run from here: events are queued while the snapshot is
-	// taken, and those older than it are skipped when read (all are
-	// applied when the snapshot is incomplete). A loss counted from here on
-	// makes Run take another snapshot.
+	// taken, and births and execs older than it are skipped when read (all
+	// are applied when the snapshot is incomplete; exits always are). A
+	// loss counted from here on makes Run take another snapshot.
 	s.seenLost = probe.Lost()
 	snap, err := s.snapshot()
 	if err != nil {
@@ -189,7 +192,12 @@ func (s *ebpfSource) Run(ctx context.Context) error {
 	}
 	pending := 0
 	err := probes.ReadUntil(ctx, s.probe, func(ev *probes.ProcEvent) error {
-		if ev.Time >= s.since {
+		// An exit is applied whenever it happened: a snapshot shows a
+		// process gone, never how it ended, and one it never saw (born
+		// and gone before it, or gone before the walk reached it) is
+		// known by its exit event alone. Applying it twice changes
+		// nothing (exitedLocked).
+		if ev.Time >= s.since || ev.Kind == probes.ProcExit {
 			s.mu.Lock()
 			applyEvent(s.table, ev)
 			s.mu.Unlock()

@@ -298,11 +298,17 @@ func (t *table) execLocked(p Process, ns nsPIDs) {
 
 // exitedLocked ends a process with the status the kernel gave; p.PPID is
 // its parent when it exited. An exit already inferred from a snapshot
-// gets the status.
+// gets the status. A process the table never had is recorded from its
+// exit alone: it was born and gone before a snapshot could see it (before
+// the first one, or between the attach and the walk's visit), and its exit
+// event is all there is of it — a container's main process that ran
+// before draind watched is seen so, with its status.
 func (t *table) exitedLocked(p Process, status ExitStatus) {
 	old, ok := t.procs[p.PID]
 	if !ok || old.StartTime != p.StartTime {
-		t.knownExitLocked(p, status)
+		if !t.knownExitLocked(p, status) {
+			t.pending = append(t.pending, pendingExit{proc: p, ppid: p.PPID, known: true, status: status})
+		}
 		return
 	}
 	delete(t.procs, p.PID)
@@ -397,23 +403,29 @@ func (t *table) trimExitsLocked() {
 }
 
 // knownExitLocked gives an exit inferred from a snapshot (the process was
-// gone when the walk ran) the status its event, read after, carries.
-func (t *table) knownExitLocked(p Process, status ExitStatus) {
+// gone when the walk ran) the status its event, read after, carries. It
+// reports whether the process's exit was there already, inferred or known.
+func (t *table) knownExitLocked(p Process, status ExitStatus) bool {
 	for i := range t.pending {
 		pe := &t.pending[i]
-		if !pe.known && pe.proc.PID == p.PID && pe.proc.StartTime == p.StartTime {
-			pe.known, pe.status, pe.ppid = true, status, p.PPID
-			return
+		if pe.proc.PID == p.PID && pe.proc.StartTime == p.StartTime {
+			if !pe.known {
+				pe.known, pe.status, pe.ppid = true, status, p.PPID
+			}
+			return true
 		}
 	}
 	for i := len(t.exits) - 1; i >= 0; i-- {
 		e := &t.exits[i]
-		if !e.Known && e.PID == p.PID && e.StartTime == p.StartTime {
-			e.Known, e.Status = true, status
-			t.exitsNew = true
-			return
+		if e.PID == p.PID && e.StartTime == p.StartTime {
+			if !e.Known {
+				e.Known, e.Status = true, status
+				t.exitsNew = true
+			}
+			return true
 		}
 	}
+	return false
 }
 
 func (t *table) isPinnedPause(p Process) bool {

@@ -20,6 +20,8 @@ func TestTableMerge(t *testing.T) {
 	other := Process{PID: 200, PPID: 50, UID: 1000, Comm: "other", StartTime: 2000}
 	reused := Process{PID: 200, PPID: 50, UID: 1000, Comm: "reused", StartTime: 3000}
 	extra := Process{PID: 201, PPID: 50, UID: 1000, Comm: "extra", StartTime: 2100}
+	// gone ran and exited between two looks: only its exit event tells.
+	gone := Process{PID: 300, PPID: 50, UID: 1000, Comm: "gone", StartTime: 2200}
 	snap := func(ps ...Process) map[int]Process {
 		m := make(map[int]Process)
 		for _, p := range ps {
@@ -66,8 +68,12 @@ func TestTableMerge(t *testing.T) {
 			[]int{200, 201}, "101:exit 5:false,100:exit 7:true", true},
 		{"incomplete snapshot: a reused pid ends the old process", func() { tr.installLocked(snap(reused), nil, false) },
 			[]int{200, 201}, "101:exit 5:false,100:exit 7:true,200:?:true", true},
-		{"exit event of an unknown process", func() { applyEvent(tr, event(probes.ProcExit, kid, 100, 0)) },
+		{"exit event of a process whose exit is recorded: nothing", func() { applyEvent(tr, event(probes.ProcExit, kid, 100, 0)) },
 			[]int{200, 201}, "101:exit 5:false,100:exit 7:true,200:?:true", false},
+		{"exit event of a process never seen: recorded with its status", func() { applyEvent(tr, event(probes.ProcExit, gone, 50, 3<<8)) },
+			[]int{200, 201}, "101:exit 5:false,100:exit 7:true,200:?:true,300:exit 3:true", true},
+		{"the same exit event again: nothing", func() { applyEvent(tr, event(probes.ProcExit, gone, 50, 3<<8)) },
+			[]int{200, 201}, "101:exit 5:false,100:exit 7:true,200:?:true,300:exit 3:true", false},
 	}
 	for _, st := range steps {
 		tr.mu.Lock()
@@ -86,6 +92,61 @@ func TestTableMerge(t *testing.T) {
 	}
 	if p := tr.procs[200]; p.Comm != "reused" {
 		t.Errorf("pid 200 is %+v, want the reused one", p)
+	}
+}
+
+// TestTableExitAlone: a process the table never had is known by its exit
+// event alone, with its status: a Job's app that ran between two looks
+// leaves its main exit. The exit of a process of draind's container (a
+// hook) never counts, and neither does a process taken for the app for a
+// moment (exec'd into the proxy's container: it enters the pod's network
+// namespace before its mount namespace).
+func TestTableExitAlone(t *testing.T) {
+	const selfMnt, appMnt, hostMnt = 7, 8, 9
+	proxy := Process{PID: 20, PPID: 10, UID: istioUID, Comm: "envoy", StartTime: 200, MountNS: selfMnt}
+	hook := Process{PID: 30, PPID: 5, UID: 0, Comm: "sh", StartTime: 300, MountNS: selfMnt}
+	app := Process{PID: 40, PPID: 5, UID: 1000, Comm: "job", StartTime: 400, MountNS: appMnt}
+	entering := Process{PID: 50, PPID: 5, UID: 0, Comm: "nsenter", StartTime: 500, MountNS: hostMnt}
+	exit := func(p Process, status ExitStatus) *probes.ProcEvent {
+		return &probes.ProcEvent{Kind: probes.ProcExit, Status: uint32(status),
+			Task: probes.ProcTask{PID: p.PID, PPID: p.PPID, UID: p.UID, Comm: p.Comm, StartTime: p.StartTime, MountNS: p.MountNS}}
+	}
+	for _, tc := range []struct {
+		name string
+		do   func(tr *table)
+		main string // the app's last main exit, "" for none
+	}{
+		{"nothing", func(tr *table) {}, ""},
+		{"a hook of the proxy's container exits", func(tr *table) { applyEvent(tr, exit(hook, 0)) }, ""},
+		{"the app's exit event alone", func(tr *table) { applyEvent(tr, exit(app, 0)) }, "exit 0"},
+		{"the app's exit event alone, a failure", func(tr *table) { applyEvent(tr, exit(app, 2<<8)) }, "exit 2"},
+		{"a process entering the proxy's container", func(tr *table) {
+			applyEvent(tr, &probes.ProcEvent{Kind: probes.ProcFork, Task: probes.ProcTask{PID: 50, PPID: 5, StartTime: 500, MountNS: hostMnt}})
+			tr.recomputeLocked()
+			applyEvent(tr, &probes.ProcEvent{Kind: probes.ProcExec, Task: probes.ProcTask{PID: 50, PPID: 5, Comm: "sh", StartTime: 500, MountNS: selfMnt}})
+			tr.recomputeLocked()
+			entering.MountNS = selfMnt
+			applyEvent(tr, exit(entering, 0))
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newTable(Rules{ProxyUID: istioUID, SelfPIDs: []int{10}, SelfMountNS: selfMnt, NoPauseRule: true})
+			tr.mu.Lock()
+			tr.installLocked(map[int]Process{20: proxy}, nil, true)
+			tr.recomputeLocked()
+			tc.do(tr)
+			tr.recomputeLocked()
+			tr.mu.Unlock()
+			main := ""
+			for _, e := range tr.Exits() {
+				if e.ParentOutside && e.Known {
+					main = e.Status.String()
+				}
+			}
+			if main != tc.main {
+				t.Errorf("main exit %q, want %q (exits %+v)", main, tc.main, tr.Exits())
+			}
+		})
 	}
 }
 
