@@ -32,11 +32,17 @@ type Config struct {
 	Prestop       bool
 	WaitListeners bool
 	// ExitWithApp ends the proxy when the app's work is done (Jobs): its
-	// last process gone and its main process's exit qualifying. After a
-	// failure (any), a restart within AppRestartGrace (or --settle, when
-	// longer) keeps the proxy; an exit 0 ends it at once.
+	// last process gone and its main process's exit qualifying
+	// (AppCompletion). After a failure (any) or an exit whose code draind
+	// could not read (either mode), a restart within AppRestartGrace (or
+	// --settle, when longer) keeps the proxy; an exit 0 ends it at once.
 	ExitWithApp     ExitWithApp
 	AppRestartGrace time.Duration
+	// AppStartTimeout is how long ExitWithApp waits for a first app
+	// process when it has seen none since draind began watching: an app
+	// that ran and left before draind could watch it is done then (its
+	// exit code unknown). 0: no limit.
+	AppStartTimeout time.Duration
 	// ProxyExitStands keeps the proxy's own exit code when it leaves on its
 	// own, 0 included: for a supervisor that decides it (Istio's
 	// pilot-agent exits 0 after its own /quitquitquit, which Istio's Job
@@ -62,6 +68,14 @@ const (
 // before --exit-with-app any ends the proxy: a crashed container the
 // kubelet restarts at once is back well within it.
 const DefaultAppRestartGrace = time.Second
+
+// DefaultAppStartTimeout is how long --exit-with-app waits for an app it
+// has never seen. An app container started beside draind that finishes
+// within draind's start-up (a tenth of a second to seconds) is never seen;
+// one whose image is still being pulled is not seen yet either, and the
+// proxy must not leave before it. Two minutes covers most pulls; a Job
+// that gates its app on `draind wait` never needs it.
+const DefaultAppStartTimeout = 2 * time.Minute
 
 // restartGrace is the wait before the app's completion ends the proxy.
 func (c Config) restartGrace() time.Duration {
@@ -91,6 +105,7 @@ func DefaultConfig() Config {
 		StopTimeout:     DefaultStopTimeout,
 		ExitWithApp:     ExitWithAppOff,
 		AppRestartGrace: DefaultAppRestartGrace,
+		AppStartTimeout: DefaultAppStartTimeout,
 	}
 }
 
@@ -128,7 +143,7 @@ func (c Config) Validate() error {
 		return bad("--drain-deadline must be positive")
 	case c.StopTimeout <= 0 && !c.Prestop:
 		return bad("--stop-timeout must be positive")
-	case c.MinDrain < 0 || c.Settle < 0 || c.IdleTimeout < 0:
+	case c.MinDrain < 0 || c.Settle < 0 || c.IdleTimeout < 0 || c.AppStartTimeout < 0:
 		return bad("durations must not be negative")
 	case c.GateDeadline() <= 0:
 		return bad("--drain-deadline %s leaves no time to drain: the stop steps alone take up to %s (quit call, 2 × --stop-timeout %s, %s after SIGKILL)",

@@ -215,6 +215,11 @@ type Machine struct {
 	liveC     chan struct{}
 	stopLive  func()
 	stopDL    func()
+
+	// watching is when Run began watching the app under --exit-with-app
+	// (its process source is live by then): --app-start-timeout counts
+	// from it.
+	watching time.Time
 }
 
 type input struct {
@@ -226,9 +231,17 @@ type timers struct {
 	minDrain, deadline, wake *time.Timer
 	idleWake                 time.Time // the wake is (also) an idle expiry
 	// appDone runs while the app looks done under --exit-with-app, for the
-	// restart grace; appDoneSeq is the main exit it waits on.
-	appDone    *time.Timer
-	appDoneSeq uint64
+	// verdict's After (the restart grace, the rest of the start timeout);
+	// appDoneOn is the verdict it waits on.
+	appDone   *time.Timer
+	appDoneOn completionKey
+}
+
+// completionKey tells AppCompletion's verdicts apart: a new one restarts
+// the wait.
+type completionKey struct {
+	state AppState
+	seq   uint64
 }
 
 func (t *timers) stopAll() {
@@ -323,6 +336,9 @@ func (m *Machine) Run(ctx context.Context) Result {
 		appsChanged = m.apps.Changed()
 	}
 	watchApp := m.cfg.ExitWithApp == ExitWithAppSuccess || m.cfg.ExitWithApp == ExitWithAppAny
+	if watchApp {
+		m.watching = time.Now()
+	}
 	for {
 		var fc, ac <-chan struct{}
 		switch p := m.Phase(); {
@@ -352,7 +368,11 @@ func (m *Machine) Run(ctx context.Context) Result {
 			m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.flows.Observe()))
 		case <-chanOf(m.timers.appDone):
 			m.timers.appDone = nil
-			if seq, ok := m.appDone(); ok && seq == m.timers.appDoneSeq && m.Phase() == Ready {
+			if c := m.completion(); c.Done && c.key() == m.timers.appDoneOn && m.Phase() == Ready {
+				if c.State == AppNeverSeen {
+					m.log.Warn("no app process seen within --app-start-timeout: the app is taken as done, having run and exited before draind could watch it (an app container started beside draind and shorter than its start-up); its exit code is unknown to draind, which stops the proxy and exits 0: the app container's own exit code decides the Job. Gate the app on `draind wait` (postStart) for its exit code to be seen",
+						logevent.AppNeverSeen.Field(), zap.Duration("app_start_timeout", m.cfg.AppStartTimeout), zap.Duration("watching", time.Since(m.watching)))
+				}
 				m.begin(CauseAppDone)
 			}
 		case <-chanOf(m.timers.deadline):
@@ -453,53 +473,57 @@ func (m *Machine) checkGauges(ctx context.Context) {
 	}
 }
 
-// appDone reports whether the app's work is done under --exit-with-app:
-// no process left (a complete view), and its main process's last exit
-// qualifies. seq is that exit's.
-func (m *Machine) appDone() (uint64, bool) {
+// completion applies AppCompletion to what the app's view says now. The
+// count is read first: an app that leaves after it has its exit read.
+func (m *Machine) completion() Completion {
 	n, view := m.apps.Count()
-	if n > 0 || view != ProcsComplete {
-		return 0, false
-	}
-	exit, ok := m.apps.MainExit()
-	if !ok {
-		return 0, false
-	}
-	if m.cfg.ExitWithApp == ExitWithAppSuccess && !(exit.Known && exit.Success) {
-		if exit.Seq != m.failedSeq {
-			m.failedSeq = exit.Seq
-			m.log.Info("the app's main process ended without success under --exit-with-app success: the proxy stays for its restart (restartPolicy OnFailure); with restartPolicy Never use --exit-with-app any",
-				zap.String("main_exit", exit.Status))
-		}
-		return 0, false
-	}
-	return exit.Seq, true
+	exit, has := m.apps.MainExit()
+	return AppCompletion(CompletionInput{
+		Mode: m.cfg.ExitWithApp, View: view, Procs: n, Main: exit, HasMain: has,
+		Watching: time.Since(m.watching), StartTimeout: m.cfg.AppStartTimeout, RestartGrace: m.cfg.restartGrace(),
+	})
 }
 
-// watchAppDone arms the restart grace when the app looks done, and disarms
-// it when the app is back (a crashed container the kubelet restarted).
+func (c Completion) key() completionKey { return completionKey{c.State, c.Seq} }
+
+// watchAppDone arms the wait when the app looks done (the restart grace,
+// or the rest of the start timeout for an app never seen), and disarms it
+// when the app is back (a crashed container the kubelet restarted) or
+// first appears.
 func (m *Machine) watchAppDone() {
-	seq, done := m.appDone()
-	switch {
-	case done && (m.timers.appDone == nil || seq != m.timers.appDoneSeq):
-		if m.timers.appDone != nil {
-			m.timers.appDone.Stop() // it came back and left again: a new grace
-		}
+	c := m.completion()
+	if c.State == AppFailedKept && c.Seq != m.failedSeq {
+		m.failedSeq = c.Seq
 		exit, _ := m.apps.MainExit()
-		// A success is the app's work done: a Job's container is not
-		// restarted after it. A failure may be a crash the kubelet
-		// restarts (a Deployment): it gets the restart grace.
-		grace := m.cfg.restartGrace()
-		if exit.Known && exit.Success {
-			grace = 0
+		m.log.Info("the app's main process ended without success under --exit-with-app success: the proxy stays for its restart (restartPolicy OnFailure); with restartPolicy Never use --exit-with-app any",
+			zap.String("main_exit", exit.Status))
+	}
+	switch {
+	case c.Done && (m.timers.appDone == nil || c.key() != m.timers.appDoneOn):
+		if m.timers.appDone != nil {
+			m.timers.appDone.Stop() // it came back and left again: a new wait
 		}
-		m.log.Info("the app's processes are gone: the proxy stops after the restart grace unless the app comes back",
-			zap.String("main_exit", exit.Status), zap.Duration("grace", grace), zap.String("exit_with_app", string(m.cfg.ExitWithApp)))
-		m.timers.appDone, m.timers.appDoneSeq = time.NewTimer(grace), seq
-	case !done && m.timers.appDone != nil:
+		if c.State == AppNeverSeen {
+			m.log.Info("no app process seen yet: the proxy waits for the app's first one, at most --app-start-timeout since draind began watching (an app that already ran and exited cannot be told from one not started)",
+				logevent.AppNotSeenYet.Field(), zap.Duration("app_start_timeout", m.cfg.AppStartTimeout), zap.Duration("left", c.After))
+		} else {
+			exit, _ := m.apps.MainExit()
+			status := exit.Status
+			// A success is the app's work done: a Job's container is not
+			// restarted after it. A failure, or an exit draind could not
+			// read, may be a crash the kubelet restarts: the restart grace.
+			m.log.Info("the app's processes are gone: the proxy stops after the restart grace unless the app comes back",
+				zap.String("main_exit", status), zap.Stringer("app", c.State), zap.Duration("grace", c.After), zap.String("exit_with_app", string(m.cfg.ExitWithApp)))
+		}
+		m.timers.appDone, m.timers.appDoneOn = time.NewTimer(c.After), c.key()
+	case !c.Done && m.timers.appDone != nil:
 		m.timers.appDone.Stop()
 		m.timers.appDone = nil
-		m.log.Info("the app is back within the restart grace: the proxy stays", logevent.AppBack.Field())
+		if m.timers.appDoneOn.state == AppNeverSeen {
+			m.log.Info("an app process is seen: the proxy stays for it", zap.Stringer("app", c.State))
+		} else {
+			m.log.Info("the app is back within the restart grace: the proxy stays", logevent.AppBack.Field(), zap.Stringer("app", c.State))
+		}
 	}
 }
 

@@ -93,6 +93,7 @@ func newFakeApps(n int, view ProcView) *fakeApps {
 func (a *fakeApps) Changed() <-chan struct{} { return a.changed }
 func (a *fakeApps) Count() (int, ProcView)   { return int(a.n.Load()), a.view }
 func (a *fakeApps) exit()                    { a.set(0) }
+
 func (a *fakeApps) MainExit() (MainExit, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -110,6 +111,17 @@ func (a *fakeApps) mainExits(code int) {
 	a.mu.Unlock()
 	a.set(0)
 }
+
+// mainExitsUnknown: the app's main process is gone, how is not known (an
+// exit inferred from a snapshot).
+func (a *fakeApps) mainExitsUnknown() {
+	a.mu.Lock()
+	a.last = MainExit{Seq: a.last.Seq + 1, Status: "unknown"}
+	a.exited = true
+	a.mu.Unlock()
+	a.set(0)
+}
+
 func (a *fakeApps) set(n int) {
 	a.n.Store(int32(n))
 	select {
@@ -995,6 +1007,87 @@ func TestExitWithAppRestartWithinGrace(t *testing.T) {
 		}
 		r.m.Quit()
 		r.result()
+	})
+}
+
+// An app never seen since the machine began watching (a Job's app
+// container that ran and left before draind's process source was live, or
+// one not started yet): --app-start-timeout after the machine's start,
+// the app is taken as done and the proxy stops, exit 0; an app that
+// appears before keeps it, and its own exit decides.
+func TestExitWithAppNeverSeen(t *testing.T) {
+	const timeout = 2 * time.Second
+	for _, tc := range []struct {
+		name    string
+		mode    ExitWithApp
+		timeout time.Duration
+		appears time.Duration // the app's first process comes then (0: never)
+		blip    bool          // and goes without an exit (taken for another container's)
+		stops   bool
+	}{
+		{"success, never seen", ExitWithAppSuccess, timeout, 0, false, true},
+		{"any, never seen", ExitWithAppAny, timeout, 0, false, true},
+		{"success, seen late, exit 0", ExitWithAppSuccess, timeout, timeout / 2, false, true},
+		{"a process taken for the app for a moment", ExitWithAppSuccess, timeout, timeout / 2, true, true},
+		{"no start timeout: awaited", ExitWithAppSuccess, 0, 0, false, false},
+	} {
+		t.Run(tc.name, inBubble(func(t *testing.T) {
+			start := time.Now()
+			r := newRig(t, setup(func(r *rig) { r.apps = newFakeApps(0, ProcsComplete) }),
+				withConfig(func(c *Config) { c.ExitWithApp, c.AppStartTimeout = tc.mode, tc.timeout }))
+			r.waitPhase(Ready)
+			if tc.timeout > 0 {
+				r.waitForLog(logevent.AppNotSeenYet, "app_start_timeout", tc.timeout.String())
+			}
+			switch {
+			case tc.appears > 0 && tc.blip:
+				time.Sleep(tc.appears - time.Since(start))
+				r.apps.set(1)
+				r.notDone(timeout / 4)
+				r.apps.set(0) // no main exit: still never seen
+			case tc.appears > 0:
+				time.Sleep(tc.appears - time.Since(start))
+				r.apps.set(1)
+				r.notDone(2 * timeout) // past the start timeout: the app is there
+				r.apps.mainExits(0)
+			}
+			if !tc.stops {
+				r.notDone(time.Hour)
+				r.m.Trigger(CauseSignal)
+				r.wantResult(r.result(), 0, true, "drained")
+				return
+			}
+			res := r.result()
+			r.wantResult(res, 0, true, "drained")
+			if r.m.Cause() != CauseAppDone {
+				t.Errorf("drain cause %s, want app-done", r.m.Cause())
+			}
+			never := r.count(logevent.AppNeverSeen)
+			if took := time.Since(start); (tc.appears == 0 || tc.blip) && (never != 1 || took < timeout || took >= timeout+timeout/4) {
+				// The fake clock: the start timeout, not extended by a process
+				// that came and went.
+				t.Errorf("stopped %s after the start with %d app_never_seen lines, want at %s with one; log:\n%s", took, never, timeout, r.log())
+			}
+			if tc.appears > 0 && !tc.blip && never != 0 {
+				t.Errorf("an app seen late was taken as never seen; log:\n%s", r.log())
+			}
+		}))
+	}
+}
+
+// A main exit whose code draind could not read (its event lost, inferred
+// from a snapshot) ends the proxy after the restart grace in success mode
+// too: a Job must not hang on it.
+func TestExitWithAppUnknownExit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, withConfig(func(c *Config) { c.ExitWithApp = ExitWithAppSuccess; c.AppRestartGrace = 300 * time.Millisecond }))
+		r.waitPhase(Ready)
+		start := time.Now()
+		r.apps.mainExitsUnknown()
+		r.wantResult(r.result(), 0, true, "drained")
+		if took := time.Since(start); took < 300*time.Millisecond || r.m.Cause() != CauseAppDone {
+			t.Errorf("stopped %s after the exit by %s, want after the 300ms grace by app-done; log:\n%s", took, r.m.Cause(), r.log())
+		}
 	})
 }
 

@@ -52,6 +52,13 @@ const (
 	DrainListenersGaveUp Event = "drain_listeners_gave_up"
 	// AppBack: the app came back within the restart grace.
 	AppBack Event = "app_back"
+	// AppNotSeenYet: under --exit-with-app, no app process seen since
+	// draind began watching: it waits for one, at most
+	// --app-start-timeout.
+	AppNotSeenYet Event = "app_not_seen_yet"
+	// AppNeverSeen: --app-start-timeout passed without an app process:
+	// the app is taken as done before draind watched (exit code unknown).
+	AppNeverSeen Event = "app_never_seen"
 	// DeadlineReached: the drain (or prestop) deadline passed with flows
 	// still open.
 	DeadlineReached Event = "deadline_reached"
