@@ -95,7 +95,8 @@ func TestEarlyControlsReachTheMachine(t *testing.T) {
 }
 
 // Readiness before the machine exists: Envoy LIVE is enough, unless a
-// drain was asked for or --app-ports needs the tracker.
+// drain was asked for, --app-ports needs the tracker or --exit-with-app
+// the app's process source (a Job's app gated on it must be watched).
 func TestReadinessBeforeTheMachine(t *testing.T) {
 	live := "server.state: 0\nlistener_manager.workers_started: 1\n"
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -109,18 +110,23 @@ func TestReadinessBeforeTheMachine(t *testing.T) {
 		name     string
 		stats    string
 		appPorts []uint16
+		exitWith drain.ExitWithApp
 		asked    bool
 		ok       bool
 		why      string
 	}{
-		{"envoy live", live, nil, false, true, ""},
-		{"envoy initializing", "server.state: 3\nlistener_manager.workers_started: 0\n", nil, false, false, "envoy state INITIALIZING"},
-		{"drain asked", live, nil, true, false, "draining"},
-		{"app ports need the tracker", live, []uint16{8080}, false, false, "starting: the tracker is not open yet (--app-ports)"},
+		{"envoy live", live, nil, "", false, true, ""},
+		{"envoy initializing", "server.state: 3\nlistener_manager.workers_started: 0\n", nil, "", false, false, "envoy state INITIALIZING"},
+		{"drain asked", live, nil, "", true, false, "draining"},
+		{"app ports need the tracker", live, []uint16{8080}, "", false, false, "starting: the tracker is not open yet (--app-ports)"},
+		{"exit-with-app off", live, nil, drain.ExitWithAppOff, false, true, ""},
+		{"exit-with-app needs the app's process source", live, nil, drain.ExitWithAppSuccess, false, false, "starting: the app's process source is not open yet (--exit-with-app)"},
+		{"exit-with-app any too", live, nil, drain.ExitWithAppAny, false, false, "starting: the app's process source is not open yet (--exit-with-app)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			live = tc.stats
 			a := &agent{probeAdmin: adminView{c: client}, cfg: Config{AppPorts: tc.appPorts}}
+			a.cfg.Drain.ExitWithApp = tc.exitWith
 			if tc.asked {
 				a.early.trigger(drain.CauseSignal)
 			}

@@ -503,8 +503,9 @@ func detectHostNet(flag HostNetwork, ns *namespace.Net, src appprocs.Source) hos
 
 // readiness: the proxy LIVE with workers started, nothing asked to drain,
 // and the app listening on --app-ports. Before the machine exists (the
-// eBPF objects still loading) only --app-ports waits for it: the tracker
-// is what reads the app's listeners.
+// eBPF objects still loading) only --app-ports waits for it (the tracker
+// is what reads the app's listeners), and --exit-with-app (the app's
+// process source, live from then on, is what sees a Job's app run).
 func (a *agent) readiness(ctx context.Context) (bool, string) {
 	m, _ := a.early.machine()
 	if m != nil {
@@ -522,6 +523,12 @@ func (a *agent) readiness(ctx context.Context) (bool, string) {
 		if ok, why := a.pilotAgent.ready(ctx); !ok {
 			return false, why
 		}
+	}
+	if m == nil && a.watchesAppWhileReady() {
+		// A Job's app gated on readiness (`draind wait` as postStart)
+		// must start only once its processes are watched: else it may
+		// run and leave before draind sees it, exit code unknown.
+		return false, "starting: the app's process source is not open yet (--exit-with-app)"
 	}
 	if len(a.cfg.AppPorts) == 0 {
 		return true, ""

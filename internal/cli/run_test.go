@@ -89,6 +89,39 @@ func TestRunConfigExitWithAppBare(t *testing.T) {
 	}
 }
 
+// --app-start-timeout: 2 minutes by default, set by the flag or its
+// environment twin, 0 for no limit; a negative one is refused.
+func TestRunConfigAppStartTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want time.Duration
+	}{
+		{[]string{"--exit-with-app", "--", "envoy"}, "", 2 * time.Minute},
+		{[]string{"--exit-with-app", "--app-start-timeout", "30s", "--", "envoy"}, "", 30 * time.Second},
+		{[]string{"--exit-with-app", "--", "envoy"}, "45s", 45 * time.Second},
+		{[]string{"--exit-with-app", "--app-start-timeout", "0", "--", "envoy"}, "", 0},
+	} {
+		t.Setenv("DRAIND_APP_START_TIMEOUT", tc.env)
+		cfg, _, err := runConfig(tc.args, io.Discard)
+		if err != nil || cfg.Drain.AppStartTimeout != tc.want {
+			t.Errorf("%q, env %q: %v, %v; want %v", tc.args, tc.env, cfg.Drain.AppStartTimeout, err, tc.want)
+			continue
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("%q: Validate: %v", tc.args, err)
+		}
+	}
+	t.Setenv("DRAIND_APP_START_TIMEOUT", "")
+	cfg, _, err := runConfig([]string{"--app-start-timeout", "-1s", "--", "envoy"}, io.Discard)
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err == nil {
+		t.Error("--app-start-timeout -1s accepted")
+	}
+}
+
 // Each mode flag of run accepts exactly its list's words, and its error
 // names them: the lists in flows, appprocs, drain and agent are what the
 // flags, agent.Config.Validate and the errors read.
