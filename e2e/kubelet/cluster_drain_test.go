@@ -52,8 +52,9 @@ spec:
 // fails if, when draind's drain completes (its phase stopping), the pod is
 // still a ready endpoint of its Service, or kube-proxy still sends the
 // Service's connections to it.
-func TestEndpointsLeaveBeforeDrainEnds(t *testing.T) {
+func TestClusterEndpointsLeaveBeforeDrainEnds(t *testing.T) {
 	requireCluster(t)
+	t.Parallel()
 	ns := testNamespace(t, "order")
 	manifest := localImages(strings.Replace(readRepo(t, "deploy/classic-sidecar.yaml"), "replicas: 2", "replicas: 1", 1))
 	kubectl(t, envoySidecarConfigMap(t), "-n", ns, "apply", "-f", "-")
@@ -192,8 +193,9 @@ func endpointReady(t *testing.T, ns, svc, ip string) bool {
 // with no postStart gate: one whose task ends 50 ms after it starts, one
 // that runs 5 s; draind as a classic sidecar (deploy/job-exit-with-app.yaml)
 // exits 0, and as a native sidecar too.
-func TestJobsThroughAPI(t *testing.T) {
+func TestClusterJobs(t *testing.T) {
 	requireCluster(t)
+	t.Parallel()
 	ns := testNamespace(t, "jobs")
 	kubectl(t, envoySidecarConfigMap(t), "-n", ns, "apply", "-f", "-")
 	classic := readRepo(t, "deploy/job-exit-with-app.yaml")

@@ -38,13 +38,15 @@ func clusterConfig() (cluster.Config, error) {
 		dst *string
 		env string
 	}{
-		{&cfg.K8sDir, "DRAIND_CLUSTER_K8S_DIR"}, {&cfg.Etcd, "DRAIND_CLUSTER_ETCD"}, {&cfg.Istiod, "DRAIND_CLUSTER_ISTIOD"},
-		{&cfg.Istioctl, "DRAIND_ISTIOCTL"},
+		{&cfg.K8sDir, "DRAIND_CLUSTER_K8S_DIR"}, {&cfg.Etcd, "DRAIND_CLUSTER_ETCD"},
 	} {
 		if *v.dst = os.Getenv(v.env); *v.dst == "" {
 			return cfg, fmt.Errorf("%s is not set: run the cluster tests with `sudo make e2e-cluster`", v.env)
 		}
 	}
+	// hack/cluster.sh sets both; without them (a developer's run) the
+	// cluster has no istiod and the Istio tests fail saying so.
+	cfg.Istiod, cfg.Istioctl = os.Getenv("DRAIND_CLUSTER_ISTIOD"), os.Getenv("DRAIND_ISTIOCTL")
 	cfg.Node.Kubelet = filepath.Join(cfg.K8sDir, "kubelet")
 	cfg.IstioValues = []string{filepath.Join(repoRoot, "deploy/istio/injection-template.yaml"), "testdata/cluster/istio-values.yaml"}
 	cfg.Node.Logf = func(format string, args ...any) { fmt.Printf("e2e-cluster: "+format+"\n", args...) }
@@ -92,6 +94,12 @@ func runWithCluster(m interface{ Run() int }) int {
 		return 1
 	}
 	report.add("phase", "cluster up (to istiod's webhook)", time.Since(t0).Round(time.Millisecond).String())
+	var total int64
+	for name, rss := range c.RSS() {
+		total += rss
+		report.add("rss", name, fmt.Sprintf("%d MiB", rss>>20))
+	}
+	report.add("rss", "cluster total (after up)", fmt.Sprintf("%d MiB", total>>20))
 	theCluster = c
 	rc, err := clientcmd.BuildConfigFromFlags("", cfg.KubeConfig())
 	if err == nil {

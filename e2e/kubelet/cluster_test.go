@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +39,14 @@ func requireCluster(t *testing.T) *cluster.Cluster {
 		t.Skipf("needs the cluster: run `sudo make e2e-cluster` (%s=1)", clusterEnableVar)
 	}
 	return theCluster
+}
+
+// requireIstiod is requireCluster for a test of istiod's webhook.
+func requireIstiod(t *testing.T) {
+	t.Helper()
+	if requireCluster(t).Istiod == "" {
+		t.Fatal("the cluster has no istiod: DRAIND_CLUSTER_ISTIOD and DRAIND_ISTIOCTL are unset (sudo make e2e-cluster sets them)")
+	}
 }
 
 func kubectl(t *testing.T, stdin []byte, args ...string) string {
@@ -91,7 +100,8 @@ func readRepo(t *testing.T, path string) string {
 
 // Acceptance 1: a Ready node, istiod's webhook registered.
 func TestClusterReady(t *testing.T) {
-	requireCluster(t)
+	requireIstiod(t)
+	t.Parallel()
 	nodes := kubectl(t, nil, "get", "nodes")
 	t.Logf("kubectl get nodes:\n%s", nodes)
 	if !strings.Contains(nodes, theCluster.Config.Node.NodeName) || !strings.Contains(nodes, " Ready ") {
@@ -140,8 +150,9 @@ func waitPodsReady(t *testing.T, ns, selector string, timeout time.Duration) {
 // override. The pod istiod's webhook wrote runs draind above pilot-agent,
 // behind istio-init's interception, and matches what `istioctl
 // kube-inject` writes from the same injector configuration.
-func TestIstioAdoption(t *testing.T) {
-	requireCluster(t)
+func TestClusterIstioAdoption(t *testing.T) {
+	requireIstiod(t)
+	t.Parallel()
 	for _, tc := range []struct {
 		name, manifest, selector, container string
 		// kubeInjectAnnotation: istioctl kube-inject starts from the
@@ -192,7 +203,9 @@ func TestIstioAdoption(t *testing.T) {
 
 			// istioctl kube-inject, from the injector configuration istiod
 			// serves (its ConfigMaps as the values file rendered them).
-			injected := kubeInject(t, manifest, tc.kubeInjectTemplates)
+			native := slices.IndexFunc(pod.Spec.InitContainers, func(c corev1.Container) bool { return c.Name == tc.container }) >= 0
+			t.Logf("istiod injected %s as a native sidecar: %t", tc.container, native)
+			injected := kubeInject(t, manifest, tc.kubeInjectTemplates, native)
 			compareInjection(t, pod.Spec, injected)
 		})
 	}
@@ -287,7 +300,7 @@ func podPID(t *testing.T, pod corev1.Pod) int {
 
 // kubeInject runs istioctl kube-inject on manifest with the injector's
 // configuration read from the cluster.
-func kubeInject(t *testing.T, manifest []byte, templates string) corev1.PodSpec {
+func kubeInject(t *testing.T, manifest []byte, templates string, native bool) corev1.PodSpec {
 	t.Helper()
 	dir := t.TempDir()
 	cfgJSON := kubectl(t, nil, "-n", "istio-system", "get", "configmap", "istio-sidecar-injector", "-o", "json")
@@ -313,12 +326,13 @@ func kubeInject(t *testing.T, manifest []byte, templates string) corev1.PodSpec 
 			break
 		}
 	}
+	if d.Spec.Template.Annotations == nil {
+		d.Spec.Template.Annotations = map[string]string{}
+	}
 	if templates != "" {
-		if d.Spec.Template.Annotations == nil {
-			d.Spec.Template.Annotations = map[string]string{}
-		}
 		d.Spec.Template.Annotations["inject.istio.io/templates"] = templates
 	}
+	d.Spec.Template.Annotations["sidecar.istio.io/nativeSidecar"] = strconv.FormatBool(native)
 	in, _ := yaml.Marshal(d)
 	if err := os.WriteFile(filepath.Join(dir, "in.yaml"), in, 0o644); err != nil {
 		t.Fatal(err)

@@ -11,9 +11,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -99,6 +101,14 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "cluster: up in %s; node %s at %s; images %s, %s, %s\n",
 		time.Since(t0).Round(time.Millisecond), c.Config.Node.NodeName, c.NodeIP, images.Draind, images.ProxyV2, images.TestApp)
+	var total int64
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(c.RSS())) {
+		rss := c.RSS()[name]
+		total += rss
+		parts = append(parts, fmt.Sprintf("%s %d", name, rss>>20))
+	}
+	fmt.Fprintf(stdout, "cluster: RSS %d MiB (%s MiB)\n", total>>20, strings.Join(parts, ", "))
 	fmt.Fprintf(stdout, "export KUBECONFIG=%s\n", cfg.KubeConfig())
 	return nil
 }

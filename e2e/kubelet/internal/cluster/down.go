@@ -35,10 +35,11 @@ var sysctls = map[string]string{
 
 // defaultPaths are written by the components wherever they run, whatever
 // their configuration: the kubelet's device-plugin socket and serving
-// certificate (/var/lib/kubelet), the CNI plugins' result cache
+// certificate (/var/lib/kubelet), its links to the containers' logs
+// (/var/log/containers), the CNI plugins' result cache
 // (/var/lib/cni), containerd's shim sockets (/run/containerd). Up records
 // those that do not exist yet; Down removes them.
-var defaultPaths = []string{"/var/lib/kubelet", "/var/lib/cni", "/run/containerd"}
+var defaultPaths = []string{"/var/lib/kubelet", "/var/lib/cni", "/run/containerd", containerLogLinks}
 
 // restoreRecord is where Up writes how to put the machine back: beside
 // the state directory, not in it (a sweep of the state directory keeps
@@ -131,6 +132,7 @@ func Down(cfg Config) error {
 	// Any process left whose arguments name the cluster's directories: a
 	// daemon whose PID file an interrupted run lost.
 	errs = append(errs, killNaming(cfg.StateDir+"/", cfg.DataDir+"/"))
+	errs = append(errs, removeLinksInto(containerLogLinks, n.DataDir+"/"))
 	errs = append(errs, node.Sweep(n))
 	errs = append(errs, os.RemoveAll(cfg.StateDir), os.RemoveAll(cfg.DataDir))
 	errs = append(errs, removeKubeChains())
@@ -268,4 +270,24 @@ func killNaming(marks ...string) error {
 		return fmt.Errorf("processes still there after SIGKILL: %s", strings.Join(left, ", "))
 	}
 	return nil
+}
+
+// containerLogLinks is where a kubelet links each container's log, always
+// (kubelet's kuberuntime.ContainerLogsDir), whatever its podLogsDir.
+const containerLogLinks = "/var/log/containers"
+
+// removeLinksInto removes the symbolic links in dir that point under target.
+func removeLinksInto(dir, target string) error {
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var errs []error
+	for _, e := range es {
+		p := filepath.Join(dir, e.Name())
+		if to, err := os.Readlink(p); err == nil && strings.HasPrefix(to, target) {
+			errs = append(errs, os.Remove(p))
+		}
+	}
+	return errors.Join(errs...)
 }

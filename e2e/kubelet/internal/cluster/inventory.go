@@ -33,8 +33,26 @@ func (c Config) places() []string {
 		"/etc/kubernetes", "/etc/cni/net.d", "/var/lib/containerd", "/run/netns", "/var/run/netns"}, defaultPaths...)
 }
 
-// daemonExecutables are the names of the processes the cluster runs.
-var daemonExecutables = append(slices.Clone(daemonNames), "containerd-shim-runc-v2", "runc", "pause", "draind", "pilot-agent", "envoy", "testapp")
+// ours describes the process at /proc/PID when it is the cluster's: its
+// arguments name the cluster's directories (every daemon and shim of it
+// does), or it runs in the kubelet's cgroup tree (a pod's process).
+func (c Config) ours(proc string) string {
+	cmdline, err := os.ReadFile(filepath.Join(proc, "cmdline"))
+	if err != nil {
+		return ""
+	}
+	desc := string(bytes.ReplaceAll(bytes.TrimRight(cmdline, "\x00"), []byte{0}, []byte{' '}))
+	for _, m := range []string{c.StateDir + "/", c.DataDir + "/"} {
+		if strings.Contains(desc, m) {
+			return desc
+		}
+	}
+	cg, _ := os.ReadFile(filepath.Join(proc, "cgroup"))
+	if strings.Contains(string(cg), c.Node.CgroupRoot+"/") {
+		return "in " + c.Node.CgroupRoot + ": " + desc
+	}
+	return ""
+}
 
 // Snapshot reads the inventory now.
 func (c Config) Snapshot() Inventory {
@@ -44,15 +62,8 @@ func (c Config) Snapshot() Inventory {
 		if _, err := strconv.Atoi(p.Name()); err != nil {
 			continue
 		}
-		exe, err := os.Readlink(filepath.Join("/proc", p.Name(), "exe"))
-		if err != nil {
-			continue
-		}
-		base := filepath.Base(exe)
-		for _, d := range daemonExecutables {
-			if strings.HasPrefix(base, d) {
-				inv.Processes = append(inv.Processes, exe)
-			}
+		if what := c.ours(filepath.Join("/proc", p.Name())); what != "" {
+			inv.Processes = append(inv.Processes, what)
 		}
 	}
 	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
@@ -145,4 +156,29 @@ func (now Inventory) Leftovers(before Inventory) []string {
 
 func unescape(s string) string {
 	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
+}
+
+// RSS is each running component's resident memory in bytes, by name,
+// read from the PIDs Up recorded.
+func (c Config) RSS() map[string]int64 {
+	out := map[string]int64{}
+	for _, name := range daemonNames {
+		for _, dir := range []string{c.StateDir, c.Node.StateDir} {
+			b, err := os.ReadFile(filepath.Join(dir, name+".pid"))
+			if err != nil {
+				continue
+			}
+			st, err := os.ReadFile(filepath.Join("/proc", strings.TrimSpace(string(b)), "status"))
+			if err != nil {
+				continue
+			}
+			for line := range strings.SplitSeq(string(st), "\n") {
+				if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+					kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+					out[name] = kb << 10
+				}
+			}
+		}
+	}
+	return out
 }

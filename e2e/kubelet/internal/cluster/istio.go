@@ -141,6 +141,7 @@ func (c *Cluster) startIstiod(ctx context.Context) error {
 		"--httpsAddr", fmt.Sprintf(":%d", istiodWebhookPort),
 		"--ctrlz_port", "0")
 	env = append(env,
+		"KUBECONFIG="+c.KubeConfig(),
 		"POD_NAME=istiod-"+c.Config.Node.NodeName,
 		"POD_NAMESPACE="+istiodNamespace,
 		"SERVICE_ACCOUNT=istiod",
@@ -178,7 +179,7 @@ metadata:
   namespace: %s
   labels:
     kubernetes.io/service-name: istiod
-    endpointslice.kubernetes.io/managed-by: draind.dev/cluster
+    endpointslice.kubernetes.io/managed-by: draind-cluster
 addressType: IPv4
 endpoints:
 - addresses: [%q]
@@ -207,7 +208,9 @@ func istiodProcess(dep map[string]any) (args, env []string, err error) {
 		}
 		for _, ei := range asSlice(c["env"]) {
 			e, _ := ei.(map[string]any)
-			if v, ok := e["value"]; ok {
+			// KUBECONFIG is the chart's path of a remote cluster's
+			// secret: the caller gives the administrator's.
+			if v, ok := e["value"]; ok && e["name"] != "KUBECONFIG" {
 				env = append(env, fmt.Sprintf("%s=%v", e["name"], v))
 			}
 		}
