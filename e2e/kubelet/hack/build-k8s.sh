@@ -13,7 +13,7 @@
 # `go install` cannot build its commands; a throwaway module that requires it
 # and maps every staging module to its published version (v0.X.Y for v1.X.Y)
 # builds them unchanged, in one `go build` so that the packages they share
-# compile once (../../../../shared/peers-cluster.md has the timings).
+# compile once.
 set -euo pipefail
 version=${1:-v1.34.2}
 shift || true

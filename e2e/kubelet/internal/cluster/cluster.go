@@ -1,5 +1,5 @@
 // Package cluster runs a single-node Kubernetes cluster on this machine,
-// every component a plain process as kubernetes' hack/local-up-cluster.sh
+// every component a plain process as kubernetes' local-up-cluster script
 // runs them: etcd, kube-apiserver (TLS, RBAC, admission webhooks),
 // kube-controller-manager, kube-scheduler, the node (containerd and a
 // kubelet registered with the API server: package node), kube-proxy in
@@ -370,7 +370,10 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 		if err == nil && strings.TrimSpace(string(out)) == "True" {
 			return nil
 		}
-		last = fmt.Errorf("node %s Ready=%q (%v)", c.Config.Node.NodeName, strings.TrimSpace(string(out)), err)
+		last = fmt.Errorf("node %s Ready=%q", c.Config.Node.NodeName, strings.TrimSpace(string(out)))
+		if err != nil {
+			last = fmt.Errorf("%w: %w", last, err)
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

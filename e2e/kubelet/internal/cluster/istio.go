@@ -163,7 +163,10 @@ func (c *Cluster) startIstiod(ctx context.Context) error {
 			return nil
 		}
 		if time.Now().After(end) {
-			return fmt.Errorf("webhook istio-sidecar-injector: no caBundle after 60 s (%v; log: %s)", err, tailFile(filepath.Join(c.Config.StateDir, "pilot-discovery.log")))
+			if err == nil {
+				err = errors.New("caBundle empty")
+			}
+			return fmt.Errorf("webhook istio-sidecar-injector: no caBundle after 60 s: %w (log: %s)", err, tailFile(filepath.Join(c.Config.StateDir, "pilot-discovery.log")))
 		}
 		time.Sleep(250 * time.Millisecond)
 	}

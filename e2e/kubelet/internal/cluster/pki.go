@@ -17,7 +17,7 @@ import (
 )
 
 // pki is the cluster's certificates, made by crypto/x509 as
-// kubernetes' hack/local-up-cluster.sh makes them with cfssl: one CA signs
+// kubernetes' local-up-cluster script makes them with cfssl: one CA signs
 // the API server's serving certificate and every component's client
 // certificate (the user is the CN, the groups the O); the service-account
 // tokens have their own RSA key.
