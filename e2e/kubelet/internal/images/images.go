@@ -33,6 +33,10 @@ const (
 	// TestApp serves HTTP on :8080 when run with no arguments
 	// (e2e/kubelet/cmd/testapp).
 	TestApp = "docker.io/draind/testapp:dev"
+	// LoadClient sends requests at a fixed rate with no retries
+	// (e2e/kubelet/cmd/loadclient): the client pod of the rollout
+	// measurements.
+	LoadClient = "docker.io/draind/loadclient:dev"
 	// Pause is the sandbox image.
 	Pause = "docker.io/draind/e2e-pause:dev"
 )
@@ -71,6 +75,7 @@ func Build(ctx context.Context, src Sources, dir string) ([]string, error) {
 		{src.RepoRoot, "./internal/testenv/envoysim/cmd/envoysim", bin("envoysim")},
 		{src.KubeletDir, "./cmd/testapp", bin("testapp")},
 		{src.KubeletDir, "./cmd/pause", bin("pause")},
+		{src.KubeletDir, "./cmd/loadclient", bin("loadclient")},
 	} {
 		if err := GoBuild(ctx, b.dir, b.pkg, b.out); err != nil {
 			return nil, err
@@ -93,6 +98,7 @@ func Build(ctx context.Context, src Sources, dir string) ([]string, error) {
 			User:       "1337",
 		},
 		{Ref: TestApp, Files: []ociimage.File{{Src: bin("testapp"), Dst: "/usr/local/bin/testapp"}}, Dirs: []string{"/tmp"}, Entrypoint: []string{"/usr/local/bin/testapp"}, User: "1000"},
+		{Ref: LoadClient, Files: []ociimage.File{{Src: bin("loadclient"), Dst: "/usr/local/bin/loadclient"}}, Entrypoint: []string{"/usr/local/bin/loadclient"}, User: "1000"},
 		{Ref: Pause, Files: []ociimage.File{{Src: bin("pause"), Dst: "/pause"}}, Entrypoint: []string{"/pause"}, User: "65535"},
 	}
 	// Without pilot-agent (a cluster without istiod), no ProxyV2.

@@ -120,8 +120,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 }
 
 // cniConfig is a bridge with host-local IPAM; the host is the gateway, so
-// the tests reach pods (and pods the host's upstream) without NAT.
+// the tests reach pods (and pods the host's upstream) without NAT. In a
+// cluster the pods also get a default route through it: a Service's
+// ClusterIP is no address of the bridge's subnet, and kube-proxy's DNAT
+// happens as the node routes it.
 func (c Config) cniConfig() string {
+	routes := ""
+	if c.API != nil {
+		routes = `
+        "routes": [{"dst": "0.0.0.0/0"}],`
+	}
 	return fmt.Sprintf(`{
   "cniVersion": "0.4.0",
   "name": "draind-e2e",
@@ -134,13 +142,13 @@ func (c Config) cniConfig() string {
       "hairpinMode": true,
       "ipam": {
         "type": "host-local",
-        "ranges": [[{"subnet": %[2]q, "gateway": %[3]q}]],
+        "ranges": [[{"subnet": %[2]q, "gateway": %[3]q}]],%[5]s
         "dataDir": %[4]q
       }
     }
   ]
 }
-`, c.Bridge, c.Subnet, c.Gateway, filepath.Join(c.StateDir, "cni", "ipam"))
+`, c.Bridge, c.Subnet, c.Gateway, filepath.Join(c.StateDir, "cni", "ipam"), routes)
 }
 
 // kubeletConfig is a standalone kubelet: static pods from a directory, no
