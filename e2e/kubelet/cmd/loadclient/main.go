@@ -14,7 +14,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -27,8 +26,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"golang.org/x/net/http2"
 )
 
 func main() {
@@ -74,10 +71,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	case "keepalive":
 		tr = &http.Transport{MaxIdleConnsPerHost: 64}
 	case "h2":
-		tr = &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, network, addr)
-		}}
+		// HTTP/2 with prior knowledge over cleartext, nothing else.
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		tr = &http.Transport{Protocols: &p}
 	default:
 		return fmt.Errorf("--mode %q: newconn, keepalive or h2", *mode)
 	}
