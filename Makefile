@@ -146,7 +146,11 @@ CLUSTER_SHORT_SKIP = ^TestClusterJobs$$/5s$$
 e2e-cluster-short: ## the same, shorter (CI)
 	KUBELET_VERSION=$(KUBELET_VERSION) RUN='$(CLUSTER_RUN)' SKIP='$(CLUSTER_SHORT_SKIP)' DRAIND_E2E_APP_START_TIMEOUT=10s \
 	bash e2e/kubelet/hack/cluster.sh test
-.PHONY: cluster cluster-down e2e-cluster e2e-cluster-short
+# A measurement, not in CI: each strategy's Deployment rolled under load
+# (e2e/kubelet/cluster_rollout_test.go; docs/benchmarks.md).
+bench-rollout: ## a rollout under load, draind's strategies beside pilot-agent's, in a cluster of its own, as root
+	KUBELET_VERSION=$(KUBELET_VERSION) RUN='^TestBenchRollout$$' DRAIND_BENCH_ROLLOUT=1 bash e2e/kubelet/hack/cluster.sh test
+.PHONY: cluster cluster-down e2e-cluster e2e-cluster-short bench-rollout
 # ---- end cluster ----
 
 # ---- fuzz: each fuzz target for FUZZTIME (CI runs a short one) ----

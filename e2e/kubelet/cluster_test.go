@@ -162,6 +162,8 @@ func TestClusterIstioAdoption(t *testing.T) {
 	}{
 		{"template", plainWeb, "app=web", "istio-proxy", "sidecar,draind,draind-ebpf"},
 		{"override", readRepo(t, "deploy/istio/sidecar.yaml"), "app=web", "istio-proxy", ""},
+		// Istio's stock sidecar, one annotation away: pilot-agent alone.
+		{"stock", strings.Replace(plainWeb, "      labels: {app: web}\n", "      labels: {app: web}\n      annotations: {inject.istio.io/templates: sidecar}\n", 1), "app=web", "istio-proxy", "sidecar"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := testNamespace(t, "adopt-"+tc.name, "istio-injection=enabled")
@@ -174,7 +176,12 @@ func TestClusterIstioAdoption(t *testing.T) {
 			if proxy == nil {
 				t.Fatalf("pod %s has no %s container: %v", pod.Name, tc.container, containerNames(pod.Spec))
 			}
-			if want := []string{"/usr/local/bin/draind", "run", "--", "/usr/local/bin/pilot-agent"}; !slices.Equal(proxy.Command, want) {
+			stock := tc.name == "stock"
+			want := []string{"/usr/local/bin/draind", "run", "--", "/usr/local/bin/pilot-agent"}
+			if stock {
+				want = nil // the image's entrypoint: pilot-agent
+			}
+			if !slices.Equal(proxy.Command, want) {
 				t.Errorf("%s command = %q, want %q", tc.container, proxy.Command, want)
 			}
 			if slices.IndexFunc(pod.Spec.InitContainers, func(c corev1.Container) bool { return c.Name == "istio-init" }) < 0 {
@@ -197,8 +204,8 @@ func TestClusterIstioAdoption(t *testing.T) {
 				t.Errorf("GET the app through its pod IP: %q, %v", body, err)
 			}
 			logs := kubectl(t, nil, "-n", ns, "logs", pod.Name, "-c", tc.container)
-			if r := findLog(parsePlainJSONLog(logs), logevent.ProxyIsPilotAgent); r == nil {
-				t.Errorf("draind did not recognise pilot-agent; its log:\n%s", logs)
+			if r := findLog(parsePlainJSONLog(logs), logevent.ProxyIsPilotAgent); (r == nil) != stock {
+				t.Errorf("draind above pilot-agent: %t, want %t; the log:\n%s", r != nil, !stock, logs)
 			}
 
 			// istioctl kube-inject, from the injector configuration istiod

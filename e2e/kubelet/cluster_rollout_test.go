@@ -1,0 +1,221 @@
+package kubelet_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/yaml"
+
+	"github.com/draind/draind/e2e/kubelet/internal/images"
+)
+
+// The rollout measurement (make bench-rollout, docs/benchmarks.md): each
+// strategy on its own Deployment of 5 replicas behind its own ClusterIP
+// Service, one load client per shape in a pod calling the Service through
+// kube-proxy at a fixed rate with no retries, through `kubectl rollout
+// restart` (maxSurge 1, maxUnavailable 0). Reported per strategy and shape:
+// requests sent and failed by class, and each old pod's time in
+// Terminating (deletionTimestamp to gone). A measurement, not a test: it
+// runs only with DRAIND_BENCH_ROLLOUT=1.
+const benchRolloutVar = "DRAIND_BENCH_ROLLOUT"
+
+type rolloutStrategy struct {
+	name       string
+	injected   bool   // in an istio-injection=enabled namespace
+	templates  string // inject.istio.io/templates ("": the default, draind above pilot-agent)
+	proxyCfg   string // proxy.istio.io/config
+	manifest   string // a deploy/ manifest (not injected)
+	targetPort int
+}
+
+var rolloutStrategies = []rolloutStrategy{
+	{name: "draind-classic", manifest: "deploy/classic-sidecar.yaml", targetPort: 15006},
+	{name: "draind-native", manifest: "deploy/native-sidecar.yaml", targetPort: 15006},
+	{name: "draind-istio", injected: true, targetPort: 8080},
+	{name: "pilot-agent", injected: true, templates: "sidecar", targetPort: 8080},
+	{name: "pilot-agent-exit-on-zero", injected: true, templates: "sidecar", proxyCfg: `{"proxyMetadata":{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS":"true"}}`, targetPort: 8080},
+}
+
+var rolloutShapes = []string{"newconn", "keepalive", "h2"}
+
+// rolloutApp is every strategy's app: agnhost netexec's shape, serving 5 s
+// after SIGTERM (Kubernetes' rolling-update e2e).
+var rolloutApp = []string{"--delay-shutdown", "5s"}
+
+func TestBenchRollout(t *testing.T) {
+	if os.Getenv(benchRolloutVar) != "1" {
+		t.Skipf("a measurement: set %s=1 (make bench-rollout)", benchRolloutVar)
+	}
+	requireIstiod(t)
+	qps := 20.0
+	var table []string
+	for _, st := range rolloutStrategies {
+		ns := testNamespace(t, "ro-"+st.name)
+		if st.injected {
+			kubectl(t, nil, "label", "namespace", ns, "istio-injection=enabled")
+		}
+		kubectl(t, envoySidecarConfigMap(t), "-n", ns, "apply", "-f", "-")
+		kubectl(t, rolloutDeployment(t, st), "-n", ns, "apply", "-f", "-")
+		kubectl(t, fmt.Appendf(nil, `apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: %d}]
+`, st.targetPort), "-n", ns, "apply", "-f", "-")
+		waitPodsReady(t, ns, "app=web", 3*time.Minute)
+		kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=180s")
+		ip := strings.TrimSpace(kubectl(t, nil, "-n", ns, "get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"))
+
+		term := watchTerminating(t, ns)
+		loadFor := 60 * time.Second
+		for _, shape := range rolloutShapes {
+			kubectl(t, nil, "-n", ns, "run", "load-"+shape, "--image", images.LoadClient, "--restart=Never", "--labels", "role=load,sidecar.istio.io/inject=false",
+				"--", "--url", "http://"+ip+"/", "--qps", fmt.Sprint(qps), "--duration", loadFor.String(), "--mode", shape)
+		}
+		waitPodsReady(t, ns, "role=load", time.Minute)
+		time.Sleep(5 * time.Second)
+		t0 := time.Now()
+		kubectl(t, nil, "-n", ns, "rollout", "restart", "deployment/web")
+		kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=300s")
+		rolled := time.Since(t0)
+		// The old pods' last seconds, then the clients' end.
+		waitUntil(t, 3*time.Minute, "the load clients' end", func() bool {
+			for _, p := range podsOf(t, ns, "role=load") {
+				if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+					return false
+				}
+			}
+			return true
+		})
+		terms := term.stop()
+		for _, shape := range rolloutShapes {
+			out := kubectl(t, nil, "-n", ns, "logs", "load-"+shape)
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			var sum struct {
+				Sent, OK, Failed int
+				ByClass          map[string]int `json:"by_class"`
+			}
+			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &sum); err != nil {
+				t.Fatalf("%s %s: no summary: %v\n%s", st.name, shape, err, out)
+			}
+			line := fmt.Sprintf("%-26s %-9s sent %5d failed %4d %v rollout %s terminating %s",
+				st.name, shape, sum.Sent, sum.Failed, sum.ByClass, fmtDur(rolled), terms)
+			t.Log(line)
+			table = append(table, line)
+		}
+	}
+	report.add("rollout", "table", "\n"+strings.Join(table, "\n"))
+}
+
+// rolloutDeployment is a strategy's Deployment: app=web, 5 replicas,
+// maxSurge 1 and maxUnavailable 0, the local images, the common app.
+func rolloutDeployment(t *testing.T, st rolloutStrategy) []byte {
+	t.Helper()
+	src := plainWeb
+	if st.manifest != "" {
+		src = readRepo(t, st.manifest)
+	}
+	var d appsv1.Deployment
+	for _, doc := range docSep.Split(string(localImages(src)), -1) {
+		if yaml.Unmarshal([]byte(doc), &d) == nil && d.Kind == "Deployment" {
+			break
+		}
+	}
+	d.Name = "web"
+	d.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}
+	d.Spec.Template.Labels = map[string]string{"app": "web"}
+	replicas := int32(5)
+	d.Spec.Replicas = &replicas
+	one, zero := intstr.FromInt32(1), intstr.FromInt32(0)
+	d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType, RollingUpdate: &appsv1.RollingUpdateDeployment{MaxSurge: &one, MaxUnavailable: &zero}}
+	if d.Spec.Template.Annotations == nil {
+		d.Spec.Template.Annotations = map[string]string{}
+	}
+	if st.templates != "" {
+		d.Spec.Template.Annotations["inject.istio.io/templates"] = st.templates
+	}
+	if st.proxyCfg != "" {
+		d.Spec.Template.Annotations["proxy.istio.io/config"] = st.proxyCfg
+	}
+	for i := range d.Spec.Template.Spec.Containers {
+		if c := &d.Spec.Template.Spec.Containers[i]; c.Name == "app" {
+			c.Args = slices.Clone(rolloutApp)
+		}
+	}
+	b, err := yaml.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// terminatingWatch records each pod's time from its deletionTimestamp to
+// its removal.
+type terminatingWatch struct {
+	w    watch.Interface
+	done chan struct{}
+	mu   sync.Mutex
+	took []time.Duration
+}
+
+func watchTerminating(t *testing.T, ns string) *terminatingWatch {
+	t.Helper()
+	w, err := kube.CoreV1().Pods(ns).Watch(context.Background(), metav1.ListOptions{LabelSelector: "app=web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tw := &terminatingWatch{w: w, done: make(chan struct{})}
+	marked := map[string]time.Time{}
+	go func() {
+		defer close(tw.done)
+		for ev := range w.ResultChan() {
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			if p.DeletionTimestamp != nil {
+				if _, seen := marked[p.Name]; !seen {
+					marked[p.Name] = time.Now()
+				}
+			}
+			if ev.Type == watch.Deleted {
+				if at, ok := marked[p.Name]; ok {
+					tw.mu.Lock()
+					tw.took = append(tw.took, time.Since(at))
+					tw.mu.Unlock()
+				}
+			}
+		}
+	}()
+	return tw
+}
+
+// stop ends the watch and summarises: count, mean and max.
+func (tw *terminatingWatch) stop() string {
+	tw.w.Stop()
+	<-tw.done
+	tw.mu.Lock()
+	defer tw.mu.Unlock()
+	if len(tw.took) == 0 {
+		return "none"
+	}
+	var sum, maxD time.Duration
+	for _, d := range tw.took {
+		sum += d
+		maxD = max(maxD, d)
+	}
+	return fmt.Sprintf("%d pods mean %s max %s", len(tw.took), fmtDur(sum/time.Duration(len(tw.took))), fmtDur(maxD))
+}
