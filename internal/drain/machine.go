@@ -230,13 +230,13 @@ type Machine struct {
 	failedSeq uint64
 	gate      Gate
 	// before is what arrived before the trigger (--min-drain auto).
-	before ArrivalsBefore
-	holds  uint32 // kinds logged last
-	backoff   time.Duration
-	timers    timers
-	liveC     chan struct{}
-	stopLive  func()
-	stopDL    func()
+	before   ArrivalsBefore
+	holds    uint32 // kinds logged last
+	backoff  time.Duration
+	timers   timers
+	liveC    chan struct{}
+	stopLive func()
+	stopDL   func()
 
 	// watching is when Run began watching the app under --exit-with-app
 	// (its process source is live by then): --app-start-timeout counts
