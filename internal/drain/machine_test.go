@@ -447,8 +447,9 @@ func TestTriggers(t *testing.T) {
 
 func TestTriggerWhileStarting(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := newRig(t)
-		r.admin.notLive.Store(true)
+		// Not LIVE before the machine runs (set after newRig, its first
+		// ask could find Envoy LIVE: ready first, under -race now and then).
+		r := newRig(t, func(r *rig, _ *Config) { r.admin.notLive.Store(true) })
 		r.m.Trigger(CauseSignal)
 		r.waitPhase(Gating)
 		r.apps.exit()
