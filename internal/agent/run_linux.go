@@ -249,6 +249,12 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	defer fv.Close()
 	tracking := &liveViews{a: a, ctx: runCtx, wg: &wg}
 	parts := drain.Parts{Flows: fv, Admin: a.admin, Proxy: a.proxy, Log: log, Begun: begun, Tracking: tracking}
+	if cfg.Drain.MinDrainAuto {
+		arr := newArrivals(a.tracker, fv, client, log)
+		shared.arrivals = arr
+		parts.Arrivals = arr
+		defer arr.End()
+	}
 	if a.procs != nil {
 		parts.Apps = appView{a.procs}
 	}

@@ -204,6 +204,8 @@ type adminShared struct {
 	drainAll atomic.Bool
 	// flows, once set, learns the ports of listeners excluded by name.
 	flows *flowView
+	// arrivals, under --min-drain auto, reads its baseline at LIVE.
+	arrivals *arrivals
 }
 
 // Live: server.state LIVE and workers started, from /stats, until that is
@@ -250,6 +252,9 @@ func (a adminView) ready(ctx context.Context) (bool, string) {
 // checked against the listeners' traffic_direction.
 func (a adminView) AtLive(ctx context.Context) {
 	sh := a.shared()
+	if sh.arrivals != nil {
+		sh.arrivals.atLive(ctx)
+	}
 	ls, err := a.c.Listeners(ctx)
 	if err != nil {
 		sh.log.Warn("could not read Envoy's listeners (/listeners, /config_dump): --exclude-listeners names match stat names only, and traffic_direction is not checked", zap.Error(err))

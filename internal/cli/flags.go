@@ -244,6 +244,32 @@ func logFormatFlag(fs *flagSet) *oneOf[logFormat] {
 	return f
 }
 
+// minDrainFlag is --min-drain: a duration (a fixed wait), or "auto" (the
+// adaptive wait until the pod is out of rotation).
+type minDrainFlag struct {
+	d    *time.Duration
+	auto *bool
+}
+
+func (f minDrainFlag) String() string {
+	if f.auto != nil && *f.auto {
+		return "auto"
+	}
+	return durationFlag{f.d}.String()
+}
+
+func (f minDrainFlag) Set(v string) error {
+	if v == "auto" {
+		*f.auto = true
+		return nil
+	}
+	if err := (durationFlag{f.d}).Set(v); err != nil {
+		return fmt.Errorf("%q is not a duration (e.g. 500ms, 5s, 1m) nor auto", v)
+	}
+	*f.auto = false
+	return nil
+}
+
 // durationFlag is a time.Duration flag whose parse errors say what is wrong
 // (the standard one says only "parse error").
 type durationFlag struct{ d *time.Duration }

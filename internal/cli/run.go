@@ -88,7 +88,9 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	var excludeNames nameList
 	fs.Var(&excludeNames, "exclude-listeners", "Envoy listeners that carry no traffic, by name: a listener's name or its stat_prefix (comma-separated); mapped to their ports once Envoy is LIVE")
 	d := &cfg.Drain
-	fs.durationVar(&d.MinDrain, "min-drain", d.MinDrain, "wait this long after draining starts (endpoint propagation)")
+	fs.Var(minDrainFlag{&d.MinDrain, &d.MinDrainAuto}, "min-drain", "wait this long after draining starts (endpoint propagation); auto: until the pod is out of rotation, no new connection for a quiet window sized from its own rate")
+	fs.durationVar(&d.RotationFloor, "min-drain-floor", d.RotationFloor, "with --min-drain auto: never out of rotation before this long after the trigger")
+	fs.durationVar(&d.RotationCeiling, "min-drain-ceiling", d.RotationCeiling, "with --min-drain auto: always out of rotation this long after the trigger (bounded by --drain-deadline)")
 	fs.durationVar(&d.Settle, "settle", 0, "the gate must stay open this long before the proxy is stopped")
 	appExit := newOneOf(d.AppExit, drain.AppExits)
 	fs.Var(appExit, "app-exit", "when the app is done: "+appExit.choices()+" (wait: for its processes, else its sockets; flows: for its flows)")

@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,6 +33,9 @@ func TestRunConfigIstioVariables(t *testing.T) {
 		{"Istio's duration has a unit", nil, map[string]string{"MINIMUM_DRAIN_DURATION": "30"}, 0, 0, false, `MINIMUM_DRAIN_DURATION="30" (for --min-drain): "30" is not a duration`},
 		{"the twin beats Istio's", nil, map[string]string{"DRAIND_DRAIN_DEADLINE": "20s", "TERMINATION_DRAIN_DURATION_SECONDS": "45"}, 5 * time.Second, 20 * time.Second, true, ""},
 		{"the flag beats both", []string{"--drain-deadline", "15s"}, map[string]string{"DRAIND_DRAIN_DEADLINE": "20s", "TERMINATION_DRAIN_DURATION_SECONDS": "45"}, 5 * time.Second, 15 * time.Second, true, ""},
+		{"auto", []string{"--min-drain", "auto"}, nil, 5 * time.Second, 25 * time.Second, false, ""},
+		{"auto from the twin", nil, map[string]string{"DRAIND_MIN_DRAIN": "auto"}, 5 * time.Second, 25 * time.Second, false, ""},
+		{"neither auto nor a duration", []string{"--min-drain", "automatic"}, nil, 0, 0, false, `"automatic" is not a duration (e.g. 500ms, 5s, 1m) nor auto`},
 		{"the old name means nothing", nil, map[string]string{"TERMINATION_DRAIN_DURATION": "45s"}, 5 * time.Second, 25 * time.Second, false, ""},
 	}
 	for _, tt := range tests {
@@ -48,6 +52,9 @@ func TestRunConfigIstioVariables(t *testing.T) {
 			}
 			if err != nil {
 				t.Fatal(err)
+			}
+			if auto := slices.Contains(tt.args, "auto") || tt.env["DRAIND_MIN_DRAIN"] == "auto"; cfg.Drain.MinDrainAuto != auto {
+				t.Errorf("min-drain auto %v, want %v", cfg.Drain.MinDrainAuto, auto)
 			}
 			if cfg.Drain.MinDrain != tt.minDrain || cfg.Drain.Deadline != tt.deadline || cfg.DeadlineSet != tt.deadlineSet {
 				t.Errorf("min-drain %s deadline %s (set %v), want %s %s (%v)", cfg.Drain.MinDrain, cfg.Drain.Deadline, cfg.DeadlineSet, tt.minDrain, tt.deadline, tt.deadlineSet)

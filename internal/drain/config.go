@@ -12,6 +12,11 @@ type Config struct {
 	// MinDrain is the wait after the drain starts, for endpoint removal to
 	// propagate (--min-drain); interruptible.
 	MinDrain time.Duration
+	// MinDrainAuto replaces MinDrain by the adaptive wait (--min-drain
+	// auto): until the pod is out of rotation (OutOfRotation), never
+	// before RotationFloor, never after RotationCeiling.
+	MinDrainAuto                   bool
+	RotationFloor, RotationCeiling time.Duration
 	// Settle is how long the gate must stay open before the proxy stops.
 	Settle time.Duration
 	// IdleTimeout: a flow idle longer stops holding the drain (0: off).
@@ -100,6 +105,8 @@ const (
 func DefaultConfig() Config {
 	return Config{
 		MinDrain:        DefaultMinDrain,
+		RotationFloor:   DefaultRotationFloor,
+		RotationCeiling: DefaultRotationCeiling,
 		AppExit:         AppExitWait,
 		Deadline:        DefaultDeadline,
 		StopTimeout:     DefaultStopTimeout,
@@ -145,6 +152,12 @@ func (c Config) Validate() error {
 		return bad("--stop-timeout must be positive")
 	case c.MinDrain < 0 || c.Settle < 0 || c.IdleTimeout < 0 || c.AppStartTimeout < 0:
 		return bad("durations must not be negative")
+	case c.MinDrainAuto && c.RotationFloor < 0:
+		return bad("--min-drain-floor must not be negative")
+	case c.MinDrainAuto && c.RotationCeiling <= 0:
+		return bad("--min-drain-ceiling must be positive")
+	case c.MinDrainAuto && c.RotationFloor > c.RotationCeiling:
+		return bad("--min-drain-floor %s is longer than --min-drain-ceiling %s", c.RotationFloor, c.RotationCeiling)
 	case c.GateDeadline() <= 0:
 		return bad("--drain-deadline %s leaves no time to drain: the stop steps alone take up to %s (quit call, 2 × --stop-timeout %s, %s after SIGKILL)",
 			c.Deadline, c.StopReserve(), c.StopTimeout, KillWait)
@@ -177,6 +190,9 @@ func oneOf[T ~string](ws []T) string {
 // to fit. It returns the mended config and, when it changed anything, one
 // line for a warning.
 func (c Config) Reconcile(deadlineSet bool) (Config, string) {
+	if c.MinDrainAuto {
+		return c.reconcileCeiling(deadlineSet)
+	}
 	if c.MinDrain <= c.GateDeadline() {
 		return c, ""
 	}
@@ -190,6 +206,25 @@ func (c Config) Reconcile(deadlineSet bool) (Config, string) {
 	c.MinDrain = c.GateDeadline()
 	return c, fmt.Sprintf("--min-drain %s does not fit in --drain-deadline %s (less %s of stop steps): min-drain is cut to %s",
 		old, c.Deadline, c.StopReserve(), c.MinDrain)
+}
+
+// reconcileCeiling is Reconcile for --min-drain auto: the ceiling is
+// bounded by the deadline as a fixed min-drain is (the floor with it).
+func (c Config) reconcileCeiling(deadlineSet bool) (Config, string) {
+	if c.RotationCeiling <= c.GateDeadline() {
+		return c, ""
+	}
+	if !deadlineSet {
+		old := c.Deadline
+		c.Deadline = c.RotationCeiling + c.StopReserve()
+		return c, fmt.Sprintf("--min-drain-ceiling %s does not fit in the default --drain-deadline %s: the deadline is raised to %s (ceiling + %s of stop steps)",
+			c.RotationCeiling, old, c.Deadline, c.StopReserve())
+	}
+	old := c.RotationCeiling
+	c.RotationCeiling = c.GateDeadline()
+	c.RotationFloor = min(c.RotationFloor, c.RotationCeiling)
+	return c, fmt.Sprintf("--min-drain-ceiling %s does not fit in --drain-deadline %s (less %s of stop steps): the ceiling is cut to %s",
+		old, c.Deadline, c.StopReserve(), c.RotationCeiling)
 }
 
 // GraceWarning is one line when the worst case does not fit inside

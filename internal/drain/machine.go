@@ -59,6 +59,20 @@ type OpenFlow struct {
 	Age                     time.Duration
 }
 
+// Arrivals counts the new inbound connections that reach the pod from
+// outside it (not the kubelet's probes, not loopback), for --min-drain
+// auto. *agent.arrivals implements it.
+type Arrivals interface {
+	// Begin is called once, at the trigger, once the tracking is live:
+	// it returns what arrived before and starts counting what arrives
+	// after.
+	Begin(at time.Time) ArrivalsBefore
+	// Since is what arrived since Begin.
+	Since() ArrivalsSince
+	// End: the wait is over; the counting may stop.
+	End()
+}
+
 // Apps follows the app's processes. Nil when they are not followed.
 type Apps interface {
 	// Changed is signalled (coalesced) whenever the count may have changed.
@@ -146,6 +160,9 @@ type Parts struct {
 	// Tracking, when set, starts the live views Flows and Apps read, at
 	// the trigger: nothing of them runs while the pod is Ready.
 	Tracking Tracking
+	// Arrivals, when set, counts new connections for --min-drain auto
+	// (without it the rule knows no rate and sees no arrival).
+	Arrivals Arrivals
 	Log      *zap.Logger
 	// Begun is when the process began (for the ready line's since_start).
 	Begun time.Time
@@ -187,6 +204,7 @@ type Machine struct {
 	admin    Admin
 	proxy    Proxy
 	tracking Tracking
+	arrivals Arrivals
 	log      *zap.Logger
 	begun    time.Time
 
@@ -198,6 +216,8 @@ type Machine struct {
 	dlTries atomic.Int64
 	gauges  atomic.Int32
 	drainNS atomic.Int64 // from the trigger to the stop, once stopping
+	// The adaptive wait's end (--min-drain auto), once over.
+	rotation atomic.Pointer[RotationEnd]
 
 	// Owned by Run's goroutine.
 	started time.Time // the trigger
@@ -209,12 +229,14 @@ type Machine struct {
 	// failedSeq is the last failed main exit said to stay (success mode).
 	failedSeq uint64
 	gate      Gate
-	holds     uint32 // kinds logged last
-	backoff   time.Duration
-	timers    timers
-	liveC     chan struct{}
-	stopLive  func()
-	stopDL    func()
+	// before is what arrived before the trigger (--min-drain auto).
+	before   ArrivalsBefore
+	holds    uint32 // kinds logged last
+	backoff  time.Duration
+	timers   timers
+	liveC    chan struct{}
+	stopLive func()
+	stopDL   func()
 
 	// watching is when Run began watching the app under --exit-with-app
 	// (its process source is live by then): --app-start-timeout counts
@@ -267,7 +289,7 @@ func New(cfg Config, parts Parts) *Machine {
 	m := &Machine{
 		cfg:   cfg,
 		flows: parts.Flows, apps: parts.Apps, admin: parts.Admin, proxy: parts.Proxy,
-		tracking: parts.Tracking, log: parts.Log, begun: parts.Begun,
+		tracking: parts.Tracking, arrivals: parts.Arrivals, log: parts.Log, begun: parts.Begun,
 		inputs: make(chan input, 8), gate: Gate{Settle: cfg.Settle},
 	}
 	m.phase.Store(int32(Starting))
@@ -312,6 +334,23 @@ func (m *Machine) DrainDuration() time.Duration { return time.Duration(m.drainNS
 
 // Config is the machine's configuration.
 func (m *Machine) Config() Config { return m.cfg }
+
+// RotationEnd is how the adaptive wait ended: when after the trigger, why,
+// and after how many new connections.
+type RotationEnd struct {
+	Took        time.Duration
+	Why         RotationReason
+	Connections int64
+	Window      time.Duration
+}
+
+// Rotation is how the adaptive wait ended (false before, or without one).
+func (m *Machine) Rotation() (RotationEnd, bool) {
+	if r := m.rotation.Load(); r != nil {
+		return *r, true
+	}
+	return RotationEnd{}, false
+}
 
 // Run runs the machine until the proxy is stopped (prestop: until the app
 // is done or the deadline). Cancelling ctx stops the proxy at once.
@@ -365,6 +404,10 @@ func (m *Machine) Run(ctx context.Context) Result {
 			m.onLive(ctx)
 		case <-chanOf(m.timers.minDrain):
 			m.timers.minDrain = nil
+			if m.cfg.MinDrainAuto && m.Phase() == Draining {
+				m.checkRotation()
+				break
+			}
 			m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.flows.Observe()))
 		case <-chanOf(m.timers.appDone):
 			m.timers.appDone = nil
@@ -542,6 +585,9 @@ func (m *Machine) onTrigger(c Cause) {
 			if p == Draining && m.appGone() {
 				m.timers.minDrain.Stop()
 				m.timers.minDrain = nil
+				if m.cfg.MinDrainAuto && m.arrivals != nil {
+					m.arrivals.End()
+				}
 				m.log.Info("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now", logevent.SigtermEndsMinDrain.Field())
 				m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.flows.Observe()))
 			} else {
@@ -605,14 +651,58 @@ func (m *Machine) begin(c Cause) {
 		m.startDrainListeners()
 	}
 	m.startTracking()
-	m.enter(Draining, zap.Stringer("trigger", c), zap.Stringer("pod_shape", m.shape(c)), zap.Duration("min_drain", minDrain),
-		zap.Duration("deadline", m.cfg.Deadline), zap.Duration("gate_deadline", m.cfg.GateDeadline()),
-		zap.Any("flows", m.flows.Observe()))
+	auto := m.cfg.MinDrainAuto && minDrain != 0
+	fields := []zap.Field{zap.Stringer("trigger", c), zap.Stringer("pod_shape", m.shape(c)), zap.Duration("min_drain", minDrain)}
+	if auto {
+		fields = []zap.Field{fields[0], fields[1], zap.String("min_drain", "auto"),
+			zap.Duration("min_drain_floor", m.cfg.RotationFloor), zap.Duration("min_drain_ceiling", m.cfg.RotationCeiling)}
+	}
+	m.enter(Draining, append(fields, zap.Duration("deadline", m.cfg.Deadline), zap.Duration("gate_deadline", m.cfg.GateDeadline()),
+		zap.Any("flows", m.flows.Observe()))...)
 	if minDrain == 0 {
 		m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)))
 		return
 	}
+	if auto {
+		if m.arrivals != nil {
+			m.before = m.arrivals.Begin(m.started)
+		}
+		m.checkRotation()
+		return
+	}
 	m.timers.minDrain = time.NewTimer(minDrain)
+}
+
+// rotationInput is the out-of-rotation rule's input now.
+func (m *Machine) rotationInput() RotationInput {
+	in := RotationInput{Start: m.started, Now: time.Now(), Before: m.before, Floor: m.cfg.RotationFloor, Ceiling: m.cfg.RotationCeiling}
+	if m.arrivals != nil {
+		in.Since = m.arrivals.Since()
+	}
+	return in
+}
+
+// checkRotation applies the rule (--min-drain auto): out, the wait ends
+// and the gate takes over; otherwise the min-drain timer is armed for the
+// moment the pod is out if nothing arrives meanwhile (a connection that
+// does moves it later, seen then). No wake-up per connection.
+func (m *Machine) checkRotation() {
+	in := m.rotationInput()
+	v := OutOfRotation(in)
+	if !v.Out {
+		m.timers.minDrain = time.NewTimer(v.At.Sub(in.Now))
+		return
+	}
+	if m.arrivals != nil {
+		m.arrivals.End()
+	}
+	took := in.Now.Sub(m.started)
+	m.rotation.Store(&RotationEnd{Took: took, Why: v.Why, Connections: in.Since.Count, Window: v.Window})
+	m.log.Info("out of rotation: "+v.Quiet(in), logevent.OutOfRotation.Field(), zap.Duration("took", took), zap.Stringer("why", v.Why),
+		zap.Int64("connections", in.Since.Count), zap.Duration("quiet", in.Now.Sub(quietFrom(in))), zap.Duration("window", v.Window),
+		zap.Duration("mean_gap", v.Gap), zap.Bool("rate_known", in.Before.Known), zap.Int64("connections_before", in.Before.Count),
+		zap.Duration("before_span", in.Before.Span), zap.Float64("took_ms", float64(took.Microseconds())/1e3))
+	m.enter(Gating, zap.Duration("since_drain", took), zap.Any("flows", m.flows.Observe()))
 }
 
 // startTracking makes the live views current before the gate first reads

@@ -258,6 +258,8 @@ type rig struct {
 	logged chan struct{}
 	// tracking, when set, is Parts.Tracking (withTracking).
 	tracking Tracking
+	// arrivals, when set, is Parts.Arrivals.
+	arrivals Arrivals
 }
 
 func testConfig() Config {
@@ -289,6 +291,9 @@ func newRig(t *testing.T, opts ...rigOption) *rig {
 	parts := Parts{Flows: r.flows, Log: zap.New(core, zap.Hooks(notify))}
 	if r.tracking != nil {
 		parts.Tracking = r.tracking
+	}
+	if r.arrivals != nil {
+		parts.Arrivals = r.arrivals
 	}
 	if r.apps != nil {
 		parts.Apps = r.apps
@@ -442,8 +447,9 @@ func TestTriggers(t *testing.T) {
 
 func TestTriggerWhileStarting(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := newRig(t)
-		r.admin.notLive.Store(true)
+		// Not LIVE before the machine runs (set after newRig, its first
+		// ask could find Envoy LIVE: ready first, under -race now and then).
+		r := newRig(t, func(r *rig, _ *Config) { r.admin.notLive.Store(true) })
 		r.m.Trigger(CauseSignal)
 		r.waitPhase(Gating)
 		r.apps.exit()

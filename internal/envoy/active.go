@@ -95,12 +95,35 @@ func (c *Client) DownstreamGauges(ctx context.Context) (present bool, err error)
 	return len(sumActive(stats, c.Exclude()).Listeners) > 0, nil
 }
 
+// totalFilter is DownstreamTotal's /stats filter: every listener-scoped
+// downstream_cx_total counter.
+const totalFilter = `^listener\..*downstream_cx_total$`
+
+// DownstreamTotal returns the connections Envoy's traffic listeners have
+// accepted since it started: the sum of listener.<name>.downstream_cx_total
+// over the listeners ActiveDownstream sums (without usedonly: a listener
+// that never took one shows 0). Counters is how many were summed: 0 means
+// Envoy keeps none (a stats_matcher drops them), not that none came.
+func (c *Client) DownstreamTotal(ctx context.Context) (total uint64, counters int, err error) {
+	stats, err := c.stats(ctx, totalFilter, false)
+	if err != nil {
+		return 0, 0, err
+	}
+	ac := sumListeners(stats, ".downstream_cx_total", c.Exclude())
+	return ac.Total, ac.Gauges, nil
+}
+
 // sumActive adds up listener.<name>.downstream_cx_active gauges. It skips
 // the admin listener (listener.admin.*), per-worker duplicates
 // (listener.<name>.worker_N.*), Envoy-internal listeners (envoy_internal in
 // the name) and every other stat, and moves excluded listeners to Excluded.
 func sumActive(stats []stat, exclude ExcludeSet) ActiveConns {
-	const prefix, suffix = "listener.", ".downstream_cx_active"
+	return sumListeners(stats, ".downstream_cx_active", exclude)
+}
+
+// sumListeners is sumActive for any listener stat ending in suffix.
+func sumListeners(stats []stat, suffix string, exclude ExcludeSet) ActiveConns {
+	const prefix = "listener."
 	var ac ActiveConns
 	for _, s := range stats {
 		if !strings.HasPrefix(s.name, prefix) || !strings.HasSuffix(s.name, suffix) ||

@@ -161,6 +161,15 @@ func TestClientFixtures(t *testing.T) {
 		t.Errorf("sent %s ?%s", m, q)
 	}
 
+	// The accepted connections' counters: admin left out (the fixture
+	// admin filters as Envoy does).
+	if total, n, err := c.DownstreamTotal(ctx); err != nil || total != 1931+77 || n != 2 {
+		t.Errorf("total: %d over %d counters, %v; want 2008 over 2", total, n, err)
+	}
+	if m, q := fa.last(); m != "GET /stats" || q != `filter=%5Elistener%5C..%2Adownstream_cx_total%24` {
+		t.Errorf("total: sent %s ?%s", m, q)
+	}
+
 	if present, err := c.DownstreamGauges(ctx); err != nil || !present {
 		t.Errorf("gauges: %t %v", present, err)
 	}

@@ -27,6 +27,9 @@ const (
 	// SigtermEndsMinDrain: a native sidecar's SIGTERM after the preStop
 	// drain, the app gone: the min-drain ends.
 	SigtermEndsMinDrain Event = "sigterm_ends_min_drain"
+	// OutOfRotation: --min-drain auto's wait ended (fields took, why:
+	// quiet, floor or ceiling, connections, window).
+	OutOfRotation Event = "out_of_rotation"
 	// SigtermAfterPrestop: a native sidecar's SIGTERM after the preStop
 	// drain: the gate no longer waits for it.
 	SigtermAfterPrestop Event = "sigterm_after_prestop"

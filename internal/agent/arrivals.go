@@ -1,0 +1,127 @@
+package agent
+
+import (
+	"bufio"
+	"encoding/hex"
+	"io"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/tcpstate"
+)
+
+// arrivalCount accumulates drain.ArrivalsSince: a count, the first and
+// last times and the longest gap. Bounded: nothing per connection.
+type arrivalCount struct {
+	mu    sync.Mutex
+	start time.Time
+	s     drain.ArrivalsSince
+}
+
+func (c *arrivalCount) reset(start time.Time) {
+	c.mu.Lock()
+	c.start, c.s = start, drain.ArrivalsSince{}
+	c.mu.Unlock()
+}
+
+// add records n arrivals at t (n > 1: a counter's step, read at t).
+func (c *arrivalCount) add(t time.Time, n int64) {
+	if n <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	prev := c.start
+	if c.s.Count > 0 {
+		prev = c.s.Last
+	} else {
+		c.s.First = t
+	}
+	if t.Before(prev) { // events are stamped as read: never before the trigger's reads
+		t = prev
+	}
+	c.s.MaxGap = max(c.s.MaxGap, t.Sub(prev))
+	c.s.Count += n
+	c.s.Last = t
+}
+
+func (c *arrivalCount) since() drain.ArrivalsSince {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.s
+}
+
+// arrivalFilter says which of the tracker's changes are a new connection
+// reaching the pod from outside it.
+type arrivalFilter struct {
+	// traffic reports whether an inbound flow is on one of the pod's
+	// inbound ports: Envoy's downstream flows (traffic listeners), and
+	// the app's own accepted flows (its ports, without interception).
+	traffic func(*flows.Flow) bool
+	// probeSources are the addresses the kubelet's probes come from: the
+	// pod's default gateways (the node's side of the pod's link).
+	probeSources []netip.Addr
+}
+
+// arrival reports whether c is one: an inbound flow newly established on
+// a traffic port, from a peer that is neither loopback, nor the pod
+// itself, nor a probe source.
+func (f arrivalFilter) arrival(c *flows.Change) bool {
+	if c.NewState != tcpstate.Established || c.OldState == tcpstate.Established || c.Flow.Direction != flows.DirInbound {
+		return false
+	}
+	remote := c.Flow.Remote.Addr().Unmap()
+	switch {
+	case !remote.IsValid(), remote.IsLoopback(), remote == c.Flow.Local.Addr().Unmap(), slices.Contains(f.probeSources, remote):
+		return false
+	}
+	return f.traffic(&c.Flow)
+}
+
+// defaultGateways reads the gateways of the default routes from
+// /proc/net/route and /proc/net/ipv6_route (of the reader's network
+// namespace): where the kubelet's probes come from on most CNIs (the
+// node's end of the pod's link).
+func defaultGateways(route4, route6 io.Reader) []netip.Addr {
+	var out []netip.Addr
+	if route4 != nil {
+		sc := bufio.NewScanner(route4)
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			// Iface Destination Gateway Flags ...: little-endian hex.
+			if len(f) < 3 || f[1] != "00000000" {
+				continue
+			}
+			b, err := hex.DecodeString(f[2])
+			if err != nil || len(b) != 4 {
+				continue
+			}
+			if a := netip.AddrFrom4([4]byte{b[3], b[2], b[1], b[0]}); !a.IsUnspecified() {
+				out = append(out, a)
+			}
+		}
+	}
+	if route6 != nil {
+		sc := bufio.NewScanner(route6)
+		for sc.Scan() {
+			// dst dst_len src src_len nexthop metric ref use flags iface
+			f := strings.Fields(sc.Text())
+			if len(f) < 5 || f[1] != "00" || strings.Trim(f[0], "0") != "" {
+				continue
+			}
+			b, err := hex.DecodeString(f[4])
+			if err != nil || len(b) != 16 {
+				continue
+			}
+			if a := netip.AddrFrom16([16]byte(b)); !a.IsUnspecified() {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,167 @@
+package drain
+
+import (
+	"fmt"
+	"time"
+)
+
+// The out-of-rotation rule (--min-drain auto, docs/design.md "Out of
+// rotation"): the pod has left its Services' rotation once no new
+// connection from outside it came for a quiet window sized from its own
+// arrival rate, never before the floor and never after the ceiling, both
+// counted from the trigger.
+
+// Defaults of the adaptive wait, each in this one place.
+const (
+	// DefaultRotationFloor: the fastest endpoint removal measured (the
+	// real cluster: kube-proxy's rule gone 0.1 s after SIGTERM) is ten
+	// times shorter; a pod whose clients pause right at the trigger still
+	// waits this long.
+	DefaultRotationFloor = time.Second
+	// DefaultRotationCeiling bounds the wait however slow the pod's
+	// traffic (and a pod with none): it leaves 4.5 s of the default gate
+	// deadline (19.5 s) to the gate.
+	DefaultRotationCeiling = 15 * time.Second
+	// QuietGaps is k: the window is k mean gaps between arrivals. For
+	// Poisson arrivals a gap longer than k means comes with probability
+	// e^-k (e^-8 = 3.4e-4).
+	QuietGaps = 8
+	// QuietMargin: a silence as long as one already seen to end in a new
+	// connection since the trigger is no proof; the window is at least
+	// this many times the longest gap seen since the trigger.
+	QuietMargin = 2
+	// MinQuiet is the shortest window: scheduling noise on the clients'
+	// side and the kernel's event path make shorter silences meaningless.
+	MinQuiet = 250 * time.Millisecond
+	// UnknownQuiet is the window when the pod's rate before the trigger
+	// is unknown (Envoy keeps no listener counters) and nothing arrived
+	// since: Istio's echo server's quiet period.
+	UnknownQuiet = time.Second
+)
+
+// ArrivalsBefore is what the pod received before the trigger: Count new
+// connections over Span. Known is false when nothing could be read.
+type ArrivalsBefore struct {
+	Known bool
+	Count int64
+	Span  time.Duration
+}
+
+// ArrivalsSince is what arrived since the trigger: Count new inbound
+// connections from outside the pod, the first and last at First and Last,
+// MaxGap the longest gap between two of them (the trigger counts as the
+// first's predecessor).
+type ArrivalsSince struct {
+	Count       int64
+	First, Last time.Time
+	MaxGap      time.Duration
+}
+
+// RotationInput is everything the rule decides on.
+type RotationInput struct {
+	Start, Now     time.Time // the trigger, now
+	Before         ArrivalsBefore
+	Since          ArrivalsSince
+	Floor, Ceiling time.Duration
+}
+
+// RotationReason says why the wait ended (or will end).
+type RotationReason uint8
+
+// Why the pod is out of rotation.
+const (
+	RotationQuiet RotationReason = iota + 1
+	RotationFloor
+	RotationCeiling
+)
+
+// RotationReasons lists them, for the metrics.
+var RotationReasons = []RotationReason{RotationQuiet, RotationFloor, RotationCeiling}
+
+func (r RotationReason) String() string {
+	switch r {
+	case RotationQuiet:
+		return "quiet"
+	case RotationFloor:
+		return "floor"
+	case RotationCeiling:
+		return "ceiling"
+	}
+	return "none"
+}
+
+// RotationVerdict is the rule's answer: Out now or not, and At, when the
+// pod is (or will be, if no connection comes meanwhile) out; Window is
+// the quiet window and Gap the mean gap it was sized from (0: unknown).
+type RotationVerdict struct {
+	Out    bool
+	At     time.Time
+	Why    RotationReason
+	Window time.Duration
+	Gap    time.Duration
+}
+
+// Quiet is the verdict's one-line account, for the log: why, and for how
+// long no new connection came.
+func (v RotationVerdict) Quiet(in RotationInput) string {
+	quiet := v.At.Sub(quietFrom(in))
+	switch v.Why {
+	case RotationCeiling:
+		return fmt.Sprintf("ceiling %s: quiet for %s after %d new connections (window %s)", in.Ceiling, quiet, in.Since.Count, v.Window)
+	case RotationFloor:
+		return fmt.Sprintf("floor %s: quiet for %s after %d new connections (window %s)", in.Floor, quiet, in.Since.Count, v.Window)
+	}
+	return fmt.Sprintf("quiet for %s after %d new connections", quiet, in.Since.Count)
+}
+
+// quietFrom is when the current silence began: the last arrival, or the
+// trigger.
+func quietFrom(in RotationInput) time.Time {
+	if in.Since.Count > 0 && in.Since.Last.After(in.Start) {
+		return in.Since.Last
+	}
+	return in.Start
+}
+
+// MeanGap is the pod's mean gap between new connections: the larger of the
+// rate before the trigger (Span/Count; with no connection, at least Span)
+// and since it (from the trigger to the last arrival, over their count).
+// The larger is the safe one: a pod that slowed down, or whose clients
+// already began to leave, gets the longer window. 0: unknown.
+func MeanGap(b ArrivalsBefore, s ArrivalsSince, start time.Time) time.Duration {
+	var g time.Duration
+	if b.Known && b.Span > 0 {
+		g = b.Span / time.Duration(max(b.Count, 1))
+	}
+	if s.Count > 0 && s.Last.After(start) {
+		g = max(g, s.Last.Sub(start)/time.Duration(s.Count))
+	}
+	return g
+}
+
+// OutOfRotation applies the rule. The window is k mean gaps (QuietGaps), at
+// least QuietMargin times the longest gap seen since the trigger and at
+// least MinQuiet (UnknownQuiet when no rate is known); the pod is out once
+// the silence since the last arrival (or the trigger) lasted the window,
+// but never before Floor and always at Ceiling.
+func OutOfRotation(in RotationInput) RotationVerdict {
+	gap := MeanGap(in.Before, in.Since, in.Start)
+	window := UnknownQuiet
+	if gap > 0 {
+		window = max(QuietGaps*gap, MinQuiet)
+		if gap > in.Ceiling/QuietGaps { // the product could overflow
+			window = in.Ceiling
+		}
+	}
+	window = max(window, QuietMargin*in.Since.MaxGap)
+	v := RotationVerdict{Window: window, Gap: gap, Why: RotationQuiet}
+	v.At = quietFrom(in).Add(window)
+	if floor := in.Start.Add(in.Floor); v.At.Before(floor) {
+		v.At, v.Why = floor, RotationFloor
+	}
+	if ceil := in.Start.Add(in.Ceiling); !v.At.Before(ceil) {
+		v.At, v.Why = ceil, RotationCeiling
+	}
+	v.Out = !in.Now.Before(v.At)
+	return v
+}
