@@ -49,7 +49,7 @@ spec:
 }
 
 // Acceptance 3: the order of events at a deletion through the API,
-// measured: a pod of deploy/classic-sidecar.yaml is deleted; the test
+// measured: a pod of deploy/classic-sidecar.yaml (2 replicas) is deleted; the test
 // fails if, when draind's drain completes (its phase stopping), the pod is
 // still a ready endpoint of its Service, or kube-proxy still sends the
 // Service's connections to it.
@@ -57,11 +57,15 @@ func TestClusterEndpointsLeaveBeforeDrainEnds(t *testing.T) {
 	requireCluster(t)
 	t.Parallel()
 	ns := testNamespace(t, "order")
-	manifest := localImages(strings.Replace(readRepo(t, "deploy/classic-sidecar.yaml"), "replicas: 2", "replicas: 1", 1))
+	// As written: 2 replicas, so that another pod stays a ready endpoint and
+	// kube-proxy drops the deleted one at its next sync (with none, it
+	// keeps sending to a terminating pod that still serves).
+	manifest := localImages(readRepo(t, "deploy/classic-sidecar.yaml"))
 	kubectl(t, envoySidecarConfigMap(t), "-n", ns, "apply", "-f", "-")
 	kubectl(t, webService("web"), "-n", ns, "apply", "-f", "-")
 	kubectl(t, manifest, "-n", ns, "apply", "-f", "-")
 	waitPodsReady(t, ns, "app=web", 2*time.Minute)
+	kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=120s")
 	pod := podsOf(t, ns, "app=web")[0]
 	ip := pod.Status.PodIP
 	dnat := fmt.Sprintf("--to-destination %s:15006", ip)
