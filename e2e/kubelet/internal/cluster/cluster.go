@@ -133,11 +133,8 @@ type Cluster struct {
 func (c *Cluster) phase(name string, t0 time.Time) {
 	d := time.Since(t0)
 	c.Phases = append(c.Phases, node.Phase{Name: name, Took: d})
-	c.Node0().Logf("phase %-24s %s", name, d.Round(time.Millisecond))
+	c.Config.Node.Logf("phase %-24s %s", name, d.Round(time.Millisecond))
 }
-
-// Node0 is the node's configuration.
-func (c *Cluster) Node0() node.Config { return c.Config.Node }
 
 // Up starts the cluster. It first removes what an earlier cluster of the
 // same Config left. On error everything it started is removed.
@@ -347,7 +344,8 @@ conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeou
 	return waitHTTP(ctx, "kube-proxy", cfg.daemons(), &http.Client{Timeout: 2 * time.Second}, fmt.Sprintf("http://127.0.0.1:%d/healthz", proxyHealthzPort), 60*time.Second)
 }
 
-// Kubectl runs kubectl as the administrator; stdin may be nil.
+// KubectlCmd runs kubectl as the administrator and returns its standard
+// output; stdin may be nil.
 func (c Config) KubectlCmd(ctx context.Context, stdin []byte, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, c.Kubectl(), append([]string{"--kubeconfig", c.KubeConfig()}, args...)...)
 	if stdin != nil {
