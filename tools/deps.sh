@@ -7,6 +7,8 @@
 #
 #   bash tools/deps.sh            # packages and peers
 #   bash tools/deps.sh packages   # the packages alone
+#   bash tools/deps.sh node       # a node's alone: containerd, runc, CNI, iptables
+#                                 # (make e2e-kubelet and make cluster)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/go/bin:/usr/sbin:/sbin
@@ -20,8 +22,14 @@ pkgs=(
 	qemu-system-x86:/usr/bin/qemu-system-x86_64 qemu-system-arm:/usr/bin/qemu-system-aarch64 xz-utils:/usr/bin/xz kmod:/usr/bin/kmod
 	containerd:/usr/bin/containerd runc:/usr/sbin/runc containernetworking-plugins:/usr/lib/cni/bridge conntrack:/usr/sbin/conntrack
 )
+# What a node runs (e2e/kubelet: containerd, runc, the CNI bridge, tini for
+# the init-wrapper image, iptables and conntrack for kube-proxy).
+node=(containerd runc containernetworking-plugins iproute2 iptables tini conntrack)
 need=()
 for p in "${pkgs[@]}"; do
+	if [[ ${1:-} == node && ! " ${node[*]} " =~ " ${p%%:*} " ]]; then
+		continue
+	fi
 	[[ -e ${p#*:} ]] || need+=("${p%%:*}")
 done
 if ((${#need[@]})); then
@@ -33,6 +41,6 @@ if ((${#need[@]})); then
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-[[ ${1:-} == packages ]] && exit 0
+[[ ${1:-} == packages || ${1:-} == node ]] && exit 0
 bash tools/peers/pilot-agent.sh >/dev/null
 bash tools/peers/istioctl.sh >/dev/null

@@ -84,40 +84,30 @@ func TestClusterEndpointsLeaveBeforeDrainEnds(t *testing.T) {
 	}
 	go func() { logsDone <- lc.Wait() }()
 
-	var mu sync.Mutex
-	var notReadyAt, rulesGoneAt time.Time
-	var watchWG sync.WaitGroup
+	// Each condition's first moment, polled every 20 ms until stopWatch.
 	stopWatch := make(chan struct{})
-	watchWG.Go(func() {
-		for {
-			select {
-			case <-stopWatch:
-				return
-			case <-time.After(20 * time.Millisecond):
+	var watchWG sync.WaitGroup
+	firstTime := func(cond func() bool) *time.Time {
+		at := new(time.Time)
+		watchWG.Go(func() {
+			for {
+				select {
+				case <-stopWatch:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+				if at.IsZero() && cond() {
+					*at = time.Now()
+				}
 			}
-			ready := endpointReady(t, ns, "web", ip)
-			mu.Lock()
-			if !ready && notReadyAt.IsZero() {
-				notReadyAt = time.Now()
-			}
-			mu.Unlock()
-		}
-	})
-	watchWG.Go(func() {
-		for {
-			select {
-			case <-stopWatch:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			gone := !strings.Contains(natRules(t), dnat)
-			mu.Lock()
-			if gone && rulesGoneAt.IsZero() {
-				rulesGoneAt = time.Now()
-			}
-			mu.Unlock()
-		}
-	})
+		})
+		return at
+	}
+	// Stopped before the test returns, whichever way (they report through t).
+	stopPolling := sync.OnceFunc(func() { close(stopWatch); watchWG.Wait() })
+	defer stopPolling()
+	notReady := firstTime(func() bool { return !endpointReady(t, ns, "web", ip) })
+	rulesGone := firstTime(func() bool { return !strings.Contains(natRules(t), dnat) })
 
 	deletedAt := time.Now()
 	if err := kube.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
@@ -128,8 +118,8 @@ func TestClusterEndpointsLeaveBeforeDrainEnds(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("draind's container did not exit within 2 min of the deletion")
 	}
-	close(stopWatch)
-	watchWG.Wait()
+	stopPolling() // the pollers wrote their times before it returns
+	notReadyAt, rulesGoneAt := *notReady, *rulesGone
 
 	recs := parsePlainJSONLog(logs.String())
 	sig := logTime(findLog(recs, logevent.SignalReceived))

@@ -80,6 +80,7 @@ spec:
 		ip := strings.TrimSpace(kubectl(t, nil, "-n", ns, "get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"))
 
 		term := watchTerminating(t, ns)
+		defer term.stop() // on a failure; stop is safe twice
 		loadFor := 60 * time.Second
 		for _, shape := range rolloutShapes {
 			kubectl(t, nil, "-n", ns, "run", "load-"+shape, "--image", images.LoadClient, "--restart=Never", "--labels", "role=load,sidecar.istio.io/inject=false",
@@ -203,7 +204,7 @@ func watchTerminating(t *testing.T, ns string) *terminatingWatch {
 	return tw
 }
 
-// stop ends the watch and summarises: count, mean and max.
+// stop ends the watch and summarises: count, mean and max. Safe twice.
 func (tw *terminatingWatch) stop() string {
 	tw.w.Stop()
 	<-tw.done

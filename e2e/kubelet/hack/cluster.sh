@@ -27,23 +27,9 @@ if [[ $cmd == down ]]; then
 	exec go run ./cmd/cluster down
 fi
 
-need=()
-command -v containerd >/dev/null || need+=(containerd)
-command -v runc >/dev/null || need+=(runc)
-for p in bridge host-local loopback; do
-	[[ -x /usr/lib/cni/$p ]] || { need+=(containernetworking-plugins); break; }
-done
-command -v ip >/dev/null || need+=(iproute2)
-command -v iptables >/dev/null || need+=(iptables)
-command -v conntrack >/dev/null || need+=(conntrack)
-command -v ldd >/dev/null || need+=(libc-bin)
-if ((${#need[@]})); then
-	t=$(now)
-	echo "cluster: installing ${need[*]}"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-	echo "cluster: phase apt-get install                 $(since "$t")"
-fi
+t=$(now)
+bash ../../tools/deps.sh node # what a node runs, from Debian, when missing (one list)
+echo "cluster: phase packages                        $(since "$t")"
 
 t=$(now)
 K8S_DIR=$(bash hack/build-k8s.sh "${KUBELET_VERSION:-v1.34.2}")

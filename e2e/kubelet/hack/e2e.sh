@@ -20,21 +20,9 @@ fi
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1fs", b - a }'; }
 
-need=()
-command -v containerd >/dev/null || need+=(containerd)
-command -v runc >/dev/null || need+=(runc)
-for p in bridge host-local loopback; do
-	[[ -x /usr/lib/cni/$p ]] || { need+=(containernetworking-plugins); break; }
-done
-command -v ip >/dev/null || need+=(iproute2)
-[[ -x /usr/bin/tini-static ]] || need+=(tini) # the init wrapper of owncontainer_test.go's image
-if ((${#need[@]})); then
-	t=$(now)
-	echo "e2e-kubelet: installing ${need[*]}"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-	echo "e2e-kubelet: phase apt-get install                 $(since "$t")"
-fi
+t=$(now)
+bash ../../tools/deps.sh node # what a node runs, from Debian, when missing (one list)
+echo "e2e-kubelet: phase packages                        $(since "$t")"
 
 t=$(now)
 KUBELET=$(bash hack/build-kubelet.sh "${KUBELET_VERSION:-v1.34.2}")

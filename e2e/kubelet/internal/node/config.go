@@ -155,25 +155,39 @@ func (c Config) cniConfig() string {
 // API server, anonymous access on loopback, cgroupfs (on cgroup v1, or the
 // unified hierarchy of make e2e-kubelet-vm), no
 // swap check, no image GC or disk eviction that could remove the
-// imported images.
+// imported images. With API set, the same kubelet joins make cluster.
 func (c Config) kubeletConfig() string {
-	if c.API != nil {
-		return c.clusterKubeletConfig()
+	// Standalone: anonymous access on loopback, every request allowed.
+	access := `address: 127.0.0.1
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false}
+authorization: {mode: AlwaysAllow}`
+	if a := c.API; a != nil {
+		// make cluster's kubelet, registered with the API server, which it
+		// authenticates (x509 from ClientCAFile, bearer tokens by
+		// TokenReview) and asks to authorize (SubjectAccessReview), on the
+		// node's address; its status every 4 s (the default 10 s slows
+		// Ready).
+		access = fmt.Sprintf(`address: %q
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: %q}
+authorization: {mode: Webhook}
+clusterDomain: cluster.local
+nodeStatusUpdateFrequency: 4s`, a.NodeIP, a.ClientCAFile)
 	}
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 staticPodPath: %[1]q
 fileCheckFrequency: 1s
 syncFrequency: 10s
-address: 127.0.0.1
+%[8]s
 port: %[2]d
 readOnlyPort: %[3]d
 healthzBindAddress: 127.0.0.1
 healthzPort: %[4]d
-authentication:
-  anonymous: {enabled: true}
-  webhook: {enabled: false}
-authorization: {mode: AlwaysAllow}
 cgroupDriver: cgroupfs
 cgroupRoot: %[5]q
 failCgroupV1: false
@@ -188,46 +202,7 @@ evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", imagefs.availab
 localStorageCapacityIsolation: false
 oomScoreAdj: 0
 enforceNodeAllocatable: []
-`, c.manifestDir(), c.PortBase+250, c.PortBase+255, c.PortBase+248, c.CgroupRoot, c.socket(), c.podLogsDir())
-}
-
-// clusterKubeletConfig is the kubelet of make cluster: registered with the
-// API server, which it authenticates (x509 from ClientCAFile, bearer
-// tokens by TokenReview) and asks to authorize (SubjectAccessReview), on
-// the node's address; otherwise as the standalone one.
-func (c Config) clusterKubeletConfig() string {
-	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-staticPodPath: %[1]q
-fileCheckFrequency: 1s
-syncFrequency: 10s
-address: %[8]q
-port: %[2]d
-readOnlyPort: %[3]d
-healthzBindAddress: 127.0.0.1
-healthzPort: %[4]d
-authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: true}
-  x509: {clientCAFile: %[9]q}
-authorization: {mode: Webhook}
-clusterDomain: cluster.local
-cgroupDriver: cgroupfs
-cgroupRoot: %[5]q
-failCgroupV1: false
-failSwapOn: false
-containerRuntimeEndpoint: unix://%[6]s
-podLogsDir: %[7]q
-resolvConf: ""
-serializeImagePulls: false
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", imagefs.available: "1%%"}
-localStorageCapacityIsolation: false
-oomScoreAdj: 0
-enforceNodeAllocatable: []
-nodeStatusUpdateFrequency: 4s
-`, c.manifestDir(), c.PortBase+250, c.PortBase+255, c.PortBase+248, c.CgroupRoot, c.socket(), c.podLogsDir(), c.API.NodeIP, c.API.ClientCAFile)
+`, c.manifestDir(), c.PortBase+250, c.PortBase+255, c.PortBase+248, c.CgroupRoot, c.socket(), c.podLogsDir(), access)
 }
 
 // Socket is containerd's CRI socket.
