@@ -55,13 +55,6 @@ func spinRole(args []string) int {
 	return 0
 }
 
-// logTime is when draind logged line (the log has milliseconds).
-func logTime(line map[string]any) time.Time {
-	s, _ := line["ts"].(string)
-	ts, _ := time.Parse("2006-01-02T15:04:05.000Z0700", s)
-	return ts
-}
-
 // A Job whose app exits 0 after 50 ms, started 0.02, 0.2 or 0.6 s after
 // draind with no gate, on an idle CPU and on busy ones; and one that works
 // 5 s. Each ends with the proxy stopped by the app's completion and draind

@@ -469,6 +469,13 @@ func (p *pod) gateHeldBy(kind drain.HoldKind) bool {
 	return false
 }
 
+// logTime is when draind logged line (the log has milliseconds).
+func logTime(line map[string]any) time.Time {
+	s, _ := line["ts"].(string)
+	ts, _ := time.Parse("2006-01-02T15:04:05.000Z0700", s)
+	return ts
+}
+
 // phaseTime is when draind logged entering phase.
 func (p *pod) phaseTime(phase string) time.Time {
 	for _, m := range p.logLines(logevent.Phase) {
@@ -480,8 +487,7 @@ func (p *pod) phaseTime(phase string) time.Time {
 		if ns, ok := m["quit_sent_unix_ns"].(float64); ok {
 			return time.Unix(0, int64(ns))
 		}
-		ts, _ := time.Parse("2006-01-02T15:04:05.000Z0700", m["ts"].(string))
-		return ts
+		return logTime(m)
 	}
 	return time.Time{}
 }

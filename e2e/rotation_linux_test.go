@@ -1,11 +1,8 @@
 package e2e
 
 import (
-	"encoding/json"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,25 +15,6 @@ import (
 // (--gateway, envoysim's listener 15006 to the remote's upstream), its
 // clients in the remote namespace opening a new connection per request,
 // and --min-drain auto deciding when the gateway stops accepting.
-
-// gatewayConfig is envoysim's config for a gateway: one listener to the
-// remote upstream.
-func (p *pod) gatewayConfig() string {
-	cfg := map[string]any{
-		"admin_address":  "127.0.0.1:15000",
-		"drain_time_s":   45,
-		"drain_strategy": "immediate",
-		"listeners": []map[string]any{
-			{"name": "gateway", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": remoteIP + ":9000"},
-		},
-	}
-	b, _ := json.Marshal(cfg)
-	path := filepath.Join(p.dir, "gateway.json")
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		p.t.Fatal(err)
-	}
-	return path
-}
 
 // clients open a new connection every period and send one request on it,
 // each in its own goroutine so that a slow one delays none.
@@ -108,7 +86,10 @@ func (c *clients) halt() time.Time {
 // was opened and when draind exited (the proxy stopped accepting before).
 func gatewayRotation(t *testing.T, period, stopAfter time.Duration, args ...string) (p *pod, c *clients, last, exited time.Time) {
 	p = newPod(t)
-	p.proxyCommand = []string{p.bin, "__envoysim", "-c", p.gatewayConfig()}
+	// A gateway: one listener, to the remote's upstream.
+	p.useSim(simConfig{Listeners: []simListener{
+		{Name: "gateway", Address: "0.0.0.0:15006", Direction: "inbound", Protocol: "http", Upstream: remoteIP + ":9000"},
+	}})
 	p.startDraind(append([]string{"--gateway", "--min-drain", "auto"}, args...))
 	c = startClients(p, period)
 	// The rate before the trigger: at least two gaps' worth, and 2 s.

@@ -79,7 +79,7 @@ func runWithCluster(m interface{ Run() int }) int {
 	}
 	defer os.RemoveAll(dir)
 	t0 := time.Now()
-	if cfg.Images, err = images.Build(ctx, images.Sources{RepoRoot: repoRoot, KubeletDir: mustAbs("."), PilotAgent: os.Getenv("DRAIND_PILOT_AGENT")}, dir); err != nil {
+	if cfg.Images, err = images.Build(ctx, images.Sources{RepoRoot: repoRoot, KubeletDir: mustAbs("."), PilotAgent: pilotAgentBinary()}, dir); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e-cluster: images:", err)
 		return 1
 	}

@@ -172,7 +172,7 @@ func TestClusterIstioAdoption(t *testing.T) {
 			waitPodsReady(t, ns, tc.selector, 3*time.Minute)
 			pod := podsOf(t, ns, tc.selector)[0]
 
-			proxy := findContainer(pod.Spec, tc.container)
+			proxy := containerNamed(&pod.Spec, tc.container)
 			if proxy == nil {
 				t.Fatalf("pod %s has no %s container: %v", pod.Name, tc.container, containerNames(pod.Spec))
 			}
@@ -242,17 +242,6 @@ spec:
           periodSeconds: 2
 `
 
-func findContainer(spec corev1.PodSpec, name string) *corev1.Container {
-	for _, cs := range [][]corev1.Container{spec.Containers, spec.InitContainers} {
-		for i := range cs {
-			if cs[i].Name == name {
-				return &cs[i]
-			}
-		}
-	}
-	return nil
-}
-
 func containerNames(spec corev1.PodSpec) []string {
 	var n []string
 	for _, c := range spec.InitContainers {
@@ -280,29 +269,18 @@ func podIptables(t *testing.T, pod corev1.Pod) string {
 // from containerd through the CRI.
 func podPID(t *testing.T, pod corev1.Pod) int {
 	t.Helper()
-	ctx := context.Background()
 	rt := theCluster.Node.Runtime
-	cs, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
+	cs, err := rt.ListContainers(context.Background(), &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
 		State:         &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING},
 		LabelSelector: map[string]string{"io.kubernetes.pod.uid": string(pod.UID)},
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range cs.Containers {
-		st, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: c.Id, Verbose: true})
-		if err != nil {
-			continue
-		}
-		var info struct {
-			Pid int `json:"pid"`
-		}
-		if json.Unmarshal([]byte(st.Info["info"]), &info) == nil && info.Pid > 0 {
-			return info.Pid
-		}
+	if len(cs.Containers) == 0 {
+		t.Fatalf("no running container of pod %s", pod.Name)
 	}
-	t.Fatalf("no running container of pod %s", pod.Name)
-	return 0
+	return criContainerPID(t, rt, cs.Containers[0].Id)
 }
 
 // kubeInject runs istioctl kube-inject on manifest with the injector's

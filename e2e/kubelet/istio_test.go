@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/draind/draind/e2e/kubelet/internal/images"
 	"github.com/draind/draind/e2e/kubelet/internal/node"
 	"github.com/draind/draind/e2e/kubelet/internal/ociimage"
 	"github.com/draind/draind/internal/logevent"
@@ -107,23 +108,9 @@ func istioProxyImage(dir string) (*ociimage.Spec, error) {
 			{"name": "0.0.0.0_15021", "address": "0.0.0.0:15021", "protocol": "http", "upstream": "127.0.0.1:15020"},
 		},
 	})
-	path := filepath.Join(dir, "envoy_bootstrap_tmpl.json")
-	if err := os.WriteFile(path, tmpl, 0o644); err != nil {
-		return nil, err
-	}
 	bin := func(n string) string { return filepath.Join(dir, n) }
-	return &ociimage.Spec{
-		Ref: imgIstioProxy,
-		Files: []ociimage.File{
-			{Src: bin("draind"), Dst: "/usr/local/bin/draind", Caps: imageFileCaps},
-			{Src: pa, Dst: "/usr/local/bin/pilot-agent"},
-			{Src: bin("envoysim"), Dst: "/usr/local/bin/envoy"},
-			{Src: path, Dst: "/var/lib/istio/envoy/envoy_bootstrap_tmpl.json"},
-		},
-		Dirs:       []string{"/tmp", "/etc/istio/proxy", "/etc/istio/pod", "/var/lib/istio/data", "/var/run/secrets/istio", "/var/run/secrets/tokens"},
-		Entrypoint: []string{"/usr/local/bin/pilot-agent"}, // proxyv2's
-		User:       "1337",
-	}, nil
+	spec := images.ProxyV2Spec(imgIstioProxy, pa, bin("draind"), bin("envoysim"), tmpl)
+	return &spec, nil
 }
 
 // injectedPod reads a Deployment from testdata/istio and makes the static

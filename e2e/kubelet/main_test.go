@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/draind/draind/e2e/kubelet/internal/images"
 	"github.com/draind/draind/e2e/kubelet/internal/node"
 	"github.com/draind/draind/e2e/kubelet/internal/ociimage"
 )
@@ -30,10 +31,10 @@ var (
 	repoRoot = mustAbs("../..")
 )
 
-// imageFileCaps are the root Dockerfile's DRAIND_FILE_CAPS: permitted
-// only, no effective bit (draind raises them itself).
+// imageFileCaps are the root Dockerfile's DRAIND_FILE_CAPS, as every
+// image of the suites carries them (images.FileCaps).
 // TestDockerfileFileCapabilities keeps the two the same.
-const imageFileCaps = "cap_bpf,cap_perfmon,cap_net_admin+p"
+const imageFileCaps = images.FileCaps
 
 // oldFileCaps is what the image had before draind raised its own
 // capabilities (still built with --build-arg DRAIND_FILE_CAPS=...).
@@ -126,18 +127,6 @@ func setUp(ctx context.Context) (*node.Node, error) {
 	return n, nil
 }
 
-// goBuild builds a static binary: pkg from the main module (dir
-// repoRoot) or from this one.
-func goBuild(ctx context.Context, dir, pkg, out string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-X github.com/draind/draind/internal/cli.Version=e2e-kubelet", "-o", out, pkg)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build %s: %w: %s", pkg, err, b)
-	}
-	return nil
-}
-
 func buildImages(ctx context.Context, dir string) ([]string, error) {
 	bin := func(n string) string { return filepath.Join(dir, n) }
 	builds := []struct{ dir, pkg, out string }{
@@ -148,7 +137,7 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 		{".", "./cmd/posthook", bin("posthook")},
 	}
 	for _, b := range builds {
-		if err := goBuild(ctx, b.dir, b.pkg, b.out); err != nil {
+		if err := images.GoBuild(ctx, b.dir, b.pkg, b.out); err != nil {
 			return nil, err
 		}
 	}

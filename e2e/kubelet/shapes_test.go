@@ -241,9 +241,16 @@ func TestSidecarRestartedWhileAppRuns(t *testing.T) {
 // containerPID is the host PID of a container's PID 1 (CRI verbose status).
 func containerPID(t *testing.T, pd *pod, id string) int {
 	t.Helper()
+	return criContainerPID(t, pd.n.Runtime, id)
+}
+
+// criContainerPID is a container's PID on the node, from the CRI's
+// verbose status.
+func criContainerPID(t *testing.T, rt runtimeapi.RuntimeServiceClient, id string) int {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := pd.n.Runtime.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	st, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -411,7 +411,7 @@ func (m *Machine) Run(ctx context.Context) Result {
 			m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.flows.Observe()))
 		case <-chanOf(m.timers.appDone):
 			m.timers.appDone = nil
-			if c := m.completion(); c.Done && c.key() == m.timers.appDoneOn && m.Phase() == Ready {
+			if c, _ := m.completion(); c.Done && c.key() == m.timers.appDoneOn && m.Phase() == Ready {
 				if c.State == AppNeverSeen {
 					m.log.Warn("no app process seen within --app-start-timeout: the app is taken as done, having run and exited before draind could watch it (an app container started beside draind and shorter than its start-up); its exit code is unknown to draind, which stops the proxy and exits 0: the app container's own exit code decides the Job. Gate the app on `draind wait` (postStart) for its exit code to be seen",
 						logevent.AppNeverSeen.Field(), zap.Duration("app_start_timeout", m.cfg.AppStartTimeout), zap.Duration("watching", time.Since(m.watching)))
@@ -516,15 +516,16 @@ func (m *Machine) checkGauges(ctx context.Context) {
 	}
 }
 
-// completion applies AppCompletion to what the app's view says now. The
-// count is read first: an app that leaves after it has its exit read.
-func (m *Machine) completion() Completion {
+// completion applies AppCompletion to what the app's view says now, and
+// returns the main exit it read. The count is read first: an app that
+// leaves after it has its exit read.
+func (m *Machine) completion() (Completion, MainExit) {
 	n, view := m.apps.Count()
 	exit, has := m.apps.MainExit()
 	return AppCompletion(CompletionInput{
 		Mode: m.cfg.ExitWithApp, View: view, Procs: n, Main: exit, HasMain: has,
 		Watching: time.Since(m.watching), StartTimeout: m.cfg.AppStartTimeout, RestartGrace: m.cfg.restartGrace(),
-	})
+	}), exit
 }
 
 func (c Completion) key() completionKey { return completionKey{c.State, c.Seq} }
@@ -534,10 +535,9 @@ func (c Completion) key() completionKey { return completionKey{c.State, c.Seq} }
 // when the app is back (a crashed container the kubelet restarted) or
 // first appears.
 func (m *Machine) watchAppDone() {
-	c := m.completion()
+	c, exit := m.completion()
 	if c.State == AppFailedKept && c.Seq != m.failedSeq {
 		m.failedSeq = c.Seq
-		exit, _ := m.apps.MainExit()
 		m.log.Info("the app's main process ended without success under --exit-with-app success: the proxy stays for its restart (restartPolicy OnFailure); with restartPolicy Never use --exit-with-app any",
 			zap.String("main_exit", exit.Status))
 	}
@@ -550,13 +550,11 @@ func (m *Machine) watchAppDone() {
 			m.log.Info("no app process seen yet: the proxy waits for the app's first one, at most --app-start-timeout since draind began watching (an app that already ran and exited cannot be told from one not started)",
 				logevent.AppNotSeenYet.Field(), zap.Duration("app_start_timeout", m.cfg.AppStartTimeout), zap.Duration("left", c.After))
 		} else {
-			exit, _ := m.apps.MainExit()
-			status := exit.Status
 			// A success is the app's work done: a Job's container is not
 			// restarted after it. A failure, or an exit draind could not
 			// read, may be a crash the kubelet restarts: the restart grace.
 			m.log.Info("the app's processes are gone: the proxy stops after the restart grace unless the app comes back",
-				zap.String("main_exit", status), zap.Stringer("app", c.State), zap.Duration("grace", c.After), zap.String("exit_with_app", string(m.cfg.ExitWithApp)))
+				zap.String("main_exit", exit.Status), zap.Stringer("app", c.State), zap.Duration("grace", c.After), zap.String("exit_with_app", string(m.cfg.ExitWithApp)))
 		}
 		m.timers.appDone, m.timers.appDoneOn = time.NewTimer(c.After), c.key()
 	case !c.Done && m.timers.appDone != nil:
@@ -652,10 +650,12 @@ func (m *Machine) begin(c Cause) {
 	}
 	m.startTracking()
 	auto := m.cfg.MinDrainAuto && minDrain != 0
-	fields := []zap.Field{zap.Stringer("trigger", c), zap.Stringer("pod_shape", m.shape(c)), zap.Duration("min_drain", minDrain)}
+	fields := []zap.Field{zap.Stringer("trigger", c), zap.Stringer("pod_shape", m.shape(c))}
 	if auto {
-		fields = []zap.Field{fields[0], fields[1], zap.String("min_drain", "auto"),
-			zap.Duration("min_drain_floor", m.cfg.RotationFloor), zap.Duration("min_drain_ceiling", m.cfg.RotationCeiling)}
+		fields = append(fields, zap.String("min_drain", "auto"),
+			zap.Duration("min_drain_floor", m.cfg.RotationFloor), zap.Duration("min_drain_ceiling", m.cfg.RotationCeiling))
+	} else {
+		fields = append(fields, zap.Duration("min_drain", minDrain))
 	}
 	m.enter(Draining, append(fields, zap.Duration("deadline", m.cfg.Deadline), zap.Duration("gate_deadline", m.cfg.GateDeadline()),
 		zap.Any("flows", m.flows.Observe()))...)

@@ -103,10 +103,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		time.Since(t0).Round(time.Millisecond), c.Config.Node.NodeName, c.NodeIP, images.Draind, images.ProxyV2, images.TestApp)
 	var total int64
 	var parts []string
-	for _, name := range slices.Sorted(maps.Keys(c.RSS())) {
-		rss := c.RSS()[name]
-		total += rss
-		parts = append(parts, fmt.Sprintf("%s %d", name, rss>>20))
+	rss := c.RSS()
+	for _, name := range slices.Sorted(maps.Keys(rss)) {
+		total += rss[name]
+		parts = append(parts, fmt.Sprintf("%s %d", name, rss[name]>>20))
 	}
 	fmt.Fprintf(stdout, "cluster: RSS %d MiB (%s MiB)\n", total>>20, strings.Join(parts, ", "))
 	fmt.Fprintf(stdout, "export KUBECONFIG=%s\n", cfg.KubeConfig())

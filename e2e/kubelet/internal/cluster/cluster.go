@@ -25,9 +25,11 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -128,6 +130,7 @@ type Cluster struct {
 	NodeIP string
 	Node   *node.Node
 	Phases []node.Phase
+	admin  *http.Client // the administrator's, once the API server is up
 }
 
 func (c *Cluster) phase(name string, t0 time.Time) {
@@ -155,7 +158,7 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
 		return nil, err
 	}
-	if c.NodeIP, err = nodeIP(); err != nil {
+	if c.NodeIP, err = node.Address(); err != nil {
 		return nil, err
 	}
 	if err := recordAndSet(cfg); err != nil {
@@ -168,7 +171,7 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		return nil, fmt.Errorf("pki: %w", err)
 	}
 	server := fmt.Sprintf("https://%s:%d", c.NodeIP, cfg.APIPort)
-	for _, id := range append(identities, identity{file: "kubelet"}) {
+	for _, id := range clientIdentities(cfg.Node.NodeName) {
 		if err := p.kubeconfig(cfg.kubeconfig(id.file), server, id.file); err != nil {
 			return nil, err
 		}
@@ -267,6 +270,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, p *pki) error {
 	if err != nil {
 		return err
 	}
+	c.admin = admin
 	if err := waitHTTP(ctx, "kube-apiserver", dcfg, admin, fmt.Sprintf("https://127.0.0.1:%d/readyz", cfg.APIPort), 90*time.Second); err != nil {
 		return err
 	}
@@ -349,7 +353,7 @@ conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeou
 func (c Config) KubectlCmd(ctx context.Context, stdin []byte, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, c.Kubectl(), append([]string{"--kubeconfig", c.KubeConfig()}, args...)...)
 	if stdin != nil {
-		cmd.Stdin = strings.NewReader(string(stdin))
+		cmd.Stdin = bytes.NewReader(stdin)
 	}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -361,55 +365,64 @@ func (c Config) KubectlCmd(ctx context.Context, stdin []byte, args ...string) ([
 }
 
 func (c *Cluster) waitNodeReady(ctx context.Context) error {
-	var last error
-	end := time.Now().Add(120 * time.Second)
-	for time.Now().Before(end) {
-		out, err := c.KubectlCmd(ctx, nil, "get", "node", c.Config.Node.NodeName, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
-		if err == nil && strings.TrimSpace(string(out)) == "True" {
-			return nil
+	name := c.Config.Node.NodeName
+	err := node.WaitFor(ctx, 120*time.Second, func() error {
+		var n struct {
+			Status struct {
+				Conditions []struct{ Type, Status string }
+			}
 		}
-		last = fmt.Errorf("node %s Ready=%q", c.Config.Node.NodeName, strings.TrimSpace(string(out)))
-		if err != nil {
-			last = fmt.Errorf("%w: %w", last, err)
+		if err := c.getJSON(ctx, "/api/v1/nodes/"+name, &n); err != nil {
+			return err
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("%w (kubelet log: %s)", last, tailFile(filepath.Join(c.Config.Node.StateDir, "kubelet.log")))
-}
-
-func waitHTTP(ctx context.Context, name string, cfg node.Config, hc *http.Client, url string, d time.Duration) error {
-	var last error
-	end := time.Now().Add(d)
-	for time.Now().Before(end) {
-		resp, err := hc.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == "Ready" && cond.Status == "True" {
 				return nil
 			}
-			err = fmt.Errorf("%s: %s", url, resp.Status)
 		}
-		last = err
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
+		return fmt.Errorf("node %s not Ready", name)
+	})
+	if err != nil {
+		return fmt.Errorf("%w (kubelet log: %s)", err, node.Tail(filepath.Join(c.Config.Node.StateDir, "kubelet.log")))
 	}
-	return fmt.Errorf("%s not healthy after %s: %w (log: %s)", name, d, last, tailFile(filepath.Join(cfg.StateDir, name+".log")))
+	return nil
 }
 
-func tailFile(path string) string {
-	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > 12 {
-		lines = lines[len(lines)-12:]
+// waitHTTP waits until url answers 200, at most d; on failure the error
+// carries the end of the daemon name's log.
+func waitHTTP(ctx context.Context, name string, cfg node.Config, hc *http.Client, url string, d time.Duration) error {
+	err := node.WaitFor(ctx, d, func() error {
+		resp, err := hc.Get(url)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: %s", url, resp.Status)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s not healthy after %s: %w (log: %s)", name, d, err, node.Tail(filepath.Join(cfg.StateDir, name+".log")))
 	}
-	return strings.Join(lines, "\n")
+	return nil
+}
+
+// getJSON decodes the API server's answer to GET path, as the administrator.
+func (c *Cluster) getJSON(ctx context.Context, path string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d%s", c.APIPort, path), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.admin.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
 }
 
 func firstServiceIP(cidr string) net.IP {
@@ -420,38 +433,3 @@ func firstServiceIP(cidr string) net.IP {
 	ip := n.IP.To4()
 	return net.IPv4(ip[0], ip[1], ip[2], ip[3]+1)
 }
-
-// nodeIP is the address of the interface that holds the default route
-// (the kubelet's own choice for the node's InternalIP); on a machine with
-// none, package node's dummy address.
-func nodeIP() (string, error) {
-	if err := node.EnsureNodeAddress(); err != nil {
-		return "", err
-	}
-	b, err := os.ReadFile("/proc/net/route")
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 || f[1] != "00000000" {
-			continue
-		}
-		ifi, err := net.InterfaceByName(f[0])
-		if err != nil {
-			return "", err
-		}
-		addrs, err := ifi.Addrs()
-		if err != nil {
-			return "", err
-		}
-		for _, a := range addrs {
-			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
-				return ipn.IP.String(), nil
-			}
-		}
-	}
-	return "", errors.New("node address: no IPv4 address on the default route's interface")
-}
-
-func joinErr(errs ...error) error { return errors.Join(errs...) }

@@ -3,6 +3,7 @@ package cluster
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -129,9 +130,7 @@ func Down(cfg Config) error {
 	// delay and request drain); 15 s, then SIGKILL.
 	stop(d, "kube-apiserver", 15*time.Second)
 	stop(d, "etcd", 10*time.Second)
-	// Any process left whose arguments name the cluster's directories: a
-	// daemon whose PID file an interrupted run lost.
-	errs = append(errs, killNaming(cfg.StateDir+"/", cfg.DataDir+"/"))
+	errs = append(errs, cfg.killStray())
 	errs = append(errs, removeLinksInto(containerLogLinks, n.DataDir+"/"))
 	errs = append(errs, node.Sweep(n))
 	errs = append(errs, os.RemoveAll(cfg.StateDir), os.RemoveAll(cfg.DataDir))
@@ -228,9 +227,10 @@ func splitRule(s string) []string {
 	return args
 }
 
-// killNaming SIGKILLs the processes whose command line contains one of
-// the given strings, and waits for them to go.
-func killNaming(marks ...string) error {
+// killStray SIGKILLs the cluster's processes that are still there (ours:
+// a daemon whose PID file an interrupted run lost, a pod's process whose
+// shim is gone), and waits for them to go.
+func (c Config) killStray() error {
 	var pids []int
 	procs, _ := os.ReadDir("/proc")
 	for _, p := range procs {
@@ -238,15 +238,8 @@ func killNaming(marks ...string) error {
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		for _, m := range marks {
-			if bytes.Contains(b, []byte(m)) {
-				pids = append(pids, pid)
-				break
-			}
+		if c.ours(filepath.Join("/proc", p.Name())) != "" {
+			pids = append(pids, pid)
 		}
 	}
 	for _, pid := range pids {
@@ -254,15 +247,12 @@ func killNaming(marks ...string) error {
 	}
 	var left []string
 	for _, pid := range pids {
-		gone := false
-		for range 100 {
-			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || bytes.Contains(b, []byte(") Z ")) {
-				gone = true
-				break
+		if node.WaitFor(context.Background(), 2*time.Second, func() error {
+			if !node.ProcessGone(pid) {
+				return errors.New("still there")
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		if !gone {
+			return nil
+		}) != nil {
 			left = append(left, strconv.Itoa(pid))
 		}
 	}

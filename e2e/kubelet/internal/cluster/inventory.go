@@ -11,12 +11,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/draind/draind/e2e/kubelet/internal/node"
 )
 
 // Inventory is the machine's state in every respect the cluster changes:
 // the list of what it makes, which Down must leave as it found it.
 type Inventory struct {
-	Processes []string          // running executables among the cluster's (daemons, shims, runc, pods' processes by their container root)
+	Processes []string          // the cluster's running processes (Config.ours): daemons, shims, pods' processes
 	Mounts    []string          // mount points
 	Links     []string          // network interfaces
 	NetNS     []string          // named network namespaces (/run/netns)
@@ -29,8 +31,8 @@ type Inventory struct {
 // places are the paths the cluster or its components write: its own
 // directories, and where a kubelet, containerd or CNI writes by default.
 func (c Config) places() []string {
-	return append([]string{c.StateDir, c.DataDir, c.restoreRecord(), "/var/log/pods", "/var/log/containers",
-		"/etc/kubernetes", "/etc/cni/net.d", "/var/lib/containerd", "/run/netns", "/var/run/netns"}, defaultPaths...)
+	return append([]string{c.StateDir, c.DataDir, c.restoreRecord(), "/var/log/pods", "/etc/kubernetes",
+		"/etc/cni/net.d", "/var/lib/containerd", "/run/netns", "/var/run/netns"}, defaultPaths...)
 }
 
 // ours describes the process at /proc/PID when it is the cluster's: its
@@ -69,7 +71,7 @@ func (c Config) Snapshot() Inventory {
 	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
 		for line := range strings.SplitSeq(string(b), "\n") {
 			if f := strings.Fields(line); len(f) > 4 {
-				inv.Mounts = append(inv.Mounts, unescape(f[4]))
+				inv.Mounts = append(inv.Mounts, node.UnescapeMount(f[4]))
 			}
 		}
 	}
@@ -152,10 +154,6 @@ func (now Inventory) Leftovers(before Inventory) []string {
 		}
 	}
 	return out
-}
-
-func unescape(s string) string {
-	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
 }
 
 // RSS is each running component's resident memory in bytes, by name,

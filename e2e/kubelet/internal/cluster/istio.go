@@ -71,21 +71,6 @@ func Render(ctx context.Context, istioctl string, values ...string) (*Rendered, 
 	return r, nil
 }
 
-// ConfigMapData is the data of the rendered ConfigMap name (Istio's
-// injector's `config` and `values`, the mesh's `mesh`).
-func (r *Rendered) ConfigMapData(name string) map[string]string {
-	for _, o := range r.Objects {
-		if o["kind"] == "ConfigMap" && nested(o, "metadata", "name") == name {
-			data := map[string]string{}
-			for k, v := range nested(o, "data").(map[string]any) {
-				data[k], _ = v.(string)
-			}
-			return data
-		}
-	}
-	return nil
-}
-
 func nested(o map[string]any, path ...string) any {
 	var v any = o
 	for _, p := range path {
@@ -156,20 +141,26 @@ func (c *Cluster) startIstiod(ctx context.Context) error {
 	}
 	// istiod patches the caBundle of the webhooks labelled with its
 	// revision; until then the API server cannot call it.
-	end := time.Now().Add(60 * time.Second)
-	for {
-		out, err := c.KubectlCmd(ctx, nil, "get", "mutatingwebhookconfiguration", "istio-sidecar-injector", "-o", "jsonpath={.webhooks[0].clientConfig.caBundle}")
-		if err == nil && len(strings.TrimSpace(string(out))) > 0 {
-			return nil
-		}
-		if time.Now().After(end) {
-			if err == nil {
-				err = errors.New("caBundle empty")
+	err = node.WaitFor(ctx, 60*time.Second, func() error {
+		var hook struct {
+			Webhooks []struct {
+				ClientConfig struct {
+					CABundle string `json:"caBundle"`
+				} `json:"clientConfig"`
 			}
-			return fmt.Errorf("webhook istio-sidecar-injector: no caBundle after 60 s: %w (log: %s)", err, tailFile(filepath.Join(c.Config.StateDir, "pilot-discovery.log")))
 		}
-		time.Sleep(250 * time.Millisecond)
+		if err := c.getJSON(ctx, "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/istio-sidecar-injector", &hook); err != nil {
+			return err
+		}
+		if len(hook.Webhooks) == 0 || hook.Webhooks[0].ClientConfig.CABundle == "" {
+			return errors.New("caBundle empty")
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("webhook istio-sidecar-injector: no caBundle after 60 s: %w (log: %s)", err, node.Tail(filepath.Join(c.Config.StateDir, "pilot-discovery.log")))
 	}
+	return nil
 }
 
 // istiodEndpoints is the EndpointSlice of the Service istiod: this node's

@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -27,20 +28,26 @@ type pki struct {
 	caKey  *ecdsa.PrivateKey
 }
 
-// client identities: file name, CN (the user), O (the groups).
+// identity is a client certificate's: its file name, CN (the user) and O
+// (the groups).
 type identity struct {
 	file, user string
 	groups     []string
 }
 
-var identities = []identity{
-	{"admin", "kubernetes-admin", []string{"system:masters"}},
-	{"controller-manager", "system:kube-controller-manager", nil},
-	{"scheduler", "system:kube-scheduler", nil},
-	{"kube-proxy", "system:kube-proxy", nil},
-	// The API server's client to the kubelets (logs, exec): the kubelet's
-	// webhook authorizer asks RBAC, and system:masters may.
-	{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}},
+// clientIdentities are the cluster's clients, each with a certificate and
+// a kubeconfig: the administrator, the components, and the node's kubelet.
+func clientIdentities(nodeName string) []identity {
+	return []identity{
+		{"admin", "kubernetes-admin", []string{"system:masters"}},
+		{"controller-manager", "system:kube-controller-manager", nil},
+		{"scheduler", "system:kube-scheduler", nil},
+		{"kube-proxy", "system:kube-proxy", nil},
+		// The API server's client to the kubelets (logs, exec): the
+		// kubelet's webhook authorizer asks RBAC, and system:masters may.
+		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}},
+		{"kubelet", "system:node:" + nodeName, []string{"system:nodes"}},
+	}
 }
 
 func (p *pki) path(name string) string { return filepath.Join(p.dir, name) }
@@ -100,18 +107,15 @@ func makePKI(dir, nodeName string, apiIPs []net.IP, apiNames []string) (*pki, er
 		if err != nil {
 			return fmt.Errorf("certificate %s: %w", name, err)
 		}
-		return joinErr(writeCert(p.path(name+".crt"), der), writeECKey(p.path(name+".key"), key))
+		return errors.Join(writeCert(p.path(name+".crt"), der), writeECKey(p.path(name+".key"), key))
 	}
 	if err := leaf("apiserver", pkix.Name{CommonName: "kube-apiserver"}, x509.ExtKeyUsageServerAuth, apiIPs, apiNames); err != nil {
 		return nil, err
 	}
-	for _, id := range identities {
+	for _, id := range clientIdentities(nodeName) {
 		if err := leaf(id.file, pkix.Name{CommonName: id.user, Organization: id.groups}, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
 			return nil, err
 		}
-	}
-	if err := leaf("kubelet", pkix.Name{CommonName: "system:node:" + nodeName, Organization: []string{"system:nodes"}}, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
-		return nil, err
 	}
 	// The service-account signing key: RSA, as the API server's
 	// --service-account-signing-key-file takes it.
@@ -123,7 +127,7 @@ func makePKI(dir, nodeName string, apiIPs []net.IP, apiNames []string) (*pki, er
 	if err != nil {
 		return nil, err
 	}
-	return p, joinErr(
+	return p, errors.Join(
 		os.WriteFile(p.path("sa.key"), pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(sa)}), 0o600),
 		os.WriteFile(p.path("sa.pub"), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o644),
 	)

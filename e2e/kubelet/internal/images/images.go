@@ -89,7 +89,7 @@ func Build(ctx context.Context, src Sources, dir string) ([]string, error) {
 				{Src: bin("envoysim"), Dst: "/usr/local/bin/envoy"},
 				// envoysim's config (JSON, which is YAML) where the root
 				// Dockerfile's CMD has Envoy read its own.
-				{Data: envoysimConfig("127.0.0.1:8080"), Dst: "/etc/envoy/envoy.yaml", Mode: 0o644},
+				{Data: EnvoysimConfig(), Dst: "/etc/envoy/envoy.yaml", Mode: 0o644},
 			},
 			Dirs: []string{"/tmp"},
 			// The root Dockerfile's ENTRYPOINT and CMD.
@@ -103,7 +103,7 @@ func Build(ctx context.Context, src Sources, dir string) ([]string, error) {
 	}
 	// Without pilot-agent (a cluster without istiod), no ProxyV2.
 	if src.PilotAgent != "" {
-		proxy, err := proxyV2(src.PilotAgent, dir, bin)
+		proxy, err := proxyV2(src.PilotAgent, bin)
 		if err != nil {
 			return nil, err
 		}
@@ -123,11 +123,10 @@ func Build(ctx context.Context, src Sources, dir string) ([]string, error) {
 // EnvoysimConfig is envoysim's configuration for a sidecar in front of the
 // app on :8080: what the ConfigMap envoy-sidecar of deploy/ holds in the
 // cluster, in place of deploy/envoy-config.yaml's Envoy configuration.
-func EnvoysimConfig() []byte { return envoysimConfig("127.0.0.1:8080") }
-
-// envoysimConfig is an Envoy-shaped sidecar: inbound on 15006 to the app,
-// outbound on 15001 (e2e/kubelet/testdata has the same for its pods).
-func envoysimConfig(app string) []byte {
+// It is an Envoy-shaped sidecar: inbound on 15006 to the app, outbound on
+// 15001 (e2e/kubelet/testdata has the same for its pods).
+func EnvoysimConfig() []byte {
+	const app = "127.0.0.1:8080"
 	b, _ := json.Marshal(map[string]any{
 		"admin_address": "127.0.0.1:15000",
 		"listeners": []map[string]any{
@@ -138,11 +137,9 @@ func envoysimConfig(app string) []byte {
 	return b
 }
 
-// proxyV2 lays out Istio's proxyv2: pilot-agent, envoysim as Envoy with
-// Envoy's bootstrap template (envoysim's config, which pilot-agent renders
-// unchanged), draind, and Debian's iptables (nft backend) with the shared
-// libraries and extensions it loads, for istio-init.
-func proxyV2(pilotAgent, dir string, bin func(string) string) (ociimage.Spec, error) {
+// proxyV2 is ProxyV2Spec with Debian's iptables (nft backend) and the
+// shared libraries and extensions it loads added, for istio-init.
+func proxyV2(pilotAgent string, bin func(string) string) (ociimage.Spec, error) {
 	tmpl, _ := json.Marshal(map[string]any{
 		"admin_address": "127.0.0.1:15000",
 		"xds":           true,
@@ -154,25 +151,35 @@ func proxyV2(pilotAgent, dir string, bin func(string) string) (ociimage.Spec, er
 			{"name": "0.0.0.0_15021", "address": "0.0.0.0:15021", "protocol": "http", "upstream": "127.0.0.1:15020"},
 		},
 	})
-	files := []ociimage.File{
-		{Src: bin("draind"), Dst: "/usr/local/bin/draind", Caps: FileCaps},
-		{Src: pilotAgent, Dst: "/usr/local/bin/pilot-agent"},
-		{Src: bin("envoysim"), Dst: "/usr/local/bin/envoy"},
-		{Data: tmpl, Dst: "/var/lib/istio/envoy/envoy_bootstrap_tmpl.json", Mode: 0o644},
-	}
+	spec := ProxyV2Spec(ProxyV2, pilotAgent, bin("draind"), bin("envoysim"), tmpl)
 	ipt, err := iptablesFiles()
 	if err != nil {
 		return ociimage.Spec{}, fmt.Errorf("image %s: %w", ProxyV2, err)
 	}
-	files = append(files, ipt...)
+	spec.Files = append(spec.Files, ipt...)
+	spec.Dirs = append(spec.Dirs, "/run/xtables")
+	spec.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	return spec, nil
+}
+
+// ProxyV2Spec is Istio's proxyv2 image's layout with draind added (what
+// deploy/istio/Dockerfile.proxyv2 makes): pilot-agent as the entrypoint,
+// envoysim as /usr/local/bin/envoy, Envoy's bootstrap template (envoysim's
+// config, which pilot-agent renders unchanged), draind with FileCaps, the
+// directories Istio's injected volumes mount on, uid 1337.
+func ProxyV2Spec(ref, pilotAgent, draind, envoysim string, bootstrap []byte) ociimage.Spec {
 	return ociimage.Spec{
-		Ref:        ProxyV2,
-		Files:      files,
-		Dirs:       []string{"/tmp", "/etc/istio/proxy", "/etc/istio/pod", "/var/lib/istio/data", "/var/run/secrets/istio", "/var/run/secrets/tokens", "/run/xtables"},
+		Ref: ref,
+		Files: []ociimage.File{
+			{Src: draind, Dst: "/usr/local/bin/draind", Caps: FileCaps},
+			{Src: pilotAgent, Dst: "/usr/local/bin/pilot-agent"},
+			{Src: envoysim, Dst: "/usr/local/bin/envoy"},
+			{Data: bootstrap, Dst: "/var/lib/istio/envoy/envoy_bootstrap_tmpl.json", Mode: 0o644},
+		},
+		Dirs:       []string{"/tmp", "/etc/istio/proxy", "/etc/istio/pod", "/var/lib/istio/data", "/var/run/secrets/istio", "/var/run/secrets/tokens"},
 		Entrypoint: []string{"/usr/local/bin/pilot-agent"}, // proxyv2's
 		User:       "1337",
-		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-	}, nil
+	}
 }
 
 // iptablesMulti is Debian's iptables (nft backend): one binary, named by

@@ -204,6 +204,3 @@ oomScoreAdj: 0
 enforceNodeAllocatable: []
 `, c.manifestDir(), c.PortBase+250, c.PortBase+255, c.PortBase+248, c.CgroupRoot, c.socket(), c.podLogsDir(), access)
 }
-
-// Socket is containerd's CRI socket.
-func (c Config) Socket() string { return c.socket() }

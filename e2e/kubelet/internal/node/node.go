@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -87,7 +88,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n.Runtime = runtimeapi.NewRuntimeServiceClient(n.conn)
 	n.Images = runtimeapi.NewImageServiceClient(n.conn)
-	if err := waitFor(ctx, 30*time.Second, func() error {
+	if err := WaitFor(ctx, 30*time.Second, func() error {
 		if n.containerd.ProcessState != nil {
 			return errDead
 		}
@@ -102,7 +103,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("containerd: %w (log: %s)", err, tail(filepath.Join(cfg.StateDir, "containerd.log")))
+		return nil, fmt.Errorf("containerd: %w (log: %s)", err, Tail(filepath.Join(cfg.StateDir, "containerd.log")))
 	}
 	n.phase("containerd start", t0)
 	return n, nil
@@ -129,7 +130,7 @@ func (n *Node) StartKubelet(ctx context.Context) (err error) {
 	if err := makeCgroupRoot(n.cfg.CgroupRoot); err != nil {
 		return err
 	}
-	if err := EnsureNodeAddress(); err != nil {
+	if _, err := defaultLink(); err != nil {
 		return err
 	}
 	args := []string{
@@ -147,7 +148,7 @@ func (n *Node) StartKubelet(ctx context.Context) (err error) {
 		return err
 	}
 	hc := &http.Client{Timeout: time.Second}
-	if err := waitFor(ctx, 60*time.Second, func() error {
+	if err := WaitFor(ctx, 60*time.Second, func() error {
 		if n.kubelet.ProcessState != nil {
 			return errDead
 		}
@@ -161,7 +162,7 @@ func (n *Node) StartKubelet(ctx context.Context) (err error) {
 		}
 		return nil
 	}); err != nil {
-		return fmt.Errorf("kubelet: %w (log: %s)", err, tail(filepath.Join(n.cfg.StateDir, "kubelet.log")))
+		return fmt.Errorf("kubelet: %w (log: %s)", err, Tail(filepath.Join(n.cfg.StateDir, "kubelet.log")))
 	}
 	n.phase("kubelet start", t0)
 	return nil
@@ -183,7 +184,7 @@ func (n *Node) Close() error {
 		if len(entries) > 0 && n.Runtime != nil {
 			// Let the kubelet terminate them as it would, within their grace.
 			ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-			errs = append(errs, waitFor(ctx, 45*time.Second, func() error {
+			errs = append(errs, WaitFor(ctx, 45*time.Second, func() error {
 				cs, err := n.Runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{State: &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING}}})
 				if err != nil {
 					return err
@@ -321,9 +322,6 @@ func startDaemon(cfg Config, dir string, env []string, name, bin string, args ..
 	return cmd, nil
 }
 
-// Alive reports whether a daemon StartDaemon started is still running.
-func Alive(cmd *exec.Cmd) bool { return cmd != nil && cmd.ProcessState == nil }
-
 func stopDaemon(cmd *exec.Cmd, grace time.Duration) error {
 	if cmd == nil || cmd.Process == nil {
 		return nil
@@ -331,7 +329,7 @@ func stopDaemon(cmd *exec.Cmd, grace time.Duration) error {
 	cmd.Process.Signal(syscall.SIGTERM)
 	end := time.Now().Add(grace)
 	for time.Now().Before(end) {
-		if syscall.Kill(cmd.Process.Pid, 0) != nil || processGone(cmd.Process.Pid) {
+		if syscall.Kill(cmd.Process.Pid, 0) != nil || ProcessGone(cmd.Process.Pid) {
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -340,8 +338,8 @@ func stopDaemon(cmd *exec.Cmd, grace time.Duration) error {
 	return fmt.Errorf("%s did not stop within %s: killed", filepath.Base(cmd.Path), grace)
 }
 
-// processGone reports a PID that is gone or a zombie.
-func processGone(pid int) bool {
+// ProcessGone reports a PID that is gone or a zombie.
+func ProcessGone(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return true
@@ -357,7 +355,9 @@ func writePID(cfg Config, name string, pid int) {
 	os.WriteFile(filepath.Join(cfg.StateDir, name+".pid"), []byte(fmt.Sprint(pid)), 0o644)
 }
 
-func waitFor(ctx context.Context, d time.Duration, f func() error) error {
+// WaitFor calls f every 100 ms until it returns nil or an error wrapping
+// errDead (a daemon that exited), for at most d, and returns its last error.
+func WaitFor(ctx context.Context, d time.Duration, f func() error) error {
 	end := time.Now().Add(d)
 	for {
 		err := f()
@@ -375,8 +375,8 @@ func waitFor(ctx context.Context, d time.Duration, f func() error) error {
 	}
 }
 
-// tail returns the last lines of a log, for error messages.
-func tail(path string) string {
+// Tail returns the last lines of a log, for error messages.
+func Tail(path string) string {
 	b, _ := os.ReadFile(path)
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	if len(lines) > 15 {
@@ -469,15 +469,22 @@ const (
 	nodeAddress     = "198.19.255.1/32"
 )
 
-// EnsureNodeAddress gives a machine without a default route one (nodeAddressLink).
-func EnsureNodeAddress() error {
+// defaultLink is the interface of the IPv4 default route; a machine with
+// none is given one first (nodeAddressLink).
+func defaultLink() (string, error) {
 	// The IPv4 table only: /proc/net/ipv6_route lists a reject route to ::/0
 	// on lo even where there is no IPv6 route (the kernel's null entry).
-	b, _ := os.ReadFile("/proc/net/route")
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 1 && f[1] == "00000000" {
-			return nil // Iface Destination ...: 00000000 is the default
+	link := func() string {
+		b, _ := os.ReadFile("/proc/net/route")
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[1] == "00000000" {
+				return f[0] // Iface Destination ...: 00000000 is the default
+			}
 		}
+		return ""
+	}
+	if l := link(); l != "" {
+		return l, nil
 	}
 	for _, args := range [][]string{
 		{"link", "add", nodeAddressLink, "type", "dummy"},
@@ -486,8 +493,32 @@ func EnsureNodeAddress() error {
 		{"route", "add", "default", "dev", nodeAddressLink},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("node address (no default route): ip %s: %w: %s", strings.Join(args, " "), err, out)
+			return "", fmt.Errorf("node address (no default route): ip %s: %w: %s", strings.Join(args, " "), err, out)
 		}
 	}
-	return nil
+	return nodeAddressLink, nil
+}
+
+// Address is the node's address as the kubelet takes it: the IPv4 address
+// of the default route's interface (nodeAddressLink's on a machine with no
+// default route).
+func Address() (string, error) {
+	name, err := defaultLink()
+	if err != nil {
+		return "", err
+	}
+	ifi, err := net.InterfaceByName(name)
+	if err != nil {
+		return "", fmt.Errorf("node address: %w", err)
+	}
+	addrs, err := ifi.Addrs()
+	if err != nil {
+		return "", fmt.Errorf("node address: %w", err)
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+			return ipn.IP.String(), nil
+		}
+	}
+	return "", fmt.Errorf("node address: no IPv4 address on %s, the default route's interface", name)
 }

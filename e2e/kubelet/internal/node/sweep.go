@@ -82,14 +82,14 @@ func stopRecorded(cfg Config, name string, grace time.Duration) error {
 	}
 	syscall.Kill(pid, syscall.SIGTERM)
 	for end := time.Now().Add(grace); time.Now().Before(end); {
-		if processGone(pid) {
+		if ProcessGone(pid) {
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	syscall.Kill(pid, syscall.SIGKILL)
 	for range 100 {
-		if processGone(pid) {
+		if ProcessGone(pid) {
 			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -186,7 +186,7 @@ func unmountUnder(dirs ...string) error {
 		if len(fields) < 5 {
 			continue
 		}
-		mp := unescapeMount(fields[4])
+		mp := UnescapeMount(fields[4])
 		for _, d := range dirs {
 			if strings.HasPrefix(mp, d+"/") {
 				points = append(points, mp)
@@ -203,7 +203,8 @@ func unmountUnder(dirs ...string) error {
 	return errors.Join(errs...)
 }
 
-func unescapeMount(s string) string {
+// UnescapeMount undoes /proc/PID/mountinfo's octal escapes in a path.
+func UnescapeMount(s string) string {
 	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
 	return r.Replace(s)
 }
