@@ -41,6 +41,7 @@ type statusBackend interface {
 	triggerDrain(cause drain.Cause)
 	quit()
 	flowsJSON() ([]byte, error)
+	podState() PodState
 	metricsHandler() http.Handler
 }
 
@@ -81,6 +82,7 @@ func newStatusServerLimits(b statusBackend, ln net.Listener, lim statusLimits) *
 	mux.HandleFunc("POST /drain", loopbackOnly(s.drain))
 	mux.HandleFunc("POST /quitquitquit", loopbackOnly(s.quit))
 	mux.HandleFunc("GET /debug/flows", loopbackOnly(s.flows))
+	mux.HandleFunc("GET /debug/state", loopbackOnly(s.state))
 	mux.HandleFunc("GET /debug/privileges", loopbackOnly(privileges))
 	s.srv = &http.Server{
 		Handler:           limitBody(mux, lim.MaxBodyBytes),
@@ -162,6 +164,18 @@ func (s *statusServer) flows(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(b)
+}
+
+// state is where the drain stands (PodState): what `draind pods` reads
+// from the node, over the pod's loopback.
+func (s *statusServer) state(w http.ResponseWriter, r *http.Request) {
+	b, err := json.Marshal(s.b.podState())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(append(b, '\n'))
 }
 
 // privileges shows what draind holds now, every thread's capability sets
@@ -282,6 +296,17 @@ func (a *agent) metricsHandler() http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// podState is /debug/state: the machine's published State, or "starting"
+// before the machine exists.
+func (a *agent) podState() PodState {
+	now := time.Now()
+	if m, _ := a.early.machine(); m != nil {
+		return NewPodState(m.State(), now)
+	}
+	return PodState{Version: PodStateVersion, Now: now, Phase: drain.Starting.String(), PodShape: a.cfg.Drain.StartShape().Name(),
+		Holds: []PodHold{}, Held: []PodHeldFor{}}
 }
 
 // flowsJSON is /debug/flows: what `draind conns -o json` shows, and the

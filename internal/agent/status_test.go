@@ -56,6 +56,10 @@ func (f *fakeBackend) flowsJSON() ([]byte, error) {
 	f.record("flows")
 	return []byte(`{"flows":[]}`), nil
 }
+func (f *fakeBackend) podState() PodState {
+	f.record("state")
+	return PodState{Version: PodStateVersion, Phase: "ready", Holds: []PodHold{}, Held: []PodHeldFor{}}
+}
 func (f *fakeBackend) metricsHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "draind_phase 1\n") })
 }
@@ -168,6 +172,7 @@ var loopbackEndpoints = []struct {
 	{"POST", "/drain?cause=prestop", "drain prestop-hook", http.StatusAccepted},
 	{"POST", "/quitquitquit", "quit", http.StatusAccepted},
 	{"GET", "/debug/flows", "flows", http.StatusOK},
+	{"GET", "/debug/state", "state", http.StatusOK},
 	{"GET", "/debug/privileges", "", http.StatusOK},
 }
 

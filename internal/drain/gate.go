@@ -78,6 +78,10 @@ const (
 	HoldEnvoyKernel
 	HoldSettle
 	HoldAwaitSignal
+	// HoldMinDrain is the wait for the pod to leave its Services'
+	// rotation (--min-drain, fixed or auto) before the gate: it holds the
+	// drain while Draining (State.Holds). The gate never returns it.
+	HoldMinDrain
 )
 
 // String is the kind's label in the log's hold_kinds (stable, unlike a
@@ -92,6 +96,7 @@ func (k HoldKind) String() string {
 var holdKindNames = [...]string{
 	HoldAppProcs: "app-procs", HoldAppSockets: "app-sockets", HoldAppFlows: "app-flows",
 	HoldEnvoyActive: "envoy-active", HoldEnvoyKernel: "envoy-kernel", HoldSettle: "settle", HoldAwaitSignal: "await-signal",
+	HoldMinDrain: "min-drain",
 }
 
 // Hold says what keeps the gate closed.
@@ -109,6 +114,8 @@ func (h Hold) String() string {
 		who = "settle"
 	case HoldAwaitSignal:
 		who = "kubelet"
+	case HoldMinDrain:
+		who = "rotation"
 	}
 	return who + ": " + h.What
 }

@@ -51,6 +51,19 @@ func (s PodShape) String() string {
 	return podShapeNames[s]
 }
 
+// Name is the shape's short, stable name (the node's view, Events).
+func (s PodShape) Name() string {
+	if int(s) >= len(podShapeShort) {
+		return "unknown"
+	}
+	return podShapeShort[s]
+}
+
+var podShapeShort = [...]string{
+	ShapeSidecar: "sidecar", ShapeGateway: "gateway", ShapeJob: "job", ShapePrestop: "prestop",
+	ShapeNativeSidecar: "native-sidecar", ShapePOSTSidecar: "post-drain-sidecar", ShapeClassicSidecar: "classic-sidecar",
+}
+
 // StartShape is the shape the configuration tells before any drain.
 func (c *Config) StartShape() PodShape {
 	switch {

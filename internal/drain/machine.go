@@ -3,7 +3,9 @@ package drain
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -166,6 +168,16 @@ type Parts struct {
 	Log      *zap.Logger
 	// Begun is when the process began (for the ready line's since_start).
 	Begun time.Time
+	// Reporter, when set, is told of the drain's start and end.
+	Reporter Reporter
+}
+
+// Reporter is told of a drain's start and end (the pod's Kubernetes
+// Events). Its methods are called on the machine's goroutine: they must
+// not block (queue the state and return).
+type Reporter interface {
+	DrainBegan(State)
+	DrainEnded(State)
 }
 
 // DrainListenersState is where the drain_listeners call stands.
@@ -205,6 +217,7 @@ type Machine struct {
 	proxy    Proxy
 	tracking Tracking
 	arrivals Arrivals
+	reporter Reporter
 	log      *zap.Logger
 	begun    time.Time
 
@@ -218,6 +231,8 @@ type Machine struct {
 	drainNS atomic.Int64 // from the trigger to the stop, once stopping
 	// The adaptive wait's end (--min-drain auto), once over.
 	rotation atomic.Pointer[RotationEnd]
+	// state is the last State published (State).
+	state atomic.Pointer[State]
 
 	// Owned by Run's goroutine.
 	started time.Time // the trigger
@@ -229,6 +244,12 @@ type Machine struct {
 	// failedSeq is the last failed main exit said to stay (success mode).
 	failedSeq uint64
 	gate      Gate
+	// held adds up what held the drain (State.Held); curHolds is what
+	// holds now.
+	held     holdTimes
+	curHolds []Hold
+	// cut is what the deadline left open (State's end).
+	cut *StateEnd
 	// before is what arrived before the trigger (--min-drain auto).
 	before   ArrivalsBefore
 	holds    uint32 // kinds logged last
@@ -289,10 +310,11 @@ func New(cfg Config, parts Parts) *Machine {
 	m := &Machine{
 		cfg:   cfg,
 		flows: parts.Flows, apps: parts.Apps, admin: parts.Admin, proxy: parts.Proxy,
-		tracking: parts.Tracking, arrivals: parts.Arrivals, log: parts.Log, begun: parts.Begun,
+		tracking: parts.Tracking, arrivals: parts.Arrivals, reporter: parts.Reporter, log: parts.Log, begun: parts.Begun,
 		inputs: make(chan input, 8), gate: Gate{Settle: cfg.Settle},
 	}
 	m.phase.Store(int32(Starting))
+	m.publish(nil, nil)
 	return m
 }
 
@@ -334,6 +356,26 @@ func (m *Machine) DrainDuration() time.Duration { return time.Duration(m.drainNS
 
 // Config is the machine's configuration.
 func (m *Machine) Config() Config { return m.cfg }
+
+// State is where the drain stands (a copy: the caller may keep it).
+func (m *Machine) State() State { return *m.state.Load() }
+
+// publish makes a new State current: holds is what holds from now on,
+// end how the drain ended (nil before). Run's goroutine only.
+func (m *Machine) publish(holds []Hold, end *StateEnd) {
+	now := time.Now()
+	if !m.started.IsZero() {
+		m.held.observe(now, kindsOf(holds))
+	}
+	m.curHolds = holds
+	st := &State{Phase: m.Phase(), Cause: m.Cause(), Shape: m.cfg.StartShape(),
+		Holds: slices.Clone(holds), Held: m.held.result(), Since: now, End: end}
+	if c := m.Cause(); c != CauseNone {
+		st.Shape = m.shape(c)
+		st.Triggered, st.Deadline = m.started, m.started.Add(m.cfg.GateDeadline())
+	}
+	m.state.Store(st)
+}
 
 // RotationEnd is how the adaptive wait ended: when after the trigger, why,
 // and after how many new connections.
@@ -434,10 +476,43 @@ func (m *Machine) Run(ctx context.Context) Result {
 	}
 }
 
-// enter is the one place the phase changes.
+// enter is the one place the phase changes (the State follows; the end's
+// phases publish their own, with the end).
 func (m *Machine) enter(p Phase, fields ...zap.Field) {
 	m.phase.Store(int32(p))
 	m.log.Info("phase", append([]zap.Field{logevent.Phase.Field(), zap.String("phase", p.String())}, fields...)...)
+	switch p {
+	case Draining:
+		m.publish([]Hold{m.minDrainHold()}, nil)
+	case Stopping, Exited:
+	default:
+		m.publish(nil, nil)
+	}
+}
+
+// ended is end with what the deadline cut, if it did.
+func (m *Machine) ended(end StateEnd) *StateEnd {
+	if m.cut != nil {
+		end.Cut, end.OpenFlows, end.AppProcesses = true, m.cut.OpenFlows, m.cut.AppProcesses
+	}
+	return &end
+}
+
+// minDrainHold is what holds while Draining.
+func (m *Machine) minDrainHold() Hold {
+	if m.cfg.MinDrainAuto {
+		return Hold{HoldMinDrain, fmt.Sprintf("waiting to leave rotation (auto: %s to %s)", m.cfg.RotationFloor, m.cfg.RotationCeiling)}
+	}
+	return Hold{HoldMinDrain, "--min-drain " + m.cfg.MinDrain.String()}
+}
+
+// finish publishes the drain's end and tells the reporter (once a drain
+// began).
+func (m *Machine) finish(end StateEnd) {
+	m.publish(nil, m.ended(end))
+	if m.reporter != nil && m.Cause() != CauseNone {
+		m.reporter.DrainEnded(m.State())
+	}
 }
 
 // watchLive asks the admin API until Envoy is LIVE with its workers
@@ -659,6 +734,9 @@ func (m *Machine) begin(c Cause) {
 	}
 	m.enter(Draining, append(fields, zap.Duration("deadline", m.cfg.Deadline), zap.Duration("gate_deadline", m.cfg.GateDeadline()),
 		zap.Any("flows", m.flows.Observe()))...)
+	if m.reporter != nil {
+		m.reporter.DrainBegan(m.State())
+	}
 	if minDrain == 0 {
 		m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)))
 		return
@@ -786,6 +864,9 @@ func (m *Machine) evaluate(ctx context.Context) (Result, bool) {
 	if v.Open {
 		return m.stop("drained", true), true
 	}
+	if !slices.Equal(v.Holds, m.curHolds) {
+		m.publish(v.Holds, nil)
+	}
 	if k := v.Kinds(); k != m.holds {
 		m.holds = k
 		kinds := make([]HoldKind, len(v.Holds))
@@ -896,8 +977,10 @@ func (m *Machine) gateInput(ctx context.Context) GateInput {
 func (m *Machine) deadline() Result {
 	open := m.flows.Holding()
 	fields := []zap.Field{logevent.DeadlineReached.Field(), zap.Duration("after", time.Since(m.started)), zap.Int("open_flows", len(open))}
+	m.cut = &StateEnd{Cut: true, OpenFlows: len(open)}
 	if m.apps != nil {
 		n, view := m.apps.Count()
+		m.cut.AppProcesses = n
 		fields = append(fields, zap.Int("app_processes", n), zap.Bool("app_processes_complete", view == ProcsComplete))
 	}
 	msg := "drain deadline reached: stopping the proxy with flows still open"
@@ -928,7 +1011,13 @@ func (m *Machine) proxyDied() Result {
 	}
 	m.enter(Exited, zap.String("why", "proxy exited on its own"), zap.String("when", when),
 		zap.String("how", m.proxy.ExitDescription()), zap.Int("exit_code", code))
-	return Result{ExitCode: code, Reason: "proxy " + m.proxy.ExitDescription() + " " + when}
+	res := Result{ExitCode: code, Reason: "proxy " + m.proxy.ExitDescription() + " " + when}
+	var took time.Duration
+	if !m.started.IsZero() {
+		took = time.Since(m.started)
+	}
+	m.finish(StateEnd{Why: res.Reason, Took: took, ExitCode: code, ExitCodeKnown: true})
+	return res
 }
 
 // stop: /quitquitquit, then SIGTERM, then SIGKILL, each given
@@ -942,10 +1031,12 @@ func (m *Machine) stop(why string, clean bool) Result {
 	m.drainNS.Store(int64(t0.Sub(m.started)))
 	if m.cfg.Prestop {
 		m.enter(Exited, zap.String("why", why), zap.Duration("waited", t0.Sub(m.started)), zap.Bool("clean", clean))
+		m.finish(StateEnd{Why: why, Clean: clean, Took: t0.Sub(m.started)})
 		return Result{Reason: why, Clean: clean}
 	}
 	m.enter(Stopping, zap.String("why", why), zap.Duration("drain", t0.Sub(m.started)),
 		zap.Int64("quit_sent_unix_ns", t0.UnixNano()), zap.Any("flows", m.flows.Observe()))
+	m.publish(nil, m.ended(StateEnd{Why: why, Clean: clean, Took: t0.Sub(m.started)}))
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.quitTimeout())
 	err := m.admin.Quit(ctx)
 	cancel()
@@ -995,5 +1086,6 @@ func (m *Machine) stop(why string, clean bool) Result {
 	res.Clean = clean && res.ExitCode == 0
 	m.enter(Exited, zap.String("why", res.Reason), zap.Int("exit_code", res.ExitCode),
 		zap.Duration("total", time.Since(m.started)), zap.Bool("clean", res.Clean))
+	m.finish(StateEnd{Why: res.Reason, Clean: res.Clean, Took: t0.Sub(m.started), ExitCode: res.ExitCode, ExitCodeKnown: true})
 	return res
 }

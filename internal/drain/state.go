@@ -1,0 +1,104 @@
+package drain
+
+import (
+	"slices"
+	"time"
+)
+
+// State is where a drain stands, for those who look from outside the
+// machine: the node's view (`draind pods`, over the status server's
+// GET /debug/state) and the pod's Kubernetes Events. The machine publishes
+// a new one when its phase changes and when what holds it changes (a hold's
+// count included): a gate evaluation that changes nothing publishes
+// nothing, and nothing is published while Ready.
+type State struct {
+	Phase Phase
+	// Cause and Shape: what started the drain and the kind of pod it is
+	// for (CauseNone and the start shape before the trigger).
+	Cause Cause
+	Shape PodShape
+	// Triggered is the drain's start; Deadline the moment the gate gives
+	// up (the stop steps' reserve after it). Zero before the trigger.
+	Triggered, Deadline time.Time
+	// Holds is what holds the drain now: the min-drain while Draining,
+	// the gate's holds while Gating; none otherwise.
+	Holds []Hold
+	// Held is every kind that held since the trigger, and for how long in
+	// all, in the order they first held.
+	Held []HeldFor
+	// Since is when this state was published.
+	Since time.Time
+	// The end, once Stopping or Exited.
+	End *StateEnd
+}
+
+// StateEnd is how a drain ended.
+type StateEnd struct {
+	// Why the proxy was stopped ("drained", "deadline", ...), and whether
+	// the gate opened (the app done, Envoy drained).
+	Why   string
+	Clean bool
+	// Took is from the trigger to the proxy's stop.
+	Took time.Duration
+	// Cut: the deadline ended the drain with these still open.
+	Cut           bool
+	OpenFlows     int
+	AppProcesses  int
+	ExitCode      int
+	ExitCodeKnown bool
+}
+
+// HeldFor is how long one kind of hold kept the drain, in all.
+type HeldFor struct {
+	Kind HoldKind
+	For  time.Duration
+}
+
+// holdTimes adds up how long each kind held. Observe is called when what
+// holds changes (and once at the end), with what held until now.
+type holdTimes struct {
+	last  time.Time
+	kinds []HoldKind
+	held  []HeldFor
+}
+
+// observe: until now, what held was the previous kinds; from now on it is
+// kinds.
+func (h *holdTimes) observe(now time.Time, kinds []HoldKind) {
+	if !h.last.IsZero() {
+		d := now.Sub(h.last)
+		for _, k := range h.kinds {
+			i := slices.IndexFunc(h.held, func(f HeldFor) bool { return f.Kind == k })
+			if i < 0 {
+				h.held = append(h.held, HeldFor{Kind: k})
+				i = len(h.held) - 1
+			}
+			h.held[i].For += d
+		}
+	}
+	h.last = now
+	h.kinds = slices.Clone(kinds)
+}
+
+// result is the totals so far, a copy.
+func (h *holdTimes) result() []HeldFor { return slices.Clone(h.held) }
+
+// Longest is the kind that held longest, if any held.
+func (s *State) Longest() (HeldFor, bool) {
+	var best HeldFor
+	for _, f := range s.Held {
+		if f.For > best.For {
+			best = f
+		}
+	}
+	return best, best.Kind != 0
+}
+
+// kindsOf is the kinds of holds, in order.
+func kindsOf(holds []Hold) []HoldKind {
+	k := make([]HoldKind, len(holds))
+	for i, h := range holds {
+		k[i] = h.Kind
+	}
+	return k
+}
