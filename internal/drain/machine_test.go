@@ -260,6 +260,8 @@ type rig struct {
 	tracking Tracking
 	// arrivals, when set, is Parts.Arrivals.
 	arrivals Arrivals
+	// reporter, when set, is Parts.Reporter.
+	reporter Reporter
 }
 
 func testConfig() Config {
@@ -294,6 +296,9 @@ func newRig(t *testing.T, opts ...rigOption) *rig {
 	}
 	if r.arrivals != nil {
 		parts.Arrivals = r.arrivals
+	}
+	if r.reporter != nil {
+		parts.Reporter = r.reporter
 	}
 	if r.apps != nil {
 		parts.Apps = r.apps
