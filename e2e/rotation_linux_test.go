@@ -3,15 +3,20 @@ package e2e
 import (
 	"io"
 	"net/http"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/logevent"
 )
 
-// Issue 31's acceptance cases 1, 2 and 4 in the pod harness: a gateway
+// Issue 31's acceptance cases 1 to 4 and 7 in the pod harness: a gateway
 // (--gateway, envoysim's listener 15006 to the remote's upstream), its
 // clients in the remote namespace opening a new connection per request,
 // and --min-drain auto deciding when the gateway stops accepting.
@@ -156,4 +161,160 @@ func TestRotationLowRate(t *testing.T) {
 		t.Errorf("out of rotation %s after SIGTERM, before the clients stopped", took)
 	}
 	t.Logf("%d connections; out of rotation %v (%v, window %v); exited %s after the last connection", c.ok.Load(), out["took"], out["why"], out["window"], exited.Sub(last))
+}
+
+// callRotationWait is the app's preStop hook as the kubelet runs it: GET
+// /wait/out-of-rotation through the pod IP, from outside the pod. It
+// returns the answer's body and outcome, and when it came.
+func callRotationWait(t *testing.T, p *pod) (body, outcome string, at time.Time) {
+	hc := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer(), DisableKeepAlives: true}, Timeout: 30 * time.Second}
+	resp, err := hc.Get("http://" + podIP + ":15020" + agent.RotationWaitPath)
+	if err != nil {
+		t.Errorf("the app's preStop call: %v", err)
+		return "", "", time.Now()
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("the app's preStop call: %d %q", resp.StatusCode, b)
+	}
+	return string(b), resp.Header.Get("Draind-Outcome"), time.Now()
+}
+
+// TestRotationAppPreStop (issue 31, acceptance 3): a classic sidecar; the
+// app's preStop calls GET /wait/out-of-rotation and the app gets SIGTERM
+// (and exits) once it returns, while draind gets SIGTERM at once, as the
+// kubelet does for a container without a preStop. Clients open a new
+// connection every 50 ms through Envoy's inbound listener to the app,
+// until 7 s or 0.3 s after the deletion. None fails, and the call returns
+// no later than 1.5 s after the last new connection.
+func TestRotationAppPreStop(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		stopAfter time.Duration
+	}{{"slow propagation", 7 * time.Second}, {"fast propagation", 300 * time.Millisecond}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPod(t)
+			p.startApp()
+			p.startDraind([]string{"--min-drain", "auto"})
+			c := startClients(p, 50*time.Millisecond)
+			time.Sleep(2 * time.Second) // the rate before the deletion
+			type answer struct {
+				body, outcome string
+				at            time.Time
+			}
+			preStop := make(chan answer, 1)
+			p.drainedAt = time.Now()
+			go func() {
+				b, o, at := callRotationWait(t, p)
+				p.app.Signal(syscall.SIGTERM) // the kubelet, once the hook returned
+				preStop <- answer{b, o, at}
+			}()
+			p.draind.Signal(syscall.SIGTERM)
+			time.Sleep(tc.stopAfter)
+			last := c.halt()
+			a := <-preStop
+			code, _ := p.waitExit(30 * time.Second)
+			if code != 0 {
+				t.Fatalf("draind exited %d; log:\n%s", code, p.draindLog.String())
+			}
+			if n := c.failed.Load(); n != 0 || c.ok.Load() == 0 {
+				t.Fatalf("%d connections failed (first: %v), %d ok; log:\n%s", n, c.firstErr, c.ok.Load(), p.draindLog.String())
+			}
+			if a.outcome != "out-of-rotation" {
+				t.Fatalf("the call said %q %q", a.outcome, a.body)
+			}
+			if d := a.at.Sub(last); d > 1500*time.Millisecond {
+				t.Errorf("the call returned %s after the last new connection, want ≤ 1.5 s: %s", d, a.body)
+			}
+			t.Logf("%d connections; the call returned %s after the deletion, %s after the last connection: %s",
+				c.ok.Load(), a.at.Sub(p.drainedAt).Round(time.Millisecond), a.at.Sub(last).Round(time.Millisecond), strings.TrimSpace(a.body))
+		})
+	}
+}
+
+// TestRotationWaitAbuse (issue 31, acceptance 7): 10,000 concurrent calls
+// to the endpoint on a Ready pod, each on its own connection from another
+// network namespace, start no drain, and draind's RSS stays under 40 MB;
+// the loopback-only endpoints still refuse that namespace.
+func TestRotationWaitAbuse(t *testing.T) {
+	p := newPod(t)
+	p.startApp()
+	p.startDraind(nil)
+	pid := p.draindPid()
+	var peakKB atomic.Int64
+	stopSampling := make(chan struct{})
+	var sampler sync.WaitGroup
+	sampler.Go(func() {
+		for {
+			if kb := vmRSSKB(pid); kb > peakKB.Load() {
+				peakKB.Store(kb)
+			}
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	before := vmRSSKB(pid)
+	var ok, tooMany, failed atomic.Int64
+	var firstErr atomic.Value
+	var callers sync.WaitGroup
+	tr := &http.Transport{DialContext: p.remote.Dialer(), DisableKeepAlives: true, MaxConnsPerHost: 0}
+	hc := &http.Client{Transport: tr, Timeout: 60 * time.Second}
+	for range 10000 {
+		callers.Go(func() {
+			resp, err := hc.Get("http://" + podIP + ":15020" + agent.RotationWaitPath)
+			if err != nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err.Error())
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			switch resp.StatusCode {
+			case 200:
+				ok.Add(1)
+			case http.StatusTooManyRequests:
+				tooMany.Add(1)
+			default:
+				failed.Add(1)
+			}
+		})
+	}
+	callers.Wait()
+	close(stopSampling)
+	sampler.Wait()
+	t.Logf("10,000 calls: %d answered (no drain), %d 429, %d failed (first: %v); draind VmRSS %d KB before, peak %d KB",
+		ok.Load(), tooMany.Load(), failed.Load(), firstErr.Load(), before, peakKB.Load())
+	if failed.Load() != 0 {
+		t.Errorf("%d calls failed (first: %v)", failed.Load(), firstErr.Load())
+	}
+	if peakKB.Load() >= 40<<10 {
+		t.Errorf("draind's RSS reached %d KB, want < 40 MB", peakKB.Load())
+	}
+	if p.readyStatus() != 200 || len(p.logLines(logevent.Phase)) != 1 {
+		t.Fatalf("the calls changed the pod: ready %d, phases %v", p.readyStatus(), p.logLines(logevent.Phase))
+	}
+	for _, path := range []string{"/debug/flows", "/debug/state"} {
+		if code := p.status(path); code != http.StatusForbidden {
+			t.Errorf("%s from another namespace: %d, want 403", path, code)
+		}
+	}
+}
+
+// vmRSSKB is a process's VmRSS in KB (0 once it is gone).
+func vmRSSKB(pid int) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb
+		}
+	}
+	return 0
 }

@@ -32,6 +32,27 @@ type fakeBackend struct {
 	mu    sync.Mutex
 	calls []string
 	why   string // readiness: "" ready
+	// The machine's State (watchState): detached until set.
+	st       drain.State
+	attached bool
+	changed  chan struct{}
+}
+
+// setState publishes st, as the machine does.
+func (f *fakeBackend) setState(st drain.State) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.st, f.attached = st, true
+	if f.changed != nil {
+		close(f.changed)
+	}
+	f.changed = make(chan struct{})
+}
+
+func (f *fakeBackend) watchState() (drain.State, <-chan struct{}, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.st, f.changed, f.attached
 }
 
 func (f *fakeBackend) record(c string) {

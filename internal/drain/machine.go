@@ -231,8 +231,9 @@ type Machine struct {
 	drainNS atomic.Int64 // from the trigger to the stop, once stopping
 	// The adaptive wait's end (--min-drain auto), once over.
 	rotation atomic.Pointer[RotationEnd]
-	// state is the last State published (State).
-	state atomic.Pointer[State]
+	// state is the last State published (State, Watch), with the channel
+	// closed when a newer one is.
+	state atomic.Pointer[published]
 
 	// Owned by Run's goroutine.
 	started time.Time // the trigger
@@ -263,6 +264,12 @@ type Machine struct {
 	// (its process source is live by then): --app-start-timeout counts
 	// from it.
 	watching time.Time
+}
+
+// published is one State and the channel closed once it is superseded.
+type published struct {
+	st   State
+	next chan struct{}
 }
 
 type input struct {
@@ -358,7 +365,14 @@ func (m *Machine) DrainDuration() time.Duration { return time.Duration(m.drainNS
 func (m *Machine) Config() Config { return m.cfg }
 
 // State is where the drain stands (a copy: the caller may keep it).
-func (m *Machine) State() State { return *m.state.Load() }
+func (m *Machine) State() State { return m.state.Load().st }
+
+// Watch is State, and a channel closed once a newer State is published:
+// a caller waits on a change without polling.
+func (m *Machine) Watch() (State, <-chan struct{}) {
+	p := m.state.Load()
+	return p.st, p.next
+}
 
 // publish makes a new State current: holds is what holds from now on,
 // end how the drain ended (nil before). Run's goroutine only.
@@ -368,13 +382,18 @@ func (m *Machine) publish(holds []Hold, end *StateEnd) {
 		m.held.observe(now, kindsOf(holds))
 	}
 	m.curHolds = holds
-	st := &State{Phase: m.Phase(), Cause: m.Cause(), Shape: m.cfg.StartShape(),
+	st := State{Phase: m.Phase(), Cause: m.Cause(), Shape: m.cfg.StartShape(),
 		Holds: slices.Clone(holds), Held: m.held.result(), Since: now, End: end}
 	if c := m.Cause(); c != CauseNone {
 		st.Shape = m.shape(c)
 		st.Triggered, st.Deadline = m.started, m.started.Add(m.cfg.GateDeadline())
 	}
-	m.state.Store(st)
+	if r, ok := m.Rotation(); ok {
+		st.Rotation = &r
+	}
+	if old := m.state.Swap(&published{st: st, next: make(chan struct{})}); old != nil {
+		close(old.next)
+	}
 }
 
 // RotationEnd is how the adaptive wait ended: when after the trigger, why,
@@ -384,6 +403,8 @@ type RotationEnd struct {
 	Why         RotationReason
 	Connections int64
 	Window      time.Duration
+	// Account is the rule's one line: why, and how long it was quiet.
+	Account string
 }
 
 // Rotation is how the adaptive wait ended (false before, or without one).
@@ -775,7 +796,7 @@ func (m *Machine) checkRotation() {
 		m.arrivals.End()
 	}
 	took := in.Now.Sub(m.started)
-	m.rotation.Store(&RotationEnd{Took: took, Why: v.Why, Connections: in.Since.Count, Window: v.Window})
+	m.rotation.Store(&RotationEnd{Took: took, Why: v.Why, Connections: in.Since.Count, Window: v.Window, Account: v.Quiet(in)})
 	m.log.Info("out of rotation: "+v.Quiet(in), logevent.OutOfRotation.Field(), zap.Duration("took", took), zap.Stringer("why", v.Why),
 		zap.Int64("connections", in.Since.Count), zap.Duration("quiet", in.Now.Sub(quietFrom(in))), zap.Duration("window", v.Window),
 		zap.Duration("mean_gap", v.Gap), zap.Bool("rate_known", in.Before.Known), zap.Int64("connections_before", in.Before.Count),

@@ -26,6 +26,9 @@ type State struct {
 	// Held is every kind that held since the trigger, and for how long in
 	// all, in the order they first held.
 	Held []HeldFor
+	// Rotation is how the wait for the pod to leave rotation ended
+	// (--min-drain auto), once it has.
+	Rotation *RotationEnd
 	// Since is when this state was published.
 	Since time.Time
 	// The end, once Stopping or Exited.
