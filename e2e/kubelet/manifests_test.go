@@ -11,6 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -97,6 +98,12 @@ func decodeManifest(t *testing.T, file string, doc []byte) manifest {
 		var j batchv1.Job
 		strict(&j)
 		m.pod = &j.Spec.Template
+	case "rbac.authorization.k8s.io/v1/Role":
+		var r rbacv1.Role
+		strict(&r)
+	case "rbac.authorization.k8s.io/v1/RoleBinding":
+		var rb rbacv1.RoleBinding
+		strict(&rb)
 	case "install.istio.io/v1alpha1/IstioOperator":
 		// Istio's install API (deploy/istio/injection-template.yaml):
 		// checked by Istio itself, through istioctl, in
@@ -240,6 +247,48 @@ func TestDeployManifests(t *testing.T) {
 		}
 		if !slices.Contains(c.Command, "--pid") {
 			t.Errorf("%s: want draind conns|watch --pid", m.file)
+		}
+	})
+	t.Run("events", func(t *testing.T) {
+		// The Role grants creating events and nothing else; the binding
+		// points at it.
+		var role *rbacv1.Role
+		var binding *rbacv1.RoleBinding
+		for _, m := range ms {
+			if m.file != "deploy/events-rbac.yaml" {
+				continue
+			}
+			switch o := m.obj.(type) {
+			case *rbacv1.Role:
+				role = o
+			case *rbacv1.RoleBinding:
+				binding = o
+			}
+		}
+		if role == nil || binding == nil {
+			t.Fatal("deploy/events-rbac.yaml: want a Role and a RoleBinding")
+		}
+		want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}}}
+		if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].APIGroups, want[0].APIGroups) || !slices.Equal(role.Rules[0].Resources, want[0].Resources) ||
+			!slices.Equal(role.Rules[0].Verbs, want[0].Verbs) || len(role.Rules[0].ResourceNames) != 0 || len(role.Rules[0].NonResourceURLs) != 0 {
+			t.Errorf("deploy/events-rbac.yaml: Role rules %+v, want exactly %+v", role.Rules, want)
+		}
+		if binding.RoleRef.Kind != "Role" || binding.RoleRef.Name != role.Name || len(binding.Subjects) != 1 || binding.Subjects[0].Kind != "ServiceAccount" {
+			t.Errorf("deploy/events-rbac.yaml: RoleBinding %+v does not bind the Role to a service account", binding)
+		}
+		// Every draind container of deploy/ names its pod through the
+		// downward API, the UID included (kubectl describe lists Events
+		// by it).
+		fields := map[string]string{"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_UID": "metadata.uid", "NODE_NAME": "spec.nodeName"}
+		for file, container := range map[string]string{"deploy/classic-sidecar.yaml": "envoy", "deploy/native-sidecar.yaml": "envoy", "deploy/job-exit-with-app.yaml": "envoy"} {
+			m := findManifest(t, ms, file)
+			c := containerNamed(&m.pod.Spec, container)
+			for name, path := range fields {
+				i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == name })
+				if i < 0 || c.Env[i].ValueFrom == nil || c.Env[i].ValueFrom.FieldRef == nil || c.Env[i].ValueFrom.FieldRef.FieldPath != path {
+					t.Errorf("%s: %s: want %s from the downward API's %s", file, container, name, path)
+				}
+			}
 		}
 	})
 	// The images the manifests name are the root Dockerfile's: its

@@ -3,9 +3,12 @@ package agent
 import (
 	"bufio"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"io"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -124,4 +127,30 @@ func defaultGateways(route4, route6 io.Reader) []netip.Addr {
 		}
 	}
 	return out
+}
+
+// passiveOpens reads Tcp: PassiveOpens from /proc/net/snmp's text: the
+// connections the namespace accepted (SYN_RECV to ESTABLISHED), ever.
+func passiveOpens(snmp io.Reader) (uint64, error) {
+	sc := bufio.NewScanner(snmp)
+	var names []string
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 || f[0] != "Tcp:" {
+			continue
+		}
+		if names == nil {
+			names = f
+			continue
+		}
+		i := slices.Index(names, "PassiveOpens")
+		if i < 0 || i >= len(f) {
+			break
+		}
+		return strconv.ParseUint(f[i], 10, 64)
+	}
+	if err := sc.Err(); err != nil {
+		return 0, fmt.Errorf("reading tcp counters: %w", err)
+	}
+	return 0, errors.New("no Tcp: PassiveOpens counter")
 }

@@ -16,9 +16,14 @@ import (
 // arrivals is drain.Arrivals (--min-drain auto): before the trigger,
 // Envoy's accepted-connection counters (read at LIVE and at the trigger:
 // nothing while Ready); after it, the tracker's changes (every new inbound
-// flow, in eBPF mode), and in sock_diag mode, where a connection shorter
-// than the poll is never seen, Envoy's counters read every poll period
-// during the wait instead for Envoy's listeners.
+// flow, in eBPF mode). In sock_diag mode a connection shorter than the
+// poll is never seen, so a counter is read every poll period during the
+// wait instead: Envoy's for its listeners (the kernel's tracker still
+// counts the app's own flows), or, when Envoy keeps none (Istio's default
+// stats matcher), the kernel's own count of the namespace's accepted
+// connections (PassiveOpens, passiveOpensPath), which also counts what the
+// filter would leave out (the kubelet's probes, loopback hops): more
+// arrivals, a later end, never an earlier one by a missed connection.
 type arrivals struct {
 	tr     *flows.Tracker
 	fv     *flowView
@@ -83,11 +88,23 @@ func (a *arrivals) Begin(at time.Time) drain.ArrivalsBefore {
 	a.count.reset(at)
 	mode, _ := a.tr.Mode()
 	fromCounter := ok && mode == flows.ModeSockDiag
+	fromMIB := !ok && mode == flows.ModeSockDiag
 	filter := a.filter
-	if fromCounter {
+	switch {
+	case fromCounter:
 		// Envoy's listeners are counted by Envoy; the kernel counts the
 		// app's own inbound flows only.
 		filter.traffic = func(f *flows.Flow) bool { return !a.fv.downstream(f) && a.fv.appFlow(f) }
+	case fromMIB:
+		filter.traffic = func(*flows.Flow) bool { return false } // PassiveOpens counts them all
+	}
+	var mibLast uint64
+	if fromMIB {
+		var err error
+		if mibLast, err = readPassiveOpens(); err != nil {
+			a.log.Warn("--min-drain auto in sock_diag mode, and neither Envoy's listener counters nor the kernel's count of accepted connections can be read: arrivals shorter than the poll go unseen", zap.Error(err))
+			fromMIB = false
+		}
 	}
 	ch, unwatch := a.tr.Watch(4096)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -122,12 +139,42 @@ func (a *arrivals) Begin(at time.Time) drain.ArrivalsBefore {
 			}
 		})
 	}
+	if fromMIB {
+		wg.Go(func() {
+			tk := time.NewTicker(a.poll)
+			defer tk.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tk.C:
+				}
+				if n, err := readPassiveOpens(); err == nil && n > mibLast {
+					a.count.add(time.Now(), int64(n-mibLast))
+					mibLast = n
+				}
+			}
+		})
+	}
 	a.stop = func() { cancel(); wg.Wait(); unwatch() }
-	a.log.Debug("counting new connections", zap.Bool("envoy_counters", fromCounter), zap.Stringers("probe_sources", a.filter.probeSources))
+	a.log.Debug("counting new connections", zap.Bool("envoy_counters", fromCounter), zap.Bool("kernel_passive_opens", fromMIB), zap.Stringers("probe_sources", a.filter.probeSources))
 	return before
 }
 
 func (a *arrivals) Since() drain.ArrivalsSince { return a.count.since() }
+
+// passiveOpensPath is the kernel's TCP counters of the reading thread's
+// network namespace: the pod's, for draind.
+const passiveOpensPath = "/proc/thread-self/net/snmp"
+
+func readPassiveOpens() (uint64, error) {
+	f, err := os.Open(passiveOpensPath)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return passiveOpens(f)
+}
 
 // End stops the counting (safe twice, and before Begin).
 func (a *arrivals) End() {

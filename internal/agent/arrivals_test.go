@@ -73,3 +73,18 @@ func TestArrivalCount(t *testing.T) {
 		t.Fatalf("%+v", s)
 	}
 }
+
+func TestPassiveOpens(t *testing.T) {
+	snmp := "Ip: Forwarding DefaultTTL\nIp: 1 64\n" +
+		"Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails EstabResets CurrEstab InSegs OutSegs RetransSegs InErrs OutRsts InCsumErrors\n" +
+		"Tcp: 1 200 120000 -1 23948 15637 1741 3422 0 915091 903820 1880 0 4399 0\n" +
+		"Udp: InDatagrams\nUdp: 5\n"
+	if n, err := passiveOpens(strings.NewReader(snmp)); err != nil || n != 15637 {
+		t.Fatalf("got %d, %v", n, err)
+	}
+	for _, bad := range []string{"", "Tcp: RtoAlgorithm\nTcp: 1\n", "Tcp: PassiveOpens\nTcp: x\n"} {
+		if n, err := passiveOpens(strings.NewReader(bad)); err == nil {
+			t.Errorf("%q: %d, want an error", bad, n)
+		}
+	}
+}

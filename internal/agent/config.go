@@ -74,6 +74,14 @@ type Config struct {
 	// HostNetwork says whether the pod shares the node's network
 	// namespace (auto: told by the kernel where it can be).
 	HostNetwork HostNetwork
+	// Events says whether draind posts Kubernetes Events on its pod at
+	// the drain's start and end (--events): auto when in a cluster whose
+	// API server lets the pod's service account, off never ("": auto).
+	Events EventsMode
+	// ServiceAccountDir holds the service account's token, ca.crt and
+	// namespace ("": kubeevents.ServiceAccountDir, where the kubelet
+	// mounts them).
+	ServiceAccountDir string
 	// Command is the proxy's argv.
 	Command []string
 	Proxy   proxy.Options
@@ -108,6 +116,19 @@ const (
 // and errors name.
 var HostNetworks = []HostNetwork{HostNetworkAuto, HostNetworkTrue, HostNetworkFalse}
 
+// EventsMode is --events.
+type EventsMode string
+
+// --events' values.
+const (
+	EventsAuto EventsMode = "auto"
+	EventsOff  EventsMode = "off"
+)
+
+// EventsModes are the values --events accepts, validation checks and
+// errors name.
+var EventsModes = []EventsMode{EventsAuto, EventsOff}
+
 // Defaults. The proxy's uid is flows.DefaultProxyUID, the listeners that
 // carry no traffic envoy.DefaultExclude's ports.
 const (
@@ -127,6 +148,7 @@ func DefaultConfig() Config {
 		Tracker:      flows.ModeAuto,
 		AppProcs:     appprocs.ModeAuto,
 		HostNetwork:  HostNetworkAuto,
+		Events:       EventsAuto,
 	}
 }
 
@@ -161,6 +183,11 @@ func (c *Config) Validate() error {
 	}
 	if err := mustBeOneOf("--host-network", c.HostNetwork, HostNetworks); err != nil {
 		return err
+	}
+	if c.Events != "" {
+		if err := mustBeOneOf("--events", c.Events, EventsModes); err != nil {
+			return err
+		}
 	}
 	if c.CgroupRoot != "" && c.Tracker == flows.ModeSockDiag {
 		return configErr("--cgroup-root %s: scopes the eBPF tracker to the pod's cgroup, and --tracker %s polls instead", c.CgroupRoot, c.Tracker)

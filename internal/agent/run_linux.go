@@ -24,6 +24,7 @@ import (
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/envoy"
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/kubeevents"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/podcgroup"
@@ -193,6 +194,13 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			}
 		}
 	})
+	// The pod's Kubernetes Events: the access check runs on the
+	// reporter's own goroutine, beside the start-up; the drain never
+	// waits for the API server.
+	events := a.startEvents()
+	if events != nil {
+		closers = append(closers, events.Close)
+	}
 
 	// The two eBPF objects load at once, decoding the kernel's BTF once
 	// between them (the cache is dropped after: it holds the decoded BTF),
@@ -258,6 +266,9 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if a.procs != nil {
 		parts.Apps = appView{a.procs}
 	}
+	if events != nil {
+		parts.Reporter = events
+	}
 	a.machine = drain.New(cfg.Drain, parts)
 	a.metrics = newMetrics(a)
 	// What follows while Ready: the app's processes under --exit-with-app
@@ -266,7 +277,51 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		tracking.run("app process source", a.procs.Run)
 	}
 	a.early.attach(a.machine, promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
-	return a.machine.Run(ctx), nil
+	res = a.machine.Run(ctx)
+	if events != nil {
+		a.flushEvents(events)
+	}
+	return res, nil
+}
+
+// startEvents starts the reporter of the pod's Kubernetes Events (nil:
+// none), saying once why not when it cannot post: not in a cluster, no
+// service account token, or its files unreadable. A denied or
+// unreachable API server is the reporter's to say, once it has asked.
+func (a *agent) startEvents() *kubeevents.Reporter {
+	if a.cfg.Events == EventsOff {
+		a.log.Info("kubernetes events off", logevent.KubeEvents.Field(), zap.Bool("enabled", false), zap.String("why", "--events off"))
+		return nil
+	}
+	ic, err := kubeevents.LoadInCluster(a.cfg.LookupEnv, a.cfg.ServiceAccountDir)
+	if err != nil {
+		a.log.Warn("no Kubernetes Events on the pod: "+err.Error(), logevent.KubeEventsUnavailable.Field(), zap.String("why", kubeevents.WhyUnavailable(err)))
+		return nil
+	}
+	r := kubeevents.Start(kubeevents.Config{API: ic, Pod: kubeevents.PodFromEnv(a.cfg.LookupEnv), Log: a.log})
+	p := r.Pod()
+	a.log.Info("kubernetes events on the pod: the drain's start and end", logevent.KubeEvents.Field(), zap.Bool("enabled", true),
+		zap.String("api_server", ic.Server), zap.String("pod", p.Name), zap.String("namespace", p.Namespace), zap.String("uid", p.UID), zap.String("node", p.Node))
+	if p.UID == "" {
+		a.log.Warn(kubeevents.PodUIDEnv+" is unset (the downward API's metadata.uid): the Events are posted, but kubectl describe pod lists a pod's Events by its UID and will not show them",
+			logevent.KubeEvents.Field())
+	}
+	return r
+}
+
+// flushEvents gives the drain's last Event a short wait once the proxy
+// has stopped: at most kubeevents.EndWait, and never past the drain's
+// deadline. What is still queued after it is said by the reporter's
+// Close (the cleanup line).
+func (a *agent) flushEvents(r *kubeevents.Reporter) {
+	wait := kubeevents.EndWait
+	if st := a.machine.State(); st.Cause != drain.CauseNone {
+		wait = min(wait, time.Until(st.Triggered.Add(a.cfg.Drain.Deadline)))
+	}
+	t0 := time.Now()
+	all := r.Flush(wait)
+	a.log.Info("kubernetes events at exit", logevent.KubeEvents.Field(), zap.Bool("all_posted", all), zap.Duration("waited", time.Since(t0)),
+		zap.Int64("posted", r.Posted()), zap.Int64("failed", r.Failed()), zap.Int64("dropped", r.Dropped()))
 }
 
 // logIstio says what Istio's settings decided: the drain deadline and

@@ -80,12 +80,12 @@ var defaultStatusLimits = statusLimits{
 	Idle:           60 * time.Second,
 	MaxHeaderBytes: 8 << 10,
 	MaxBodyBytes:   4 << 10,
-	// A served connection costs ~30 KB of RSS (its goroutine, buffers and
-	// TLS-free net/http state): 512 took an idle draind from 26.5 to 41 MB
-	// under 10,000 callers; 256 keeps it inside 40 MB (TestRotationWaitAbuse).
-	// Probes, scrapes and hooks need a few at a time; the kubelet's preStop
-	// is one caller per app container.
-	MaxConns:        256,
+	// A served connection costs ~30 KB of RSS (its goroutine and
+	// net/http's buffers): under 10,000 callers, 512 took an idle draind
+	// from 26.5 to 41 MB, 256 to 35 MB (TestRotationWaitAbuse). Probes,
+	// scrapes and hooks need a few at a time; the kubelet's preStop is
+	// one caller per app container.
+	MaxConns:        128,
 	RotationWaiters: 64,
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/kubeevents"
 	"github.com/draind/draind/internal/privs"
 	"github.com/draind/draind/internal/probes"
 )
@@ -109,6 +110,9 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	procs := newOneOf(appprocs.ModeAuto, appprocs.Modes)
 	fs.Var(procs, "app-procs", "how the app's processes are followed: "+procs.choices()+" (off: by its sockets)")
 	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", "", "a cgroup v2 mount of the node's /sys/fs/cgroup (a read-only hostPath): while draining, follow the pod's sockets from its own cgroup, which costs other pods nothing, rather than from the node-wide tracepoint (eBPF; needs CAP_NET_ADMIN at start)")
+	events := newOneOf(agent.EventsAuto, agent.EventsModes)
+	fs.Var(events, "events", "Kubernetes Events on draind's pod at the drain's start and end: "+events.choices()+" (auto: when in a cluster whose service account may create events; the pod from "+
+		strings.Join([]string{kubeevents.PodNameEnv, kubeevents.PodNamespaceEnv, kubeevents.PodUIDEnv, kubeevents.NodeNameEnv}, ", ")+")")
 	logFormat := logFormatFlag(fs)
 	fs.IntVar(&cfg.RingSize, "debug-ring-size", 0, fmt.Sprintf("debugging: the eBPF ring buffer of TCP state events, in bytes (a power of two; 0: %d KiB)", probes.DefaultTCPRingSize>>10))
 	fs.IntVar(&cfg.ProcRingSize, "debug-proc-ring-size", 0, "debugging: the eBPF ring buffer of the app's process events, in bytes (a power of two; 0: the default)")
@@ -144,6 +148,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	cfg.Tracker = tracker.val
 	cfg.AppProcs = procs.val
 	cfg.HostNetwork = hostNet.val
+	cfg.Events = events.val
 	d.ExitWithApp = exitWithApp.val
 	cfg.Command = fs.Args()
 	cfg.Proxy.ReapAll = os.Getpid() == 1

@@ -144,6 +144,7 @@ func TestRunModeFlagsReadTheirLists(t *testing.T) {
 		{"proxy", flows.Words(agent.ProxyKinds, "|"), func(c agent.Config) string { return string(c.ProxyKind) }},
 		{"app-exit", flows.Words(drain.AppExits, "|"), func(c agent.Config) string { return string(c.Drain.AppExit) }},
 		{"exit-with-app", flows.Words(drain.ExitWithApps, "|"), func(c agent.Config) string { return string(c.Drain.ExitWithApp) }},
+		{"events", flows.Words(agent.EventsModes, "|"), func(c agent.Config) string { return string(c.Events) }},
 	} {
 		for w := range strings.SplitSeq(tc.words, "|") {
 			cfg, _, err := runConfig([]string{"--" + tc.flag, w, "--", "envoy"}, io.Discard)
@@ -180,5 +181,24 @@ func TestDebugRingSizeDefault(t *testing.T) {
 	cfg, _, err := runConfig([]string{"--", "envoy"}, io.Discard)
 	if err != nil || cfg.RingSize != 0 {
 		t.Errorf("default ring size %d (%v), want 0 (the probe's default)", cfg.RingSize, err)
+	}
+}
+
+// --events: auto by default, off from the flag or its twin DRAIND_EVENTS.
+func TestRunConfigEvents(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want agent.EventsMode
+	}{
+		{[]string{"--", "envoy"}, "", agent.EventsAuto},
+		{[]string{"--", "envoy"}, "off", agent.EventsOff},
+		{[]string{"--events", "auto", "--", "envoy"}, "off", agent.EventsAuto},
+	} {
+		t.Setenv("DRAIND_EVENTS", tc.env)
+		cfg, _, err := runConfig(tc.args, io.Discard)
+		if err != nil || cfg.Events != tc.want {
+			t.Errorf("%q, DRAIND_EVENTS=%q: %q, %v; want %q", tc.args, tc.env, cfg.Events, err, tc.want)
+		}
 	}
 }

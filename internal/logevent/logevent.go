@@ -105,3 +105,17 @@ const (
 	// Resynced: the flow tracker resynced after lost events.
 	Resynced Event = "resynced"
 )
+
+// The pod's Kubernetes Events (package kubeevents, wired by agent).
+const (
+	// KubeEvents: at start, whether draind posts Events on its pod
+	// (fields enabled, pod, namespace, uid, node, or why not).
+	KubeEvents Event = "kube_events"
+	// KubeEventsUnavailable: said once, the pod cannot post Events (field
+	// why: no-api-server, no-service-account-token,
+	// service-account-files, denied, unreachable).
+	KubeEventsUnavailable Event = "kube_events_unavailable"
+	// KubeEventPostFailed: one Event was not posted (refused, timed out,
+	// or dropped with the queue full; field reason: the Event's).
+	KubeEventPostFailed Event = "kube_event_post_failed"
+)
