@@ -262,6 +262,17 @@ func checkInjected(t *testing.T, name string, d k8sObj, want injectedWant) {
 			t.Errorf("%s: Istio's %s is missing", name, k)
 		}
 	}
+	// DRAIND_GRACE_PERIOD is the pod's own terminationGracePeriodSeconds,
+	// copied by the template (or stated beside it by an override): the
+	// drain deadline follows the pod, with nothing set by hand.
+	if g, ok := env["DRAIND_GRACE_PERIOD"]; ok {
+		if spec := d.str("spec", "template", "spec", "terminationGracePeriodSeconds"); g != spec {
+			t.Errorf("%s: DRAIND_GRACE_PERIOD %q, the pod's terminationGracePeriodSeconds %q", name, g, spec)
+		}
+		delete(env, "DRAIND_GRACE_PERIOD")
+	} else if d.get("spec", "template", "spec", "terminationGracePeriodSeconds") != nil {
+		t.Errorf("%s: the pod states terminationGracePeriodSeconds and draind is not told it", name)
+	}
 	for k := range env {
 		if strings.HasPrefix(k, "DRAIND_") {
 			t.Errorf("%s: %s is set; the adoption needs none", name, k)

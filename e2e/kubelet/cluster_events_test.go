@@ -83,7 +83,7 @@ func eventsDrain(t *testing.T, tc eventsCase) (took time.Duration) {
 		`        - {name: DRAIND_MIN_DRAIN, value: "5s"}`: `        - {name: DRAIND_MIN_DRAIN, value: "0s"}`,
 	}
 	if tc.deadline != "" {
-		edits[`{name: DRAIND_DRAIN_DEADLINE, value: "25s"}`] = `{name: DRAIND_DRAIN_DEADLINE, value: "` + tc.deadline + `"}`
+		edits[`{name: DRAIND_GRACE_PERIOD, value: "30"}`] = `{name: DRAIND_DRAIN_DEADLINE, value: "` + tc.deadline + `"}`
 	}
 	for old, repl := range edits {
 		if !strings.Contains(manifest, old) {

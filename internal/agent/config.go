@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 
 	"go.uber.org/zap"
@@ -35,6 +36,14 @@ type Config struct {
 	// DeadlineSource names the setting that gave Drain.Deadline when
 	// DeadlineSet (--drain-deadline, or the variable that set it).
 	DeadlineSource string
+	// GracePeriod is the pod's terminationGracePeriodSeconds as its
+	// manifest or injection template states it (--grace-period; 0: not
+	// given), and GracePeriodSource the setting that gave it. Unless the
+	// deadline is given, it is derived from it (drain.DeadlineForGrace).
+	// A grace period shortened at deletion (kubectl delete
+	// --grace-period) is not seen: only the API tells it.
+	GracePeriod       time.Duration
+	GracePeriodSource string
 	// LookupEnv reads Istio's variables (nil: os.LookupEnv);
 	// IstioAnnotations is the pod's downward-API annotations file (""
 	// : IstioPodAnnotations).
@@ -295,6 +304,16 @@ func (c *Config) resolveIstio() (istioResolved, error) {
 		r.deadlineFrom = c.DeadlineSource
 		if c.DeadlineSource == TerminationDrainEnv {
 			r.warnings = append(r.warnings, TerminationDrainEnv+" is deprecated (Istio removed it in 1.10): set ProxyConfig terminationDrainDuration (proxy.istio.io/config) or DRAIND_DRAIN_DEADLINE")
+		}
+	case c.GracePeriod > 0:
+		c.Drain.Deadline, c.DeadlineSet = drain.DeadlineForGrace(c.GracePeriod), true
+		r.deadlineFrom = fmt.Sprintf("the pod's grace period %s (%s) less %s", c.GracePeriod, c.GracePeriodSource, drain.GraceMargin)
+		if ist.TerminationDrainFrom != "" {
+			r.deadlineFrom += fmt.Sprintf("; terminationDrainDuration %s (%s) is not used: the grace period bounds the drain", ist.TerminationDrain, ist.TerminationDrainFrom)
+		}
+		if c.Drain.GateDeadline() <= 0 {
+			return r, configErr("--grace-period %s leaves no time to drain: the deadline it allows (%s, the grace period less %s) must be longer than the stop steps' %s",
+				c.GracePeriod, c.Drain.Deadline, drain.GraceMargin, c.Drain.StopReserve())
 		}
 	case ist.TerminationDrainFrom != "" && ist.TerminationDrain > c.Drain.Deadline:
 		c.Drain.Deadline, c.DeadlineSet = ist.TerminationDrain, true

@@ -105,24 +105,35 @@ func TestResolveIstio(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		env      map[string]string
-		set      string // DeadlineSource when set
+		set      string        // DeadlineSource when set
+		grace    time.Duration // --grace-period
 		want     time.Duration
 		from     string
 		warnings int
 	}{
-		{"40s wins", map[string]string{ProxyConfigEnv: `{"terminationDrainDuration":"40s"}`}, "", 40 * time.Second, "terminationDrainDuration (PROXY_CONFIG)", 0},
-		{"5s never shortens", map[string]string{ProxyConfigEnv: `{"terminationDrainDuration":"5s"}`}, "", 25 * time.Second, "default: terminationDrainDuration 5s (PROXY_CONFIG) is not longer, and never shortens the drain", 0},
-		{"flag wins", map[string]string{ProxyConfigEnv: `{"terminationDrainDuration":"40s"}`}, "--drain-deadline", 20 * time.Second, "--drain-deadline", 0},
-		{"deprecated alias", nil, TerminationDrainEnv, 20 * time.Second, TerminationDrainEnv, 1},
+		{"the grace period decides", nil, "", 60 * time.Second, 55 * time.Second, "the pod's grace period 1m0s (DRAIND_GRACE_PERIOD) less 5s", 0},
+		{"the grace period beats terminationDrainDuration", map[string]string{ProxyConfigEnv: `{"terminationDrainDuration":"40s"}`}, "", 30 * time.Second, 25 * time.Second,
+			"the pod's grace period 30s (DRAIND_GRACE_PERIOD) less 5s; terminationDrainDuration 40s (PROXY_CONFIG) is not used: the grace period bounds the drain", 0},
+		{"the flag beats the grace period", nil, "--drain-deadline", 60 * time.Second, 20 * time.Second, "--drain-deadline", 0},
+		{"40s wins", map[string]string{ProxyConfigEnv: `{"terminationDrainDuration":"40s"}`}, "", 0, 40 * time.Second, "terminationDrainDuration (PROXY_CONFIG)", 0},
+		{"5s never shortens", map[string]string{ProxyConfigEnv: `{"terminationDrainDuration":"5s"}`}, "", 0, 25 * time.Second, "default: terminationDrainDuration 5s (PROXY_CONFIG) is not longer, and never shortens the drain", 0},
+		{"flag wins", map[string]string{ProxyConfigEnv: `{"terminationDrainDuration":"40s"}`}, "--drain-deadline", 0, 20 * time.Second, "--drain-deadline", 0},
+		{"deprecated alias", nil, TerminationDrainEnv, 0, 20 * time.Second, TerminationDrainEnv, 1},
 	} {
 		c := base(tc.env, pa)
 		if tc.set != "" {
 			c.Drain.Deadline, c.DeadlineSet, c.DeadlineSource = 20*time.Second, true, tc.set
 		}
+		c.GracePeriod, c.GracePeriodSource = tc.grace, "DRAIND_GRACE_PERIOD"
 		r, err := c.resolveIstio()
 		if err != nil || c.Drain.Deadline != tc.want || r.deadlineFrom != tc.from || len(r.warnings) != tc.warnings {
 			t.Errorf("%s: deadline %s from %q, warnings %q, %v", tc.name, c.Drain.Deadline, r.deadlineFrom, r.warnings, err)
 		}
+	}
+	c = base(nil, pa)
+	c.GracePeriod, c.GracePeriodSource = 7*time.Second, "--grace-period"
+	if _, err := c.resolveIstio(); err == nil || !strings.Contains(err.Error(), "--grace-period 7s leaves no time to drain") {
+		t.Errorf("a grace period too short: %v", err)
 	}
 	c = base(map[string]string{ExitOnZeroEnv: "true"}, pa)
 	if r, _ := c.resolveIstio(); !r.exitOnZero {

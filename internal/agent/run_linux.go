@@ -83,7 +83,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		log.Warn(warn)
 	}
 	logIstio(log, &cfg, ist)
-	if warn := cfg.Drain.GraceWarning(); warn != "" {
+	if warn := cfg.Drain.GraceWarning(cfg.GracePeriod); warn != "" {
 		log.Warn(warn, logevent.GraceWarning.Field())
 	}
 	a := &agent{cfg: cfg, log: log}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -32,6 +33,33 @@ var istioAliases = map[string]envAlias{
 	// terminationDrainDuration (agent.Config.resolveIstio reads that from
 	// PROXY_CONFIG); kept as a deprecated alias, with a warning.
 	"drain-deadline": {name: agent.TerminationDrainEnv, convert: wholeSeconds},
+}
+
+// gracePeriodFlag is --grace-period: whole seconds, as a pod spec states
+// terminationGracePeriodSeconds (and an injection template copies it), or
+// a duration.
+type gracePeriodFlag struct{ d *time.Duration }
+
+func (f gracePeriodFlag) String() string {
+	if f.d == nil || *f.d == 0 {
+		return ""
+	}
+	return f.d.String()
+}
+
+func (f gracePeriodFlag) Set(v string) error {
+	d, err := time.ParseDuration(v)
+	if n, nerr := strconv.ParseUint(v, 10, 31); nerr == nil {
+		d, err = time.Duration(n)*time.Second, nil
+	}
+	if err != nil {
+		return fmt.Errorf("%q is neither whole seconds nor a duration (e.g. 60 or 60s)", v)
+	}
+	if d <= 0 {
+		return fmt.Errorf("%q: a grace period must be positive", v)
+	}
+	*f.d = d
+	return nil
 }
 
 // wholeSeconds reads an integer number of seconds.
@@ -95,7 +123,8 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	fs.durationVar(&d.Settle, "settle", 0, "the gate must stay open this long before the proxy is stopped")
 	appExit := newOneOf(d.AppExit, drain.AppExits)
 	fs.Var(appExit, "app-exit", "when the app is done: "+appExit.choices()+" (wait: for its processes, else its sockets; flows: for its flows)")
-	fs.durationVar(&d.Deadline, "drain-deadline", d.Deadline, "the whole drain, stop steps included, ends this long after it began")
+	fs.durationVar(&d.Deadline, "drain-deadline", d.Deadline, "the whole drain, stop steps included, ends this long after it began (unset: derived from --grace-period when given)")
+	fs.Var(gracePeriodFlag{&cfg.GracePeriod}, "grace-period", fmt.Sprintf("the pod's terminationGracePeriodSeconds (whole seconds, as the pod spec has it, or a duration): the drain deadline is derived from it (less %s) unless --drain-deadline is given", drain.GraceMargin))
 	fs.durationVar(&d.StopTimeout, "stop-timeout", d.StopTimeout, "time the proxy gets after /quitquitquit, then after SIGTERM, before SIGKILL")
 	fs.BoolVar(&d.Gateway, "gateway", false, "drain every listener, and wait for no app")
 	tracker := trackerFlag(fs)
@@ -140,6 +169,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	d.AppExit = appExit.val
 	cfg.DeadlineSet = fs.isSet("drain-deadline")
 	cfg.DeadlineSource = fs.sourceOf("drain-deadline")
+	cfg.GracePeriodSource = fs.sourceOf("grace-period")
 	cfg.StatusAddrSet, cfg.AdminAddrSet = fs.isSet("status-addr"), fs.isSet("admin-addr")
 	cfg.ProxyKind = proxyKind.val
 	cfg.AppPorts = appPorts

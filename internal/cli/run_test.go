@@ -202,3 +202,31 @@ func TestRunConfigEvents(t *testing.T) {
 		}
 	}
 }
+
+func TestRunConfigGracePeriod(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		env     string
+		want    time.Duration
+		source  string
+		wantErr string
+	}{
+		{[]string{"--", "envoy"}, "", 0, "", ""},
+		{[]string{"--", "envoy"}, "60", time.Minute, "DRAIND_GRACE_PERIOD", ""},
+		{[]string{"--grace-period", "90s", "--", "envoy"}, "60", 90 * time.Second, "--grace-period", ""},
+		{[]string{"--grace-period", "0", "--", "envoy"}, "", 0, "", `a grace period must be positive`},
+		{[]string{"--", "envoy"}, "soon", 0, "", `"soon" is neither whole seconds nor a duration`},
+	} {
+		t.Setenv("DRAIND_GRACE_PERIOD", tc.env)
+		cfg, _, err := runConfig(tc.args, io.Discard)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%q, DRAIND_GRACE_PERIOD=%q: %v, want %q", tc.args, tc.env, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || cfg.GracePeriod != tc.want || cfg.GracePeriodSource != tc.source {
+			t.Errorf("%q, DRAIND_GRACE_PERIOD=%q: %s from %q, %v; want %s from %q", tc.args, tc.env, cfg.GracePeriod, cfg.GracePeriodSource, err, tc.want, tc.source)
+		}
+	}
+}

@@ -97,7 +97,17 @@ const (
 	// GracePeriod is Kubernetes' default terminationGracePeriodSeconds: a
 	// deadline that does not fit inside it draws a warning at start.
 	GracePeriod = 30 * time.Second
+	// GraceMargin is what a deadline derived from the pod's grace period
+	// leaves of it (DeadlineForGrace): the default deadline's room inside
+	// the default grace period, for the kubelet's own delays (it signals
+	// the container a moment after the grace period starts) and draind's
+	// exit.
+	GraceMargin = GracePeriod - DefaultDeadline
 )
+
+// DeadlineForGrace is the drain deadline a pod's grace period allows
+// (--grace-period): the grace period less GraceMargin.
+func DeadlineForGrace(grace time.Duration) time.Duration { return grace - GraceMargin }
 
 // DefaultConfig returns the defaults: the worst case, stop steps included,
 // ends 25 s after SIGTERM, inside the default 30 s grace period with room
@@ -227,10 +237,20 @@ func (c Config) reconcileCeiling(deadlineSet bool) (Config, string) {
 		old, c.Deadline, c.StopReserve(), c.RotationCeiling)
 }
 
-// GraceWarning is one line when the worst case does not fit inside
-// Kubernetes' default grace period, else "".
-func (c Config) GraceWarning() string {
-	if c.Prestop || c.Deadline <= GracePeriod {
+// GraceWarning is one line when the worst case does not fit inside the
+// pod's grace period (grace; 0: unknown, Kubernetes' default), else "".
+func (c Config) GraceWarning(grace time.Duration) string {
+	if c.Prestop {
+		return ""
+	}
+	if grace > 0 {
+		if c.Deadline <= grace {
+			return ""
+		}
+		return fmt.Sprintf("--drain-deadline %s is longer than the pod's grace period (%s, --grace-period): the kubelet kills the proxy mid-drain; leave --drain-deadline unset to derive it (%s)",
+			c.Deadline, grace, DeadlineForGrace(grace))
+	}
+	if c.Deadline <= GracePeriod {
 		return ""
 	}
 	return fmt.Sprintf("--drain-deadline %s is longer than Kubernetes' default grace period (%s): set the pod's terminationGracePeriodSeconds to at least %d, or the kubelet kills the proxy mid-drain",

@@ -930,7 +930,7 @@ func TestConfigReserveAndReconcile(t *testing.T) {
 	if got := d.StopReserve(); got != time.Second+4*time.Second+KillWait {
 		t.Errorf("default stop reserve %s", got)
 	}
-	if d.Deadline >= GracePeriod || d.GraceWarning() != "" {
+	if d.Deadline >= GracePeriod || d.GraceWarning(0) != "" {
 		t.Errorf("defaults do not fit the default grace period: %s", d.Deadline)
 	}
 	bad := d
@@ -941,7 +941,7 @@ func TestConfigReserveAndReconcile(t *testing.T) {
 	}
 	long := d
 	long.Deadline = time.Hour
-	if w := long.GraceWarning(); !strings.Contains(w, "terminationGracePeriodSeconds to at least 3602") {
+	if w := long.GraceWarning(0); !strings.Contains(w, "terminationGracePeriodSeconds to at least 3602") {
 		t.Errorf("grace warning %q", w)
 	}
 	// Istio: MINIMUM_DRAIN_DURATION=30s with the default deadline.

@@ -1,0 +1,149 @@
+package kubelet_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/draind/draind/internal/logevent"
+)
+
+// Issue 31, acceptance 6: the grace period the pod really has decides
+// draind's deadline. A pod with terminationGracePeriodSeconds 60, from
+// istiod's injection (the draind template copies the pod's grace period
+// into DRAIND_GRACE_PERIOD) and from deploy/classic-sidecar.yaml (which
+// states it beside the pod's), is deleted through the API with a 45 s
+// request in flight: the request completes, draind exits 0, and its
+// deadline line names the pod's grace period. With 30 s the same request
+// is cut at draind's deadline, inside the grace period, and draind says
+// what it cut.
+func TestClusterGracePeriod(t *testing.T) {
+	requireCluster(t)
+	requireIstiod(t)
+	if os.Getenv("DRAIND_E2E_CLUSTER_SHORT") == "1" {
+		t.Skip("make e2e-cluster-short leaves out the 45 s requests (CI's time): make e2e-cluster runs them")
+	}
+	t.Parallel()
+	for _, src := range []string{"injected", "classic"} {
+		for _, grace := range []int{60, 30} {
+			t.Run(fmt.Sprintf("%s/%ds", src, grace), func(t *testing.T) {
+				t.Parallel()
+				graceDrain(t, src, grace, 45*time.Second)
+			})
+		}
+	}
+}
+
+func graceDrain(t *testing.T, src string, grace int, request time.Duration) {
+	ns := testNamespace(t, fmt.Sprintf("grace-%s-%d", src, grace))
+	var manifest, container string
+	var port int
+	switch src {
+	case "injected":
+		kubectl(t, nil, "label", "namespace", ns, "istio-injection=enabled")
+		manifest, container, port = plainWeb, "istio-proxy", 8080
+	case "classic":
+		kubectl(t, envoySidecarConfigMap(t), "-n", ns, "apply", "-f", "-")
+		manifest, container, port = readRepo(t, "deploy/classic-sidecar.yaml"), "envoy", 15006
+		// The manifest states the grace period twice: the pod's, and
+		// draind's copy of it.
+		manifest = replaceOnce(t, manifest, "  replicas: 2\n", "  replicas: 1\n")
+		manifest = replaceOnce(t, manifest, `{name: DRAIND_GRACE_PERIOD, value: "30"}`, fmt.Sprintf(`{name: DRAIND_GRACE_PERIOD, value: "%d"}`, grace))
+	}
+	manifest = replaceOnce(t, manifest, "terminationGracePeriodSeconds: 30\n", fmt.Sprintf("terminationGracePeriodSeconds: %d\n", grace))
+	kubectl(t, localImages(manifest), "-n", ns, "apply", "-f", "-")
+	waitPodsReady(t, ns, "app=web", 3*time.Minute)
+	pod := podsOf(t, ns, "app=web")[0]
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var logs bytes.Buffer
+	lc := exec.CommandContext(ctx, theCluster.Kubectl(), "--kubeconfig", theCluster.KubeConfig(), "-n", ns, "logs", "-f", pod.Name, "-c", container)
+	lc.Stdout = &logs
+	if err := lc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	logsDone := make(chan error, 1)
+	go func() { logsDone <- lc.Wait() }()
+
+	type answer struct {
+		body string
+		err  error
+		at   time.Time
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		hc := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := hc.Get(fmt.Sprintf("http://%s:%d/slow?ms=%d", pod.Status.PodIP, port, request.Milliseconds()))
+		if err != nil {
+			answered <- answer{err: err, at: time.Now()}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("status %s", resp.Status)
+		}
+		answered <- answer{string(b), err, time.Now()}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	deleted := time.Now()
+	if err := kube.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-logsDone:
+	case <-ctx.Done():
+		t.Fatal("the proxy's container did not end within 3 min of the deletion")
+	}
+	exitedAfter := time.Since(deleted) // kubectl logs -f ends with the container (at most that late)
+	a := <-answered
+	recs := parsePlainJSONLog(logs.String())
+	decided := findLog(recs, logevent.DeadlineDecided)
+	exited := findLogWith(recs, logevent.Phase, "phase", "exited")
+	if decided == nil || exited == nil {
+		t.Fatalf("no deadline or exit line in draind's log:\n%s", logs.String())
+	}
+	wantFrom := fmt.Sprintf("the pod's grace period %s (DRAIND_GRACE_PERIOD)", time.Duration(grace)*time.Second)
+	if from := fmt.Sprint(decided["decided_by"]); !strings.HasPrefix(from, wantFrom) {
+		t.Errorf("deadline decided by %q, want %q…", from, wantFrom)
+	}
+	if code := fmt.Sprint(exited["exit_code"]); code != "0" {
+		t.Errorf("draind exited %s: %v", code, exited)
+	}
+	cut := findLog(recs, logevent.DeadlineReached)
+	t.Logf("grace %ds, request %s: deadline %v (%v); answer after %s: %q %v; draind's container ended ≤ %s after the deletion; exited %v; cut %v",
+		grace, request, decided["deadline"], decided["decided_by"], fmtDur(a.at.Sub(deleted)), strings.TrimSpace(a.body), a.err, fmtDur(exitedAfter), exited["why"], cut)
+	if time.Duration(grace)*time.Second > request+10*time.Second {
+		// Room for the request: it completes, the drain is clean.
+		if a.err != nil || !strings.Contains(a.body, fmt.Sprintf("slept %d ms", request.Milliseconds())) || cut != nil {
+			t.Errorf("the request in flight: %q, %v; deadline line %v", a.body, a.err, cut)
+		}
+		return
+	}
+	// No room: cut at draind's deadline, inside the grace period, and said.
+	if cut == nil || findLog(recs, logevent.OpenFlowAtDeadline) == nil {
+		t.Errorf("no deadline_reached or open_flow_at_deadline line: the cut is not said\n%s", logs.String())
+	}
+	if exitedAfter > time.Duration(grace)*time.Second {
+		t.Errorf("draind's container ended %s after the deletion, past the %ds grace period", fmtDur(exitedAfter), grace)
+	}
+}
+
+// replaceOnce replaces old in s once, failing the test when it is absent.
+func replaceOnce(t *testing.T, s, old, repl string) string {
+	t.Helper()
+	if !strings.Contains(s, old) {
+		t.Fatalf("the manifest no longer has %q", old)
+	}
+	return strings.Replace(s, old, repl, 1)
+}
