@@ -203,9 +203,20 @@ func TestRotationAppPreStop(t *testing.T) {
 			p := newPod(t)
 			p.startApp()
 			p.startDraind([]string{"--min-drain", "auto"})
-			appPreStopRotation(t, p, startClients(p, 50*time.Millisecond), tc.stopAfter)
+			appPreStopRotation(t, p, startClients(p, 50*time.Millisecond), tc.stopAfter, false)
 		})
 	}
+}
+
+// TestRotationNativeSidecar: the same for a native sidecar, sequenced as
+// the kubelet does: at the deletion the sidecar's preStop (`draind
+// drain`) and the app's (the out-of-rotation wait) run together; the app
+// gets SIGTERM once its hook returned, and draind once the app has exited.
+func TestRotationNativeSidecar(t *testing.T) {
+	p := newPod(t)
+	p.startApp()
+	p.startDraind([]string{"--min-drain", "auto"})
+	appPreStopRotation(t, p, startClients(p, 50*time.Millisecond), 3*time.Second, true)
 }
 
 // TestRotationMesh: the same under Istio's interception, REDIRECT and
@@ -220,7 +231,7 @@ func TestRotationMesh(t *testing.T) {
 				m.startApp()
 				m.startDraind("--min-drain", "auto", "--tracker", tracker)
 				c := startClientsTo(m.pod, 50*time.Millisecond, "http://"+podIP+":"+appPort+"/")
-				appPreStopRotation(t, m.pod, c, 3*time.Second)
+				appPreStopRotation(t, m.pod, c, 3*time.Second, false)
 			})
 		}
 	}
@@ -229,8 +240,10 @@ func TestRotationMesh(t *testing.T) {
 // appPreStopRotation deletes the pod as the kubelet does, with the app's
 // preStop calling the out-of-rotation wait, while c opens connections
 // until stopAfter; it checks that none failed, and that the call returned
-// out of rotation no later than 1.5 s after the last new connection.
-func appPreStopRotation(t *testing.T, p *pod, c *clients, stopAfter time.Duration) {
+// out of rotation no later than 1.5 s after the last new connection. A
+// native sidecar is drained by its own preStop hook, and signalled once
+// the app has exited.
+func appPreStopRotation(t *testing.T, p *pod, c *clients, stopAfter time.Duration, native bool) {
 	t.Helper()
 	time.Sleep(2 * time.Second) // the rate before the deletion
 	type answer struct {
@@ -244,10 +257,22 @@ func appPreStopRotation(t *testing.T, p *pod, c *clients, stopAfter time.Duratio
 		p.app.Signal(syscall.SIGTERM) // the kubelet, once the hook returned
 		preStop <- answer{b, o, at}
 	}()
-	p.draind.Signal(syscall.SIGTERM)
+	if native {
+		if code, out := p.nativeHook(); code != 0 {
+			t.Fatalf("draind drain: exit %d (%s)", code, out)
+		}
+	} else {
+		p.draind.Signal(syscall.SIGTERM)
+	}
 	time.Sleep(stopAfter)
 	last := c.halt()
 	a := <-preStop
+	if native {
+		if !p.app.wait(20 * time.Second) {
+			t.Fatal("the app did not exit")
+		}
+		p.draind.Signal(syscall.SIGTERM) // the kubelet: once every app container exited
+	}
 	code, _ := p.waitExit(30 * time.Second)
 	if code != 0 {
 		t.Fatalf("draind exited %d; log:\n%s", code, p.draindLog.String())
