@@ -30,7 +30,7 @@ RUN --mount=type=cache,target=/root/go/pkg/mod go mod download
 COPY cmd/ cmd/
 COPY internal/ internal/
 RUN --mount=type=cache,target=/root/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath \
+    CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -tags grpcnotrace \
       -ldflags "-s -w -X github.com/draind/draind/internal/cli.Version=${VERSION}" \
       -o /out/draind ./cmd/draind
 # setfcap lives in the e2e module (it shares the capability encoding with

@@ -15,8 +15,13 @@ help: ## list the targets
 
 # What `draind version` prints (the Dockerfile stamps it the same way).
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+# grpcnotrace: grpc (the node commands' CRI client) without
+# golang.org/x/net/trace, which draind never serves: 4.5 MB less binary,
+# 2.5 MB less RSS in every pod (the Dockerfile and the e2e images build
+# with it too).
+PRODUCT_TAGS = grpcnotrace
 build: ## build draind (its version stamped: git describe) and envoysim into ./bin
-	CGO_ENABLED=0 $(GO) build -ldflags "-X github.com/draind/draind/internal/cli.Version=$(VERSION)" -o $(BIN)/draind ./cmd/draind
+	CGO_ENABLED=0 $(GO) build -tags $(PRODUCT_TAGS) -ldflags "-X github.com/draind/draind/internal/cli.Version=$(VERSION)" -o $(BIN)/draind ./cmd/draind
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/envoysim ./internal/testenv/envoysim/cmd/envoysim
 
 tools: ## build the developer tools (tools/: vmexec, benchsnap, demo) into ./bin

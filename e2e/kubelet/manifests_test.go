@@ -245,8 +245,10 @@ func TestDeployManifests(t *testing.T) {
 		if c.SecurityContext == nil || (!hasCaps(c.SecurityContext, "SYS_ADMIN", "SYS_PTRACE") && (c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged)) {
 			t.Errorf("%s: want capabilities SYS_ADMIN and SYS_PTRACE (or privileged)", m.file)
 		}
-		if !slices.Contains(c.Command, "--pid") {
-			t.Errorf("%s: want draind conns|watch --pid", m.file)
+		// The node's view: pods by name through the CRI, no PID to find.
+		if len(c.Command) < 2 || filepath.Base(c.Command[0]) != "draind" ||
+			!slices.Contains([]string{"pods", "watch", "conns", "$(DRAIND_VIEW)"}, c.Command[1]) || slices.Contains(c.Command, "--pid") {
+			t.Errorf("%s: command %q, want draind pods|watch|conns, no --pid", m.file, c.Command)
 		}
 	})
 	t.Run("events", func(t *testing.T) {

@@ -65,6 +65,7 @@ commands:
   drain [flags]                     start the drain of the running draind run (native sidecar preStop hook)
   conns [flags]                     one snapshot of listeners and flows, attributed
   watch [flags]                     live TCP state changes, attributed
+  pods [flags]                      every pod of the node: its drain, or its flows (through the CRI)
   version                           print the version
 
 "draind COMMAND -h" lists a command's flags and their environment twins.
@@ -73,6 +74,7 @@ commands:
 // commands are draind's commands but version and help.
 var commands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{
 	"run": runRun, "wait": runWait, "prestop": runPrestop, "drain": runDrain, "conns": runConns, "watch": runWatch,
+	"pods": runPods,
 }
 
 // Version is set at build time (-ldflags "-X .../internal/cli.Version=...").

@@ -30,6 +30,11 @@ type nsFlags struct {
 	exclude               portList
 	// caps is what parse's raiseFileCaps did, for the command to report.
 	caps capsRaise
+	// --pod and --container (conns, watch: registerPod), and the pod
+	// openTarget found.
+	pod, container string
+	cri            criFlags
+	target         *podTarget
 }
 
 func (n *nsFlags) register(fs *flagSet, withTarget bool) {
@@ -78,6 +83,9 @@ func (n *nsFlags) validate(cmd string) error {
 	if n.netns != "" && n.pid != 0 {
 		return usageErr("%s: --netns and --pid are exclusive", cmd)
 	}
+	if err := n.validatePod(cmd); err != nil {
+		return err
+	}
 	if n.proxyUID > 1<<32-1 {
 		return usageErr("%s: --proxy-uid %d is not a uid", cmd, n.proxyUID)
 	}
@@ -111,9 +119,10 @@ func (n *nsFlags) policy() flows.Policy {
 }
 
 func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("conns", "conns [--netns PATH | --pid PID] [--proxy-uid N] [-o table|json]", stdout)
+	fs := newFlagSet("conns", "conns [--netns PATH | --pid PID | --pod NAMESPACE/NAME [--container NAME]] [--proxy-uid N] [-o table|json]", stdout)
 	var nf nsFlags
 	nf.register(fs, true)
+	nf.registerPod(fs)
 	out := newOneOf(outputTable, outputFormats)
 	fs.Var(out, "o", "output format: table (sorted by owner and address) or json (streamed in the kernel's order as it is read, summary last)")
 	withProcs := fs.Bool("procs", false, "also list the app's processes in the namespace (eBPF task iterator, else /proc)")
@@ -125,7 +134,7 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageErr("conns: unexpected argument %q", fs.Arg(0))
 	}
 	nf.caps.warn(stderr, "conns")
-	ns, err := nf.open()
+	ns, err := nf.openTarget(ctx, "conns")
 	if err != nil {
 		return err
 	}
@@ -138,12 +147,18 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	d.SetInfo(*withIdle || nf.idleTimeout > 0)
 	if out.val == outputJSON {
 		var extra []byte
-		if *withProcs {
-			extra = procsJSON(ns, uint32(nf.proxyUID))
+		if nf.target != nil {
+			extra = nf.target.jsonMembers()
 		}
-		return streamJSON(stdout, d, ns.Name(), nf.policy(), extra)
+		if *withProcs {
+			extra = append(extra, procsJSON(ns, uint32(nf.proxyUID))...)
+		}
+		return streamJSON(stdout, d, nf.label(ns), nf.policy(), extra)
 	}
-	if err := writeTable(stdout, d, ns.Name(), nf.policy()); err != nil || !*withProcs {
+	if nf.target != nil {
+		fmt.Fprintf(stdout, "%s: %s\n", nf.target.label(), nf.target.criLine())
+	}
+	if err := writeTable(stdout, d, nf.label(ns), nf.policy()); err != nil || !*withProcs {
 		return err
 	}
 	procs, source, err := appProcesses(ns, uint32(nf.proxyUID))

@@ -17,9 +17,10 @@ import (
 )
 
 func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("watch", "watch [--netns PATH | --pid PID] [--tracker auto|ebpf|sockdiag] [-o table|json]", stdout)
+	fs := newFlagSet("watch", "watch [--netns PATH | --pid PID | --pod NAMESPACE/NAME [--container NAME]] [--tracker auto|ebpf|sockdiag] [-o table|json]", stdout)
 	var nf nsFlags
 	nf.register(fs, true)
+	nf.registerPod(fs)
 	tracker := trackerFlag(fs)
 	var period time.Duration
 	fs.durationVar(&period, "poll-period", flows.DefaultPollPeriod, "sockdiag mode's polling period")
@@ -30,7 +31,7 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return helped(err)
 	}
 	nf.caps.warn(stderr, "watch")
-	ns, err := nf.open()
+	ns, err := nf.openTarget(ctx, "watch")
 	if err != nil {
 		return err
 	}
@@ -47,13 +48,20 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	mode, why := tr.Mode()
 	sum := tr.Summary()
 	if out.val == outputJSON {
-		json.NewEncoder(stdout).Encode(map[string]any{"time": time.Now(), "namespace": ns.Name(), "mode": mode, "reason": why, "summary": sum})
+		head := map[string]any{"time": time.Now(), "namespace": nf.label(ns), "mode": mode, "reason": why, "summary": sum}
+		if nf.target != nil {
+			head["target"] = nf.target
+		}
+		json.NewEncoder(stdout).Encode(head)
 	} else {
 		poll := ""
 		if mode == flows.ModeSockDiag {
 			poll = fmt.Sprintf(", polling every %s: changes between polls are reported at the next poll", period)
 		}
-		fmt.Fprintf(stdout, "watching %s: %s mode (%s%s)\n%s\n", ns.Name(), mode, why, poll, summaryLine(sum))
+		if nf.target != nil {
+			fmt.Fprintf(stdout, "%s: %s\n", nf.target.label(), nf.target.criLine())
+		}
+		fmt.Fprintf(stdout, "watching %s: %s mode (%s%s)\n%s\n", nf.label(ns), mode, why, poll, summaryLine(sum))
 	}
 	var procsChanged <-chan struct{}
 	var procs appprocs.Source

@@ -50,7 +50,8 @@ const Version = "e2e-kubelet"
 
 // GoBuild builds a static binary: pkg from the module in dir.
 func GoBuild(ctx context.Context, dir, pkg, out string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-X github.com/draind/draind/internal/cli.Version="+Version, "-o", out, pkg)
+	// grpcnotrace: as the Makefile's PRODUCT_TAGS builds draind.
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-X github.com/draind/draind/internal/cli.Version="+Version, "-o", out, pkg)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
