@@ -1,7 +1,6 @@
 package kubelet_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -75,14 +74,7 @@ func TestClusterEndpointsLeaveBeforeDrainEnds(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// draind's log, streamed until its container exits.
-	var logs bytes.Buffer
-	logsDone := make(chan error, 1)
-	lc := exec.CommandContext(ctx, theCluster.Kubectl(), "--kubeconfig", theCluster.KubeConfig(), "-n", ns, "logs", "-f", pod.Name, "-c", "envoy")
-	lc.Stdout = &logs
-	if err := lc.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { logsDone <- lc.Wait() }()
+	logs, logsDone := followLog(t, ctx, ns, pod.Name, "envoy")
 
 	// Each condition's first moment, polled every 20 ms until stopWatch.
 	stopWatch := make(chan struct{})

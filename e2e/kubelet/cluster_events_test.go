@@ -1,12 +1,8 @@
 package kubelet_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -97,35 +93,10 @@ func eventsDrain(t *testing.T, tc eventsCase) (took time.Duration) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var logs bytes.Buffer
-	logsDone := make(chan error, 1)
-	lc := exec.CommandContext(ctx, theCluster.Kubectl(), "--kubeconfig", theCluster.KubeConfig(), "-n", ns, "logs", "-f", pod.Name, "-c", "envoy")
-	lc.Stdout = &logs
-	if err := lc.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { logsDone <- lc.Wait() }()
+	logs, logsDone := followLog(t, ctx, ns, pod.Name, "envoy")
 
 	// The request in flight, through the sidecar's inbound listener.
-	type answer struct {
-		body string
-		err  error
-	}
-	answered := make(chan answer, 1)
-	go func() {
-		hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-		resp, err := hc.Get(fmt.Sprintf("http://%s:15006/slow?ms=%d", pod.Status.PodIP, tc.requestMS))
-		if err != nil {
-			answered <- answer{err: err}
-			return
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err == nil && resp.StatusCode != http.StatusOK {
-			err = fmt.Errorf("status %s", resp.Status)
-		}
-		answered <- answer{string(b), err}
-	}()
+	answered := getInFlight(fmt.Sprintf("http://%s:15006/slow?ms=%d", pod.Status.PodIP, tc.requestMS), 30*time.Second)
 	time.Sleep(500 * time.Millisecond)
 	if err := kube.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)

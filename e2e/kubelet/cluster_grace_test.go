@@ -1,13 +1,9 @@
 package kubelet_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -66,35 +62,8 @@ func graceDrain(t *testing.T, src string, grace int, request time.Duration) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	var logs bytes.Buffer
-	lc := exec.CommandContext(ctx, theCluster.Kubectl(), "--kubeconfig", theCluster.KubeConfig(), "-n", ns, "logs", "-f", pod.Name, "-c", container)
-	lc.Stdout = &logs
-	if err := lc.Start(); err != nil {
-		t.Fatal(err)
-	}
-	logsDone := make(chan error, 1)
-	go func() { logsDone <- lc.Wait() }()
-
-	type answer struct {
-		body string
-		err  error
-		at   time.Time
-	}
-	answered := make(chan answer, 1)
-	go func() {
-		hc := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
-		resp, err := hc.Get(fmt.Sprintf("http://%s:%d/slow?ms=%d", pod.Status.PodIP, port, request.Milliseconds()))
-		if err != nil {
-			answered <- answer{err: err, at: time.Now()}
-			return
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err == nil && resp.StatusCode != http.StatusOK {
-			err = fmt.Errorf("status %s", resp.Status)
-		}
-		answered <- answer{string(b), err, time.Now()}
-	}()
+	logs, logsDone := followLog(t, ctx, ns, pod.Name, container)
+	answered := getInFlight(fmt.Sprintf("http://%s:%d/slow?ms=%d", pod.Status.PodIP, port, request.Milliseconds()), 2*time.Minute)
 	time.Sleep(500 * time.Millisecond)
 	deleted := time.Now()
 	if err := kube.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {

@@ -2,6 +2,7 @@ package kubelet_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -374,6 +375,51 @@ func compareInjection(t *testing.T, webhook, kubeInject corev1.PodSpec) {
 	} else {
 		t.Logf("webhook and istioctl kube-inject agree on %d containers", len(w))
 	}
+}
+
+// followLog streams a container's log (`kubectl logs -f`) into the
+// buffer it returns, until the container exits or ctx ends; the channel
+// then gets kubectl's end, and the buffer may be read.
+func followLog(t *testing.T, ctx context.Context, ns, pod, container string) (*bytes.Buffer, <-chan error) {
+	t.Helper()
+	var logs bytes.Buffer
+	done := make(chan error, 1)
+	lc := exec.CommandContext(ctx, theCluster.Kubectl(), "--kubeconfig", theCluster.KubeConfig(), "-n", ns, "logs", "-f", pod, "-c", container)
+	lc.Stdout = &logs
+	if err := lc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- lc.Wait() }()
+	return &logs, done
+}
+
+// answer is a request's end: the body, the error (a status other than
+// 200 is one), and when it came.
+type answer struct {
+	body string
+	err  error
+	at   time.Time
+}
+
+// getInFlight sends GET url, one connection, within timeout, and hands
+// its answer over on the channel once it comes.
+func getInFlight(url string, timeout time.Duration) <-chan answer {
+	answered := make(chan answer, 1)
+	go func() {
+		hc := &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := hc.Get(url)
+		if err != nil {
+			answered <- answer{err: err, at: time.Now()}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("status %s", resp.Status)
+		}
+		answered <- answer{string(b), err, time.Now()}
+	}()
+	return answered
 }
 
 // parsePlainJSONLog reads `kubectl logs` output: one JSON object a line.

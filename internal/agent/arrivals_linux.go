@@ -86,24 +86,22 @@ func (a *arrivals) Begin(at time.Time) drain.ArrivalsBefore {
 		before = drain.ArrivalsBefore{Known: true, Count: int64(now - a.base), Span: at.Sub(a.baseAt)}
 	}
 	a.count.reset(at)
-	mode, _ := a.tr.Mode()
-	fromCounter := ok && mode == flows.ModeSockDiag
-	fromMIB := !ok && mode == flows.ModeSockDiag
+	// In sock_diag mode a counter is polled during the wait: Envoy's
+	// (the kernel's tracker then counts the app's own flows only), else
+	// the namespace's PassiveOpens (which counts them all).
 	filter := a.filter
-	switch {
-	case fromCounter:
-		// Envoy's listeners are counted by Envoy; the kernel counts the
-		// app's own inbound flows only.
-		filter.traffic = func(f *flows.Flow) bool { return !a.fv.downstream(f) && a.fv.appFlow(f) }
-	case fromMIB:
-		filter.traffic = func(*flows.Flow) bool { return false } // PassiveOpens counts them all
-	}
-	var mibLast uint64
-	if fromMIB {
-		var err error
-		if mibLast, err = readPassiveOpens(); err != nil {
+	var counter func(context.Context) (uint64, bool)
+	var last uint64
+	var counterName string
+	if mode, _ := a.tr.Mode(); mode == flows.ModeSockDiag {
+		if ok {
+			counter, last, counterName = a.total, now, "envoy downstream_cx_total"
+			filter.traffic = func(f *flows.Flow) bool { return !a.fv.downstream(f) && a.fv.appFlow(f) }
+		} else if n, err := readPassiveOpens(); err == nil {
+			counter, last, counterName = passiveOpensCounter, n, "kernel PassiveOpens"
+			filter.traffic = func(*flows.Flow) bool { return false }
+		} else {
 			a.log.Warn("--min-drain auto in sock_diag mode, and neither Envoy's listener counters nor the kernel's count of accepted connections can be read: arrivals shorter than the poll go unseen", zap.Error(err))
-			fromMIB = false
 		}
 	}
 	ch, unwatch := a.tr.Watch(4096)
@@ -121,9 +119,8 @@ func (a *arrivals) Begin(at time.Time) drain.ArrivalsBefore {
 			}
 		}
 	})
-	if fromCounter {
+	if counter != nil {
 		wg.Go(func() {
-			last := now
 			tk := time.NewTicker(a.poll)
 			defer tk.Stop()
 			for {
@@ -132,32 +129,15 @@ func (a *arrivals) Begin(at time.Time) drain.ArrivalsBefore {
 					return
 				case <-tk.C:
 				}
-				if n, ok := a.total(ctx); ok && n > last {
+				if n, ok := counter(ctx); ok && n > last {
 					a.count.add(time.Now(), int64(n-last))
 					last = n
 				}
 			}
 		})
 	}
-	if fromMIB {
-		wg.Go(func() {
-			tk := time.NewTicker(a.poll)
-			defer tk.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-tk.C:
-				}
-				if n, err := readPassiveOpens(); err == nil && n > mibLast {
-					a.count.add(time.Now(), int64(n-mibLast))
-					mibLast = n
-				}
-			}
-		})
-	}
 	a.stop = func() { cancel(); wg.Wait(); unwatch() }
-	a.log.Debug("counting new connections", zap.Bool("envoy_counters", fromCounter), zap.Bool("kernel_passive_opens", fromMIB), zap.Stringers("probe_sources", a.filter.probeSources))
+	a.log.Debug("counting new connections", zap.String("polled_counter", counterName), zap.Stringers("probe_sources", a.filter.probeSources))
 	return before
 }
 
@@ -166,6 +146,12 @@ func (a *arrivals) Since() drain.ArrivalsSince { return a.count.since() }
 // passiveOpensPath is the kernel's TCP counters of the reading thread's
 // network namespace: the pod's, for draind.
 const passiveOpensPath = "/proc/thread-self/net/snmp"
+
+// passiveOpensCounter is readPassiveOpens as a polled counter.
+func passiveOpensCounter(context.Context) (uint64, bool) {
+	n, err := readPassiveOpens()
+	return n, err == nil
+}
 
 func readPassiveOpens() (uint64, error) {
 	f, err := os.Open(passiveOpensPath)

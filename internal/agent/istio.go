@@ -248,11 +248,19 @@ func IstioDrainStatusAddr(lookup func(string) (string, bool), path string) (stri
 	if v, ok := lookup(ProxyConfigEnv); !ok || strings.TrimSpace(v) == "" {
 		return "", false, nil
 	}
+	addr, err := PilotAgentStatusAddr(lookup, path)
+	return addr, err == nil, err
+}
+
+// PilotAgentStatusAddr is the status address `draind run -- pilot-agent`
+// takes with the Istio settings lookup and the annotations file at path
+// give (none: Istio's defaults).
+func PilotAgentStatusAddr(lookup func(string) (string, bool), path string) (string, error) {
 	s, err := ReadIstio(lookup, path)
 	if err != nil {
-		return "", false, err
+		return "", err
 	}
-	return fmt.Sprintf(":%d", pilotAgentStatusPort(s.StatusPort, s.AdminPort)), true, nil
+	return fmt.Sprintf(":%d", pilotAgentStatusPort(s.StatusPort, s.AdminPort)), nil
 }
 
 func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }

@@ -11,12 +11,10 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -484,15 +482,7 @@ func draindStatusAddr(args, env []string, istioAnnotations string) (addr, from s
 		addr, from = agent.DefaultStatusAddr, "default"
 		proxy, _ := setting("proxy")
 		if proxy == string(agent.ProxyPilotAgent) || (proxy == "" || proxy == string(agent.ProxyAuto)) && agent.IsPilotAgent(command) {
-			// A container Istio did not inject (no PROXY_CONFIG) has
-			// Istio's defaults: an empty ProxyConfig says as much.
-			withConfig := func(name string) (string, bool) {
-				if v, ok := lookup(name); ok || name != agent.ProxyConfigEnv {
-					return v, ok
-				}
-				return "{}", true
-			}
-			if a, ok, err := agent.IstioDrainStatusAddr(withConfig, istioAnnotations); err == nil && ok {
+			if a, err := agent.PilotAgentStatusAddr(lookup, istioAnnotations); err == nil {
 				addr, from = a, "beside pilot-agent (the first port Istio leaves free)"
 			}
 		}
@@ -557,63 +547,21 @@ func readPodState(ctx context.Context, ns *namespace.Net, addr string) (*agent.P
 	return &st, nil
 }
 
-// dialIn connects to ap from inside ns: on a thread of its own that
-// enters ns, the socket is made there (it stays in the namespace it was
-// made in), and the thread goes back to its own namespace before the
-// connect (the dialer's Control hook runs between the two), which then
-// runs as any does, within ctx. Entering a namespace takes CAP_SYS_ADMIN;
-// a thread that cannot go back stays locked, and the runtime retires it
-// with its goroutine.
+// dialIn connects to ap from inside ns (namespace.Net.Do: the socket is
+// made there, and stays there), within ctx. Entering a namespace takes
+// CAP_SYS_ADMIN.
 func dialIn(ctx context.Context, ns *namespace.Net, ap netip.AddrPort) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
+	var c net.Conn
+	err := ns.Do(func() error {
+		var err error
+		c, err = (&net.Dialer{}).DialContext(ctx, "tcp", ap.String())
+		return err
+	})
+	if err != nil && c != nil {
+		c.Close() // made, but the thread could not go back
+		c = nil
 	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		if ns.HoldsThread() {
-			defer runtime.UnlockOSThread()
-			c, err := (&net.Dialer{}).DialContext(ctx, "tcp", ap.String())
-			done <- result{c, err}
-			return
-		}
-		self, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- result{nil, fmt.Errorf("open own netns: %w", err)}
-			return
-		}
-		defer unix.Close(self)
-		if err := unix.Setns(ns.Fd(), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			done <- result{nil, fmt.Errorf("enter netns: %w", err)}
-			return
-		}
-		inside := true
-		leave := func() error {
-			if inside {
-				if err := unix.Setns(self, unix.CLONE_NEWNET); err != nil {
-					return fmt.Errorf("return to own netns: %w", err)
-				}
-				inside = false
-			}
-			return nil
-		}
-		d := net.Dialer{Control: func(string, string, syscall.RawConn) error { return leave() }}
-		c, err := d.DialContext(ctx, "tcp", ap.String())
-		if lerr := leave(); lerr != nil {
-			if c != nil {
-				c.Close()
-			}
-			done <- result{nil, lerr}
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- result{c, err}
-	}()
-	r := <-done
-	return r.c, r.err
+	return c, err
 }
 
 // writeNodeView writes the view as a table, one line per pod, sorted by

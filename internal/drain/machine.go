@@ -253,7 +253,6 @@ type Machine struct {
 	cut *StateEnd
 	// before is what arrived before the trigger (--min-drain auto).
 	before   ArrivalsBefore
-	holds    uint32 // kinds logged last
 	backoff  time.Duration
 	timers   timers
 	liveC    chan struct{}
@@ -886,16 +885,13 @@ func (m *Machine) evaluate(ctx context.Context) (Result, bool) {
 		return m.stop("drained", true), true
 	}
 	if !slices.Equal(v.Holds, m.curHolds) {
+		// Published on any change (a count too), logged when the kinds change.
+		kindsChanged := v.Kinds() != (Verdict{Holds: m.curHolds}).Kinds()
 		m.publish(v.Holds, nil)
-	}
-	if k := v.Kinds(); k != m.holds {
-		m.holds = k
-		kinds := make([]HoldKind, len(v.Holds))
-		for i, h := range v.Holds {
-			kinds[i] = h.Kind
+		if kindsChanged {
+			m.log.Info("gate holds", logevent.GateHolds.Field(), zap.Stringers("holds", v.Holds), zap.Stringers("hold_kinds", kindsOf(v.Holds)),
+				zap.Duration("since_drain", time.Since(m.started)))
 		}
-		m.log.Info("gate holds", logevent.GateHolds.Field(), zap.Stringers("holds", v.Holds), zap.Stringers("hold_kinds", kinds),
-			zap.Duration("since_drain", time.Since(m.started)))
 	}
 	// Wake on the next change, or at a computed moment: the end of
 	// --settle, a flow's idle expiry, or a re-ask of an admin API that lags

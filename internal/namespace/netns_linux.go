@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -99,6 +100,46 @@ func (n *Net) Fd() int { return int(n.f.Fd()) }
 func (n *Net) HoldsThread() bool {
 	var st unix.Stat_t
 	return unix.Stat("/proc/thread-self/ns/net", &st) == nil && st.Ino == n.inode
+}
+
+// Do runs fn in the namespace: a socket fn makes there stays there, and
+// may be used from any thread after. When the calling thread is already
+// in it (a pod looking at itself), fn runs right here, entering nothing,
+// which needs no capability; otherwise on a thread of its own that enters
+// the namespace (CAP_SYS_ADMIN) and goes back before Do returns. A thread
+// that cannot go back stays locked, and the runtime retires it with its
+// goroutine. A nil n is the caller's own namespace.
+func (n *Net) Do(fn func() error) error {
+	runtime.LockOSThread()
+	if n == nil || n.HoldsThread() {
+		defer runtime.UnlockOSThread()
+		return fn()
+	}
+	runtime.UnlockOSThread()
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		self, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- fmt.Errorf("open own netns: %w", err)
+			return
+		}
+		defer unix.Close(self)
+		if err := unix.Setns(n.Fd(), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			done <- fmt.Errorf("enter netns: %w", err)
+			return
+		}
+		err = fn()
+		if rerr := unix.Setns(self, unix.CLONE_NEWNET); rerr != nil {
+			done <- errors.Join(err, fmt.Errorf("return to own netns: %w", rerr))
+			return
+		}
+		runtime.UnlockOSThread()
+		done <- err
+	}()
+	return <-done
 }
 
 // Close releases the handle. It is safe to call twice.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"iter"
 	"os"
-	"runtime"
 	"syscall"
 	"unsafe"
 
@@ -83,55 +82,21 @@ func newDatagramSocket(f *os.File) (*datagramSocket, error) {
 	return s, nil
 }
 
-// socketIn opens a non-blocking NETLINK_SOCK_DIAG socket in ns. Entering a
-// namespace takes CAP_SYS_ADMIN, even our own: the socket is opened
-// directly when the target is where this thread already is (a pod looking
-// at itself needs no capability at all); otherwise on a thread of its own
-// that switches there and back.
+// socketIn opens a non-blocking NETLINK_SOCK_DIAG socket in ns
+// (namespace.Net.Do: entering another namespace takes CAP_SYS_ADMIN; a pod
+// looking at itself needs no capability at all).
 func socketIn(ns *namespace.Net) (int, error) {
-	open := func() (int, error) {
-		return unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_SOCK_DIAG)
+	fd := -1
+	err := ns.Do(func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_SOCK_DIAG)
+		return err
+	})
+	if err != nil && fd >= 0 {
+		unix.Close(fd) // made, but the thread could not go back
+		fd = -1
 	}
-	runtime.LockOSThread()
-	if ns == nil || ns.HoldsThread() {
-		defer runtime.UnlockOSThread()
-		return open()
-	}
-	runtime.UnlockOSThread()
-	type result struct {
-		fd  int
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		// A thread that cannot go back to its own namespace stays locked:
-		// the runtime retires it when this goroutine ends.
-		runtime.LockOSThread()
-		self, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- result{-1, fmt.Errorf("open own netns: %w", err)}
-			return
-		}
-		defer unix.Close(self)
-		if err := unix.Setns(ns.Fd(), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			done <- result{-1, fmt.Errorf("enter netns: %w", err)}
-			return
-		}
-		fd, err := open()
-		if rerr := unix.Setns(self, unix.CLONE_NEWNET); rerr != nil {
-			if err == nil {
-				unix.Close(fd)
-			}
-			done <- result{-1, fmt.Errorf("return to own netns: %w", rerr)}
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- result{fd, err}
-	}()
-	r := <-done
-	return r.fd, r.err
+	return fd, err
 }
 
 func (s *datagramSocket) Close() error { return s.f.Close() }
