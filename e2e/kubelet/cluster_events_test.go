@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/kubeevents"
 	"github.com/draind/draind/internal/logevent"
 )
@@ -23,13 +23,14 @@ import (
 // Events from draind, listed by its UID as kubectl describe lists them:
 // DrainStarted and Drained, saying what held the drain. Without it,
 // draind says once at start that it may not, posts nothing, and drains
-// the same, in the same time. A third pod, its drain deadline 8 s and its
-// request 20 s, gets DrainCut, a Warning naming the flow left open.
+// the same: held by the app's work, ended "drained" and clean. A third
+// pod, its drain deadline 8 s and its request 20 s, gets DrainCut, a
+// Warning naming the flow left open. The drains' durations are reported,
+// never compared: the kubelet's SIGTERM comes 0.7–2.5 s after a deletion
+// on this shared machine, so the request's remainder varies by that.
 func TestClusterEvents(t *testing.T) {
 	requireCluster(t)
 	t.Parallel()
-	took := map[string]time.Duration{}
-	var mu sync.Mutex
 	t.Run("group", func(t *testing.T) {
 		for _, tc := range []eventsCase{
 			{name: "rbac", rbac: true, requestMS: 5000},
@@ -38,20 +39,10 @@ func TestClusterEvents(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				t.Parallel()
-				d := eventsDrain(t, tc)
-				mu.Lock()
-				took[tc.name] = d
-				mu.Unlock()
+				eventsDrain(t, tc)
 			})
 		}
 	})
-	// The same drain either way: the Events cost it nothing. The kubelet's
-	// SIGTERM comes 0.7–1.9 s after a deletion, so the request's remainder
-	// varies by about that.
-	a, b := took["rbac"], took["no-rbac"]
-	if a != 0 && b != 0 && (a-b > 1500*time.Millisecond || b-a > 1500*time.Millisecond) {
-		t.Errorf("the drains took %s (RBAC) and %s (none): the Events changed the drain", fmtDur(a), fmtDur(b))
-	}
 }
 
 // eventsCase is one pod's drain: with the events RBAC or without, the
@@ -66,8 +57,8 @@ type eventsCase struct {
 
 // eventsDrain runs one pod's drain in a namespace of its own, checks what
 // the pod's Events and draind's log say, and returns how long the drain
-// took (draind's draining to stopping).
-func eventsDrain(t *testing.T, tc eventsCase) (took time.Duration) {
+// took (draind's draining to stopping), for the report.
+func eventsDrain(t *testing.T, tc eventsCase) {
 	ns := testNamespace(t, "events-"+tc.name)
 	kubectl(t, envoySidecarConfigMap(t), "-n", ns, "apply", "-f", "-")
 	if tc.rbac {
@@ -118,9 +109,30 @@ func eventsDrain(t *testing.T, tc eventsCase) (took time.Duration) {
 	if draining.IsZero() || stopping.IsZero() {
 		t.Fatalf("no draining and stopping phases in draind's log:\n%s", logs.String())
 	}
-	took = stopping.Sub(draining)
-	if !cut && (took < 1500*time.Millisecond || took > 10*time.Second) {
-		t.Errorf("the drain took %s: the 5 s request in flight should hold it ~3 s", fmtDur(took))
+	took := stopping.Sub(draining)
+	// The same drain with Events or without: the request's work held it
+	// (what the gate logged), and it ended drained, or cut by the deadline
+	// with the request still open.
+	stop := findLogWith(recs, logevent.Phase, "phase", "stopping")
+	wantWhy := "drained"
+	if cut {
+		wantWhy = "deadline"
+	}
+	if stop["why"] != wantWhy {
+		t.Errorf("draind's stopping line %v, want why=%s", stop, wantWhy)
+	}
+	heldBy := map[string]bool{}
+	for _, r := range recs {
+		if r[logevent.Key] != string(logevent.GateHolds) {
+			continue
+		}
+		kinds, _ := r["hold_kinds"].([]any)
+		for _, k := range kinds {
+			heldBy[fmt.Sprint(k)] = true
+		}
+	}
+	if !heldBy[drain.HoldAppProcs.String()] && !heldBy[drain.HoldEnvoyActive.String()] {
+		t.Errorf("the gate held by %v, want the request's work (%s or %s)", heldBy, drain.HoldAppProcs, drain.HoldEnvoyActive)
 	}
 	// The end's Event got at most a short wait once the proxy had stopped.
 	atExit := findLogWith(recs, logevent.KubeEvents, "msg", "kubernetes events at exit")
@@ -128,9 +140,8 @@ func eventsDrain(t *testing.T, tc eventsCase) (took time.Duration) {
 	if atExit != nil {
 		waited, _ = time.ParseDuration(fmt.Sprint(atExit["waited"]))
 	}
-	if waited > kubeevents.EndWait+100*time.Millisecond {
-		t.Errorf("draind waited %s for the end's Event, more than %s", fmtDur(waited), kubeevents.EndWait)
-	}
+	// How long: reported, never compared (the bound, kubeevents.EndWait, is
+	// internal/kubeevents' unit test's, under synctest).
 
 	// What draind said at start about the Events.
 	var unavailable []map[string]any
@@ -181,7 +192,7 @@ func eventsDrain(t *testing.T, tc eventsCase) (took time.Duration) {
 		line := fmt.Sprintf("no RBAC: drain %s; no Event; at exit waited %s; warnings %v", fmtDur(took), fmtDur(waited), unavailable)
 		t.Log(line)
 		report.add("events", tc.name, line)
-		return took
+		return
 	}
 	if len(unavailable) != 0 {
 		t.Errorf("draind warned with the RBAC applied: %v", unavailable)
@@ -224,5 +235,4 @@ func eventsDrain(t *testing.T, tc eventsCase) (took time.Duration) {
 	line := fmt.Sprintf("RBAC: drain %s; end's Event waited for %s; %s %q; %s %s %q", fmtDur(took), fmtDur(waited), started.Reason, started.Message, ended.Type, ended.Reason, ended.Message)
 	t.Log(line)
 	report.add("events", tc.name, line)
-	return took
 }

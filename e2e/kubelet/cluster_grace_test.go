@@ -103,9 +103,10 @@ func graceDrain(t *testing.T, src string, grace int, request time.Duration) {
 	if cut == nil || findLog(recs, logevent.OpenFlowAtDeadline) == nil {
 		t.Errorf("no deadline_reached or open_flow_at_deadline line: the cut is not said\n%s", logs.String())
 	}
-	if exitedAfter > time.Duration(grace)*time.Second {
-		t.Errorf("draind's container ended %s after the deletion, past the %ds grace period", fmtDur(exitedAfter), grace)
-	}
+	// Inside the grace period: draind logged its own exit (exit code 0,
+	// checked above), which a SIGKILL at the period's end would have
+	// prevented. The time is reported, never compared: the log stream's end
+	// lags the container's by the machine's load.
 }
 
 // replaceOnce replaces old in s once, failing the test when it is absent.

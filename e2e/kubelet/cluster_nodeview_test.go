@@ -453,9 +453,6 @@ func TestClusterNodeView(t *testing.T) {
 		t.Logf("draind pods:\n%s", table)
 	}
 	t.Logf("draind pods -o json took %s with one pod stopped", took.Round(time.Millisecond))
-	if took > 3*time.Second {
-		t.Errorf("draind pods took %s with one pod stopped: the stopped one held the others up (--timeout 1s)", took)
-	}
 	for _, n := range ready {
 		if r := final.pod(ns, n); r.phase() != "ready" || r.Error != "" {
 			t.Errorf("%s: %+v, want ready", n, r)
