@@ -154,8 +154,13 @@ e2e-cluster-short: ## the same, shorter (CI)
 	bash e2e/kubelet/hack/cluster.sh test
 # A measurement, not in CI: each strategy's Deployment rolled under load
 # (e2e/kubelet/cluster_rollout_test.go; docs/benchmarks.md).
-bench-rollout: ## a rollout under load, draind's strategies beside pilot-agent's, in a cluster of its own, as root
-	KUBELET_VERSION=$(KUBELET_VERSION) RUN='^TestBenchRollout$$' DRAIND_BENCH_ROLLOUT=1 bash e2e/kubelet/hack/cluster.sh test
+# One cluster per kube-proxy min sync period in ROLLOUT_SYNC: slower
+# endpoint propagation (issue 31's case 5).
+ROLLOUT_SYNC ?= 1s 5s 10s
+bench-rollout: ## a rollout under load, draind's strategies beside pilot-agent's, in a cluster of its own per ROLLOUT_SYNC, as root
+	for sync in $(ROLLOUT_SYNC); do \
+		PROXY_SYNC_PERIOD=$$sync KUBELET_VERSION=$(KUBELET_VERSION) RUN='^TestBenchRollout$$' DRAIND_BENCH_ROLLOUT=1 bash e2e/kubelet/hack/cluster.sh test || exit 1; \
+	done
 .PHONY: cluster cluster-down e2e-cluster e2e-cluster-short bench-rollout
 # ---- end cluster ----
 

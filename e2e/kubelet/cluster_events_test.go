@@ -67,7 +67,7 @@ func eventsDrain(t *testing.T, tc eventsCase) {
 	manifest := readRepo(t, "deploy/classic-sidecar.yaml")
 	edits := map[string]string{
 		"  replicas: 2\n": "  replicas: 1\n",
-		`        - {name: DRAIND_MIN_DRAIN, value: "5s"}`: `        - {name: DRAIND_MIN_DRAIN, value: "0s"}`,
+		`        - {name: DRAIND_MIN_DRAIN, value: "auto"}`: `        - {name: DRAIND_MIN_DRAIN, value: "0s"}`,
 	}
 	if tc.deadline != "" {
 		edits[`{name: DRAIND_GRACE_PERIOD, value: "30"}`] = `{name: DRAIND_DRAIN_DEADLINE, value: "` + tc.deadline + `"}`

@@ -19,13 +19,19 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/draind/draind/e2e/kubelet/internal/images"
+	"github.com/draind/draind/internal/agent"
 )
 
 // The rollout measurement (make bench-rollout, docs/benchmarks.md): each
 // strategy on its own Deployment of 5 replicas behind its own ClusterIP
 // Service, one load client per shape in a pod calling the Service through
 // kube-proxy at a fixed rate with no retries, through `kubectl rollout
-// restart` (maxSurge 1, maxUnavailable 0). Reported per strategy and shape:
+// restart` (maxSurge 1, maxUnavailable 0). The app's preStop is draind's
+// out-of-rotation wait where draind runs, and the usual fixed 5 s (the
+// kubelet's sleep action) beside pilot-agent and in draind-classic-fixed5s
+// (draind with DRAIND_MIN_DRAIN=5s): issue 31's case 5, at each kube-proxy
+// min sync period `make bench-rollout` runs (ROLLOUT_SYNC). Reported per
+// strategy and shape:
 // requests sent and failed by class, and each old pod's time in
 // Terminating (deletionTimestamp to gone). A measurement, not a test: it
 // runs only with DRAIND_BENCH_ROLLOUT=1.
@@ -38,21 +44,42 @@ type rolloutStrategy struct {
 	proxyCfg   string // proxy.istio.io/config
 	manifest   string // a deploy/ manifest (not injected)
 	targetPort int
+	// appHook is the app container's preStop: the wait for the pod to
+	// leave rotation (draind's status port), or the fixed recipe's 5 s.
+	appHook appHook
+	env     map[string]string // the draind container's, over the manifest's
+}
+
+// appHook is the app's preStop in a rollout: the out-of-rotation wait on
+// draind's status port (15020 in the deploy/ manifests, 15022 beside
+// pilot-agent), or hookSleep5, the recipe every guide gives.
+type appHook struct {
+	waitPort int32 // 0: hookSleep5
+}
+
+var hookSleep5 = appHook{}
+
+func (h appHook) String() string {
+	if h.waitPort == 0 {
+		return "sleep 5s"
+	}
+	return "wait-oor"
 }
 
 var rolloutStrategies = []rolloutStrategy{
-	{name: "draind-classic", manifest: "deploy/classic-sidecar.yaml", targetPort: 15006},
-	{name: "draind-native", manifest: "deploy/native-sidecar.yaml", targetPort: 15006},
-	{name: "draind-istio", injected: true, targetPort: 8080},
-	{name: "pilot-agent", injected: true, templates: "sidecar", targetPort: 8080},
-	{name: "pilot-agent-exit-on-zero", injected: true, templates: "sidecar", proxyCfg: `{"proxyMetadata":{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS":"true"}}`, targetPort: 8080},
+	{name: "draind-classic", manifest: "deploy/classic-sidecar.yaml", targetPort: 15006, appHook: appHook{15020}},
+	{name: "draind-classic-fixed5s", manifest: "deploy/classic-sidecar.yaml", targetPort: 15006, appHook: hookSleep5, env: map[string]string{"DRAIND_MIN_DRAIN": "5s"}},
+	{name: "draind-native", manifest: "deploy/native-sidecar.yaml", targetPort: 15006, appHook: appHook{15020}},
+	{name: "draind-istio", injected: true, targetPort: 8080, appHook: appHook{int32(agent.PilotAgentStatusPort)}},
+	{name: "pilot-agent", injected: true, templates: "sidecar", targetPort: 8080, appHook: hookSleep5},
+	{name: "pilot-agent-exit-on-zero", injected: true, templates: "sidecar", proxyCfg: `{"proxyMetadata":{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS":"true"}}`, targetPort: 8080, appHook: hookSleep5},
 }
 
 var rolloutShapes = []string{"newconn", "keepalive", "h2"}
 
-// rolloutApp is every strategy's app: agnhost netexec's shape, serving 5 s
-// after SIGTERM (Kubernetes' rolling-update e2e).
-var rolloutApp = []string{"--delay-shutdown", "5s"}
+// rolloutApp is every strategy's app: on SIGTERM (after its preStop) it
+// stops accepting and finishes what is in flight.
+var rolloutApp = []string{"--on-term", "graceful"}
 
 func TestBenchRollout(t *testing.T) {
 	if os.Getenv(benchRolloutVar) != "1" {
@@ -112,8 +139,12 @@ spec:
 			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &sum); err != nil {
 				t.Fatalf("%s %s: no summary: %v\n%s", st.name, shape, err, out)
 			}
-			line := fmt.Sprintf("%-26s %-9s sent %5d failed %4d %v rollout %s terminating %s",
-				st.name, shape, sum.Sent, sum.Failed, sum.ByClass, fmtDur(rolled), terms)
+			success := 0.0
+			if sum.Sent > 0 {
+				success = float64(sum.OK) / float64(sum.Sent)
+			}
+			line := fmt.Sprintf("sync %-4s %-24s %-9s app %-9s sent %5d failed %4d success %.4f %v rollout %s terminating %s",
+				fmtDur(theCluster.Config.ProxySyncPeriod), st.name, shape, st.appHook, sum.Sent, sum.Failed, success, sum.ByClass, fmtDur(rolled), terms)
 			t.Log(line)
 			table = append(table, line)
 		}
@@ -151,9 +182,27 @@ func rolloutDeployment(t *testing.T, st rolloutStrategy) []byte {
 	if st.proxyCfg != "" {
 		d.Spec.Template.Annotations["proxy.istio.io/config"] = st.proxyCfg
 	}
-	for i := range d.Spec.Template.Spec.Containers {
-		if c := &d.Spec.Template.Spec.Containers[i]; c.Name == "app" {
-			c.Args = slices.Clone(rolloutApp)
+	for _, cs := range [][]corev1.Container{d.Spec.Template.Spec.Containers, d.Spec.Template.Spec.InitContainers} {
+		for i := range cs {
+			c := &cs[i]
+			switch {
+			case c.Name == "app":
+				c.Args = slices.Clone(rolloutApp)
+				pre := &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 5}}
+				if st.appHook.waitPort != 0 {
+					pre = &corev1.LifecycleHandler{HTTPGet: &corev1.HTTPGetAction{Path: agent.RotationWaitPath, Port: intstr.FromInt32(st.appHook.waitPort)}}
+				}
+				c.Lifecycle = &corev1.Lifecycle{PreStop: pre}
+			case len(st.env) > 0 && c.Name == "envoy":
+				for k, v := range st.env {
+					i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == k })
+					if i < 0 {
+						c.Env = append(c.Env, corev1.EnvVar{Name: k})
+						i = len(c.Env) - 1
+					}
+					c.Env[i].Value = v
+				}
+			}
 		}
 	}
 	b, err := yaml.Marshal(d)

@@ -117,7 +117,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	var excludeNames nameList
 	fs.Var(&excludeNames, "exclude-listeners", "Envoy listeners that carry no traffic, by name: a listener's name or its stat_prefix (comma-separated); mapped to their ports once Envoy is LIVE")
 	d := &cfg.Drain
-	fs.Var(minDrainFlag{&d.MinDrain, &d.MinDrainAuto}, "min-drain", "wait this long after draining starts (endpoint propagation); auto: until the pod is out of rotation, no new connection for a quiet window sized from its own rate")
+	fs.Var(minDrainFlag{&d.MinDrain, &d.MinDrainAuto}, "min-drain", "auto (the default): wait after draining starts until the pod is out of rotation, no new connection for a quiet window sized from its own rate; a duration: wait that long (endpoint propagation)")
 	fs.durationVar(&d.RotationFloor, "min-drain-floor", d.RotationFloor, "with --min-drain auto: never out of rotation before this long after the trigger")
 	fs.durationVar(&d.RotationCeiling, "min-drain-ceiling", d.RotationCeiling, "with --min-drain auto: always out of rotation this long after the trigger (bounded by --drain-deadline)")
 	fs.durationVar(&d.Settle, "settle", 0, "the gate must stay open this long before the proxy is stopped")
@@ -168,6 +168,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	d.IdleTimeout = nf.idleTimeout
 	d.AppExit = appExit.val
 	cfg.DeadlineSet = fs.isSet("drain-deadline")
+	d.RotationCeilingSet = fs.isSet("min-drain-ceiling")
 	cfg.DeadlineSource = fs.sourceOf("drain-deadline")
 	cfg.GracePeriodSource = fs.sourceOf("grace-period")
 	cfg.StatusAddrSet, cfg.AdminAddrSet = fs.isSet("status-addr"), fs.isSet("admin-addr")

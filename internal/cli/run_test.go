@@ -3,7 +3,6 @@ package cli
 import (
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,21 +21,24 @@ func TestRunConfigIstioVariables(t *testing.T) {
 		name        string
 		args        []string
 		env         map[string]string
+		auto        bool
 		minDrain    time.Duration
 		deadline    time.Duration
 		deadlineSet bool
 		err         string
 	}{
-		{"defaults", nil, nil, 5 * time.Second, 25 * time.Second, false, ""},
-		{"Istio's pair", nil, map[string]string{"MINIMUM_DRAIN_DURATION": "30s", "TERMINATION_DRAIN_DURATION_SECONDS": "45"}, 30 * time.Second, 45 * time.Second, true, ""},
-		{"Istio's seconds are whole", nil, map[string]string{"TERMINATION_DRAIN_DURATION_SECONDS": "45s"}, 0, 0, false, `TERMINATION_DRAIN_DURATION_SECONDS="45s" (for --drain-deadline): "45s" is not a whole number of seconds`},
-		{"Istio's duration has a unit", nil, map[string]string{"MINIMUM_DRAIN_DURATION": "30"}, 0, 0, false, `MINIMUM_DRAIN_DURATION="30" (for --min-drain): "30" is not a duration`},
-		{"the twin beats Istio's", nil, map[string]string{"DRAIND_DRAIN_DEADLINE": "20s", "TERMINATION_DRAIN_DURATION_SECONDS": "45"}, 5 * time.Second, 20 * time.Second, true, ""},
-		{"the flag beats both", []string{"--drain-deadline", "15s"}, map[string]string{"DRAIND_DRAIN_DEADLINE": "20s", "TERMINATION_DRAIN_DURATION_SECONDS": "45"}, 5 * time.Second, 15 * time.Second, true, ""},
-		{"auto", []string{"--min-drain", "auto"}, nil, 5 * time.Second, 25 * time.Second, false, ""},
-		{"auto from the twin", nil, map[string]string{"DRAIND_MIN_DRAIN": "auto"}, 5 * time.Second, 25 * time.Second, false, ""},
-		{"neither auto nor a duration", []string{"--min-drain", "automatic"}, nil, 0, 0, false, `"automatic" is not a duration (e.g. 500ms, 5s, 1m) nor auto`},
-		{"the old name means nothing", nil, map[string]string{"TERMINATION_DRAIN_DURATION": "45s"}, 5 * time.Second, 25 * time.Second, false, ""},
+		{"defaults: auto", nil, nil, true, 5 * time.Second, 25 * time.Second, false, ""},
+		{"Istio's pair", nil, map[string]string{"MINIMUM_DRAIN_DURATION": "30s", "TERMINATION_DRAIN_DURATION_SECONDS": "45"}, false, 30 * time.Second, 45 * time.Second, true, ""},
+		{"Istio's seconds are whole", nil, map[string]string{"TERMINATION_DRAIN_DURATION_SECONDS": "45s"}, false, 0, 0, false, `TERMINATION_DRAIN_DURATION_SECONDS="45s" (for --drain-deadline): "45s" is not a whole number of seconds`},
+		{"Istio's duration has a unit", nil, map[string]string{"MINIMUM_DRAIN_DURATION": "30"}, false, 0, 0, false, `MINIMUM_DRAIN_DURATION="30" (for --min-drain): "30" is not a duration`},
+		{"the twin beats Istio's", nil, map[string]string{"DRAIND_DRAIN_DEADLINE": "20s", "TERMINATION_DRAIN_DURATION_SECONDS": "45"}, true, 5 * time.Second, 20 * time.Second, true, ""},
+		{"the flag beats both", []string{"--drain-deadline", "15s"}, map[string]string{"DRAIND_DRAIN_DEADLINE": "20s", "TERMINATION_DRAIN_DURATION_SECONDS": "45"}, true, 5 * time.Second, 15 * time.Second, true, ""},
+		{"a fixed wait", []string{"--min-drain", "5s"}, nil, false, 5 * time.Second, 25 * time.Second, false, ""},
+		{"a fixed wait from the twin", nil, map[string]string{"DRAIND_MIN_DRAIN": "2s"}, false, 2 * time.Second, 25 * time.Second, false, ""},
+		{"auto, said", []string{"--min-drain", "auto"}, nil, true, 5 * time.Second, 25 * time.Second, false, ""},
+		{"auto from the twin beats Istio's", nil, map[string]string{"DRAIND_MIN_DRAIN": "auto", "MINIMUM_DRAIN_DURATION": "30s"}, true, 5 * time.Second, 25 * time.Second, false, ""},
+		{"neither auto nor a duration", []string{"--min-drain", "automatic"}, nil, false, 0, 0, false, `"automatic" is not a duration (e.g. 500ms, 5s, 1m) nor auto`},
+		{"the old name means nothing", nil, map[string]string{"TERMINATION_DRAIN_DURATION": "45s"}, true, 5 * time.Second, 25 * time.Second, false, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -53,8 +55,8 @@ func TestRunConfigIstioVariables(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if auto := slices.Contains(tt.args, "auto") || tt.env["DRAIND_MIN_DRAIN"] == "auto"; cfg.Drain.MinDrainAuto != auto {
-				t.Errorf("min-drain auto %v, want %v", cfg.Drain.MinDrainAuto, auto)
+			if cfg.Drain.MinDrainAuto != tt.auto {
+				t.Errorf("min-drain auto %v, want %v", cfg.Drain.MinDrainAuto, tt.auto)
 			}
 			if cfg.Drain.MinDrain != tt.minDrain || cfg.Drain.Deadline != tt.deadline || cfg.DeadlineSet != tt.deadlineSet {
 				t.Errorf("min-drain %s deadline %s (set %v), want %s %s (%v)", cfg.Drain.MinDrain, cfg.Drain.Deadline, cfg.DeadlineSet, tt.minDrain, tt.deadline, tt.deadlineSet)

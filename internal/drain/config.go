@@ -13,10 +13,15 @@ type Config struct {
 	// propagate (--min-drain); interruptible.
 	MinDrain time.Duration
 	// MinDrainAuto replaces MinDrain by the adaptive wait (--min-drain
-	// auto): until the pod is out of rotation (OutOfRotation), never
-	// before RotationFloor, never after RotationCeiling.
+	// auto, the default): until the pod is out of rotation
+	// (OutOfRotation), never before RotationFloor, never after
+	// RotationCeiling.
 	MinDrainAuto                   bool
 	RotationFloor, RotationCeiling time.Duration
+	// RotationCeilingSet: the ceiling was chosen (--min-drain-ceiling),
+	// so Reconcile says when the deadline cuts it; the default ceiling is
+	// cut to a shorter deadline without a word.
+	RotationCeilingSet bool
 	// Settle is how long the gate must stay open before the proxy stops.
 	Settle time.Duration
 	// IdleTimeout: a flow idle longer stops holding the drain (0: off).
@@ -89,6 +94,8 @@ func (c Config) restartGrace() time.Duration {
 
 // Defaults.
 const (
+	// DefaultMinDrain is the fixed wait of --min-drain when it is given
+	// no duration: the default is auto (rotation.go).
 	DefaultMinDrain    = 5 * time.Second
 	DefaultDeadline    = 25 * time.Second
 	DefaultStopTimeout = 2 * time.Second
@@ -115,6 +122,7 @@ func DeadlineForGrace(grace time.Duration) time.Duration { return grace - GraceM
 func DefaultConfig() Config {
 	return Config{
 		MinDrain:        DefaultMinDrain,
+		MinDrainAuto:    true,
 		RotationFloor:   DefaultRotationFloor,
 		RotationCeiling: DefaultRotationCeiling,
 		AppExit:         AppExitWait,
@@ -219,9 +227,16 @@ func (c Config) Reconcile(deadlineSet bool) (Config, string) {
 }
 
 // reconcileCeiling is Reconcile for --min-drain auto: the ceiling is
-// bounded by the deadline as a fixed min-drain is (the floor with it).
+// bounded by the deadline as a fixed min-drain is (the floor with it). The
+// default ceiling never raises a deadline: a pod whose grace period is
+// short gets a shorter ceiling, which the drain's start line shows.
 func (c Config) reconcileCeiling(deadlineSet bool) (Config, string) {
 	if c.RotationCeiling <= c.GateDeadline() {
+		return c, ""
+	}
+	if !c.RotationCeilingSet {
+		c.RotationCeiling = c.GateDeadline()
+		c.RotationFloor = min(c.RotationFloor, c.RotationCeiling)
 		return c, ""
 	}
 	if !deadlineSet {

@@ -946,7 +946,7 @@ func TestConfigReserveAndReconcile(t *testing.T) {
 	}
 	// Istio: MINIMUM_DRAIN_DURATION=30s with the default deadline.
 	c := d
-	c.MinDrain = 30 * time.Second
+	c.MinDrain, c.MinDrainAuto = 30*time.Second, false
 	got, warn := c.Reconcile(false)
 	if got.Deadline != 30*time.Second+d.StopReserve() || got.MinDrain != 30*time.Second || warn == "" {
 		t.Errorf("default deadline: %+v %q", got, warn)
@@ -957,6 +957,23 @@ func TestConfigReserveAndReconcile(t *testing.T) {
 	}
 	if got, warn := d.Reconcile(true); got != d || warn != "" {
 		t.Errorf("nothing to mend: %+v %q", got, warn)
+	}
+	// --min-drain auto (the default) under a short deadline (a 15 s grace
+	// period's 10 s): the default ceiling is cut to fit, quietly; one the
+	// operator chose is cut with a warning, or raises a default deadline.
+	short := d
+	short.Deadline = 10 * time.Second
+	if got, warn := short.Reconcile(true); got.RotationCeiling != short.GateDeadline() || got.RotationFloor != DefaultRotationFloor || got.Deadline != short.Deadline || warn != "" {
+		t.Errorf("default ceiling, 10s deadline: %+v %q", got, warn)
+	}
+	short.RotationCeilingSet = true
+	if got, warn := short.Reconcile(true); got.RotationCeiling != short.GateDeadline() || !strings.Contains(warn, "the ceiling is cut to 4.5s") {
+		t.Errorf("chosen ceiling, 10s deadline: %+v %q", got, warn)
+	}
+	chosen := d
+	chosen.RotationCeiling, chosen.RotationCeilingSet = 30*time.Second, true
+	if got, warn := chosen.Reconcile(false); got.Deadline != 30*time.Second+d.StopReserve() || !strings.Contains(warn, "the deadline is raised") {
+		t.Errorf("chosen ceiling 30s, default deadline: %+v %q", got, warn)
 	}
 }
 

@@ -49,7 +49,7 @@ up)
 		--proxy-sync-period "${PROXY_SYNC_PERIOD:-1s}"
 	;;
 test)
-	export DRAIND_E2E_CLUSTER=1
+	export DRAIND_E2E_CLUSTER=1 DRAIND_CLUSTER_PROXY_SYNC=${PROXY_SYNC_PERIOD:-}
 	t=$(now)
 	status=0
 	go test -count=1 -v -timeout 40m ${RUN:+-run "$RUN"} ${SKIP:+-skip "$SKIP"} . || status=$?
