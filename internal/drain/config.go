@@ -94,8 +94,9 @@ func (c Config) restartGrace() time.Duration {
 
 // Defaults.
 const (
-	// DefaultMinDrain is the fixed wait of --min-drain when it is given
-	// no duration: the default is auto (rotation.go).
+	// DefaultMinDrain is the usual recipe's fixed wait (pilot-agent's,
+	// `preStop: sleep 5`): a Config's fixed min-drain unless set, and the
+	// longest quiet window of the default, auto (QuietCap).
 	DefaultMinDrain    = 5 * time.Second
 	DefaultDeadline    = 25 * time.Second
 	DefaultStopTimeout = 2 * time.Second

@@ -37,6 +37,14 @@ const (
 	// is unknown (Envoy keeps no listener counters) and nothing arrived
 	// since: Istio's echo server's quiet period.
 	UnknownQuiet = time.Second
+	// QuietCap is the longest window: the fixed wait of the usual recipe
+	// (pilot-agent's MINIMUM_DRAIN_DURATION, the app's `preStop: sleep
+	// 5`). A pod whose rate is too low for silence to prove anything (an
+	// idle one: no connection since it was Ready) waits in silence no
+	// longer than the recipe would, not until the ceiling: little is at
+	// stake where little arrives. While connections keep coming it waits
+	// on, up to the ceiling.
+	QuietCap = DefaultMinDrain
 )
 
 // ArrivalsBefore is what the pod received before the trigger: Count new
@@ -141,7 +149,8 @@ func MeanGap(b ArrivalsBefore, s ArrivalsSince, start time.Time) time.Duration {
 
 // OutOfRotation applies the rule. The window is k mean gaps (QuietGaps), at
 // least QuietMargin times the longest gap seen since the trigger and at
-// least MinQuiet (UnknownQuiet when no rate is known); the pod is out once
+// least MinQuiet (UnknownQuiet when no rate is known), at most QuietCap;
+// the pod is out once
 // the silence since the last arrival (or the trigger) lasted the window,
 // but never before Floor and always at Ceiling.
 func OutOfRotation(in RotationInput) RotationVerdict {
@@ -153,7 +162,7 @@ func OutOfRotation(in RotationInput) RotationVerdict {
 			window = in.Ceiling
 		}
 	}
-	window = max(window, QuietMargin*in.Since.MaxGap)
+	window = min(max(window, QuietMargin*in.Since.MaxGap), QuietCap)
 	v := RotationVerdict{Window: window, Gap: gap, Why: RotationQuiet}
 	v.At = quietFrom(in).Add(window)
 	if floor := in.Start.Add(in.Floor); v.At.Before(floor) {

@@ -32,14 +32,15 @@ func TestOutOfRotation(t *testing.T) {
 		{"a hiccup since the trigger widens the window", busy, ArrivalsSince{Count: 100, First: at(50), Last: at(5000), MaxGap: ms(700)}, 5500, false, 6400, RotationQuiet, ms(1400)},
 		{"clients thinning out: the rate since the trigger is the slower", busy, ArrivalsSince{Count: 10, First: at(100), Last: at(3000), MaxGap: ms(500)}, 3000, false, 5400, RotationQuiet, ms(2400)},
 		{"20 ms gaps: the shortest window", ArrivalsBefore{Known: true, Count: 500, Span: 10 * time.Second}, ArrivalsSince{Count: 200, First: at(20), Last: at(4000), MaxGap: ms(40)}, 4250, true, 4250, RotationQuiet, MinQuiet},
-		{"2 s gaps: the ceiling", slow, ArrivalsSince{Count: 3, First: at(1000), Last: at(5000), MaxGap: ms(2000)}, 14000, false, 15000, RotationCeiling, ceil},
-		{"2 s gaps: out at the ceiling", slow, ArrivalsSince{Count: 3, First: at(1000), Last: at(5000), MaxGap: ms(2000)}, 15000, true, 15000, RotationCeiling, ceil},
+		{"2 s gaps: 16 s of silence would prove it, the cap says 5", slow, ArrivalsSince{Count: 3, First: at(1000), Last: at(5000), MaxGap: ms(2000)}, 9000, false, 10000, RotationQuiet, QuietCap},
+		{"2 s gaps: out 5 s after the last", slow, ArrivalsSince{Count: 3, First: at(1000), Last: at(5000), MaxGap: ms(2000)}, 10000, true, 10000, RotationQuiet, QuietCap},
+		{"2 s gaps still coming at 12 s: the ceiling", slow, ArrivalsSince{Count: 6, First: at(1000), Last: at(12000), MaxGap: ms(2000)}, 15000, true, 15000, RotationCeiling, QuietCap},
 		{"400 ms gaps: quiet for 3.2 s", ArrivalsBefore{Known: true, Count: 50, Span: 20 * time.Second}, ArrivalsSince{Count: 5, First: at(300), Last: at(2000), MaxGap: ms(450)}, 5200, true, 5200, RotationQuiet, ms(3200)},
-		{"no connection ever: the ceiling", ArrivalsBefore{Known: true, Span: time.Hour}, ArrivalsSince{}, 2000, false, 15000, RotationCeiling, ceil},
+		{"no connection ever: the cap, not the ceiling", ArrivalsBefore{Known: true, Span: time.Hour}, ArrivalsSince{}, 2000, false, 5000, RotationQuiet, QuietCap},
 		{"rate unknown, nothing since: the unknown window", ArrivalsBefore{}, ArrivalsSince{}, 1000, true, 1000, RotationQuiet, UnknownQuiet},
 		{"rate unknown, arrivals since: their rate", ArrivalsBefore{}, ArrivalsSince{Count: 10, First: at(100), Last: at(1000), MaxGap: ms(150)}, 1500, false, 1800, RotationQuiet, ms(800)},
 		{"a ceiling below the floor's window: the ceiling wins", busy, ArrivalsSince{Count: 400, First: at(50), Last: at(14900), MaxGap: ms(60)}, 15000, true, 15000, RotationCeiling, ms(400)},
-		{"a huge gap does not overflow", ArrivalsBefore{Known: true, Count: 0, Span: 1 << 62}, ArrivalsSince{}, 0, false, 15000, RotationCeiling, ceil},
+		{"a huge gap does not overflow", ArrivalsBefore{Known: true, Count: 0, Span: 1 << 62}, ArrivalsSince{}, 0, false, 5000, RotationQuiet, QuietCap},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
