@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -105,6 +106,17 @@ spec:
 		waitPodsReady(t, ns, "app=web", 3*time.Minute)
 		kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=180s")
 		ip := strings.TrimSpace(kubectl(t, nil, "-n", ns, "get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"))
+		// kube-proxy programs a new Service at its next sync (up to
+		// --iptables-min-sync-period): the load starts once the node
+		// reaches it, or its first requests are refused by no rule at all.
+		waitUntil(t, time.Minute, "the Service reachable through kube-proxy", func() bool {
+			resp, err := (&http.Client{Timeout: time.Second}).Get("http://" + ip + "/")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK
+		})
 
 		term := watchTerminating(t, ns)
 		defer term.stop() // on a failure; stop is safe twice
@@ -147,6 +159,20 @@ spec:
 				fmtDur(theCluster.Config.ProxySyncPeriod), st.name, shape, st.appHook, sum.Sent, sum.Failed, success, sum.ByClass, fmtDur(rolled), terms)
 			t.Log(line)
 			table = append(table, line)
+			if sum.Failed > 0 {
+				// Each failure against the pods' lifecycle, from the
+				// rollout's start: which step it fell in.
+				for _, l := range lines[:len(lines)-1] {
+					var f struct {
+						T          int64
+						Class, Err string
+					}
+					if json.Unmarshal([]byte(l), &f) == nil && f.T != 0 {
+						t.Logf("  %s %s failure at %s: %s %s", st.name, shape, fmtDur(time.Unix(0, f.T).Sub(t0)), f.Class, f.Err)
+					}
+				}
+				t.Logf("  %s pods: %s", st.name, term.timeline(t0))
+			}
 		}
 	}
 	report.add("rollout", "table", "\n"+strings.Join(table, "\n"))
@@ -215,10 +241,27 @@ func rolloutDeployment(t *testing.T, st rolloutStrategy) []byte {
 // terminatingWatch records each pod's time from its deletionTimestamp to
 // its removal.
 type terminatingWatch struct {
-	w    watch.Interface
-	done chan struct{}
-	mu   sync.Mutex
-	took []time.Duration
+	w      watch.Interface
+	done   chan struct{}
+	mu     sync.Mutex
+	took   []time.Duration
+	events []podEvent // each pod's Ready, deletion seen and gone
+}
+
+type podEvent struct {
+	at        time.Time
+	pod, what string
+}
+
+// timeline is the pods' events from t0, in order. Call after stop.
+func (tw *terminatingWatch) timeline(t0 time.Time) string {
+	tw.mu.Lock()
+	defer tw.mu.Unlock()
+	var b strings.Builder
+	for _, e := range tw.events {
+		fmt.Fprintf(&b, "%s %s %s; ", fmtDur(e.at.Sub(t0)), e.pod, e.what)
+	}
+	return b.String()
 }
 
 func watchTerminating(t *testing.T, ns string) *terminatingWatch {
@@ -229,6 +272,12 @@ func watchTerminating(t *testing.T, ns string) *terminatingWatch {
 	}
 	tw := &terminatingWatch{w: w, done: make(chan struct{})}
 	marked := map[string]time.Time{}
+	ready := map[string]bool{}
+	note := func(pod, what string) {
+		tw.mu.Lock()
+		tw.events = append(tw.events, podEvent{time.Now(), pod, what})
+		tw.mu.Unlock()
+	}
 	go func() {
 		defer close(tw.done)
 		for ev := range w.ResultChan() {
@@ -236,12 +285,21 @@ func watchTerminating(t *testing.T, ns string) *terminatingWatch {
 			if !ok {
 				continue
 			}
+			isReady := slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
+				return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
+			})
+			if isReady != ready[p.Name] {
+				ready[p.Name] = isReady
+				note(p.Name, map[bool]string{true: "ready", false: "not ready"}[isReady])
+			}
 			if p.DeletionTimestamp != nil {
 				if _, seen := marked[p.Name]; !seen {
 					marked[p.Name] = time.Now()
+					note(p.Name, "deleting")
 				}
 			}
 			if ev.Type == watch.Deleted {
+				note(p.Name, "gone")
 				if at, ok := marked[p.Name]; ok {
 					tw.mu.Lock()
 					tw.took = append(tw.took, time.Since(at))
