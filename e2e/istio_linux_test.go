@@ -277,7 +277,7 @@ func (p *istioPod) report(t *testing.T, a answer, code int, took time.Duration, 
 	ok, closed, fail, appExit := p.appCalls()
 	draining := p.phaseTime("draining")
 	quit := p.phaseTime("stopping")
-	minDrainEnd := draining.Add(5 * time.Second) // draind's default min-drain
+	minDrainEnd := p.phaseTime("gating") // the min-drain's end (auto, the default: out of rotation)
 	if !sigterm.IsZero() {
 		minDrainEnd = sigterm
 	}
