@@ -48,7 +48,8 @@ type rolloutStrategy struct {
 	// appHook is the app container's preStop: the wait for the pod to
 	// leave rotation (draind's status port), or the fixed recipe's 5 s.
 	appHook appHook
-	env     map[string]string // the draind container's, over the manifest's
+	// minDrain replaces the manifest's DRAIND_MIN_DRAIN ("": as written).
+	minDrain string
 }
 
 // appHook is the app's preStop in a rollout: the out-of-rotation wait on
@@ -69,7 +70,7 @@ func (h appHook) String() string {
 
 var rolloutStrategies = []rolloutStrategy{
 	{name: "draind-classic", manifest: "deploy/classic-sidecar.yaml", targetPort: 15006, appHook: appHook{15020}},
-	{name: "draind-classic-fixed5s", manifest: "deploy/classic-sidecar.yaml", targetPort: 15006, appHook: hookSleep5, env: map[string]string{"DRAIND_MIN_DRAIN": "5s"}},
+	{name: "draind-classic-fixed5s", manifest: "deploy/classic-sidecar.yaml", targetPort: 15006, appHook: hookSleep5, minDrain: "5s"},
 	{name: "draind-native", manifest: "deploy/native-sidecar.yaml", targetPort: 15006, appHook: appHook{15020}},
 	{name: "draind-istio", injected: true, targetPort: 8080, appHook: appHook{int32(agent.PilotAgentStatusPort)}},
 	{name: "pilot-agent", injected: true, templates: "sidecar", targetPort: 8080, appHook: hookSleep5},
@@ -219,15 +220,12 @@ func rolloutDeployment(t *testing.T, st rolloutStrategy) []byte {
 					pre = &corev1.LifecycleHandler{HTTPGet: &corev1.HTTPGetAction{Path: agent.RotationWaitPath, Port: intstr.FromInt32(st.appHook.waitPort)}}
 				}
 				c.Lifecycle = &corev1.Lifecycle{PreStop: pre}
-			case len(st.env) > 0 && c.Name == "envoy":
-				for k, v := range st.env {
-					i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == k })
-					if i < 0 {
-						c.Env = append(c.Env, corev1.EnvVar{Name: k})
-						i = len(c.Env) - 1
-					}
-					c.Env[i].Value = v
+			case st.minDrain != "" && c.Name == "envoy":
+				i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "DRAIND_MIN_DRAIN" })
+				if i < 0 {
+					t.Fatalf("%s: no DRAIND_MIN_DRAIN in its envoy container", st.manifest)
 				}
+				c.Env[i].Value = st.minDrain
 			}
 		}
 	}
@@ -238,14 +236,13 @@ func rolloutDeployment(t *testing.T, st rolloutStrategy) []byte {
 	return b
 }
 
-// terminatingWatch records each pod's time from its deletionTimestamp to
-// its removal.
+// terminatingWatch records each pod's lifecycle as the watch sees it:
+// Ready, not ready, deletion seen, gone.
 type terminatingWatch struct {
 	w      watch.Interface
 	done   chan struct{}
 	mu     sync.Mutex
-	took   []time.Duration
-	events []podEvent // each pod's Ready, deletion seen and gone
+	events []podEvent
 }
 
 type podEvent struct {
@@ -271,7 +268,7 @@ func watchTerminating(t *testing.T, ns string) *terminatingWatch {
 		t.Fatal(err)
 	}
 	tw := &terminatingWatch{w: w, done: make(chan struct{})}
-	marked := map[string]time.Time{}
+	deleting := map[string]bool{}
 	ready := map[string]bool{}
 	note := func(pod, what string) {
 		tw.mu.Lock()
@@ -293,37 +290,42 @@ func watchTerminating(t *testing.T, ns string) *terminatingWatch {
 				note(p.Name, map[bool]string{true: "ready", false: "not ready"}[isReady])
 			}
 			if p.DeletionTimestamp != nil {
-				if _, seen := marked[p.Name]; !seen {
-					marked[p.Name] = time.Now()
+				if !deleting[p.Name] {
+					deleting[p.Name] = true
 					note(p.Name, "deleting")
 				}
 			}
 			if ev.Type == watch.Deleted {
 				note(p.Name, "gone")
-				if at, ok := marked[p.Name]; ok {
-					tw.mu.Lock()
-					tw.took = append(tw.took, time.Since(at))
-					tw.mu.Unlock()
-				}
 			}
 		}
 	}()
 	return tw
 }
 
-// stop ends the watch and summarises: count, mean and max. Safe twice.
+// stop ends the watch and summarises each pod's time in Terminating, from
+// its deletion seen to gone: count, mean and max. Safe twice.
 func (tw *terminatingWatch) stop() string {
 	tw.w.Stop()
 	<-tw.done
 	tw.mu.Lock()
 	defer tw.mu.Unlock()
-	if len(tw.took) == 0 {
+	deleted := map[string]time.Time{}
+	var n int
+	var sum, maxD time.Duration
+	for _, e := range tw.events {
+		switch e.what {
+		case "deleting":
+			deleted[e.pod] = e.at
+		case "gone":
+			if at, ok := deleted[e.pod]; ok {
+				d := e.at.Sub(at)
+				n, sum, maxD = n+1, sum+d, max(maxD, d)
+			}
+		}
+	}
+	if n == 0 {
 		return "none"
 	}
-	var sum, maxD time.Duration
-	for _, d := range tw.took {
-		sum += d
-		maxD = max(maxD, d)
-	}
-	return fmt.Sprintf("%d pods mean %s max %s", len(tw.took), fmtDur(sum/time.Duration(len(tw.took))), fmtDur(maxD))
+	return fmt.Sprintf("%d pods mean %s max %s", n, fmtDur(sum/time.Duration(n)), fmtDur(maxD))
 }

@@ -32,25 +32,11 @@ func (c *arrivalCount) reset(start time.Time) {
 	c.mu.Unlock()
 }
 
-// add records n arrivals at t (n > 1: a counter's step, read at t).
+// add records n arrivals at t (drain.ArrivalsSince.Add).
 func (c *arrivalCount) add(t time.Time, n int64) {
-	if n <= 0 {
-		return
-	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	prev := c.start
-	if c.s.Count > 0 {
-		prev = c.s.Last
-	} else {
-		c.s.First = t
-	}
-	if t.Before(prev) { // events are stamped as read: never before the trigger's reads
-		t = prev
-	}
-	c.s.MaxGap = max(c.s.MaxGap, t.Sub(prev))
-	c.s.Count += n
-	c.s.Last = t
+	c.s.Add(c.start, t, n)
+	c.mu.Unlock()
 }
 
 func (c *arrivalCount) since() drain.ArrivalsSince {

@@ -65,6 +65,28 @@ type ArrivalsSince struct {
 	MaxGap      time.Duration
 }
 
+// Add records n arrivals at t (n > 1: a counter's step, read at t), the
+// trigger at start. An arrival stamped before the one it follows counts at
+// that one's time (events are stamped as read, never before the trigger's
+// reads). Bounded: nothing is kept per connection.
+func (s *ArrivalsSince) Add(start, t time.Time, n int64) {
+	if n <= 0 {
+		return
+	}
+	prev := start
+	if s.Count > 0 {
+		prev = s.Last
+	} else {
+		s.First = t
+	}
+	if t.Before(prev) {
+		t = prev
+	}
+	s.MaxGap = max(s.MaxGap, t.Sub(prev))
+	s.Count += n
+	s.Last = t
+}
+
 // RotationInput is everything the rule decides on.
 type RotationInput struct {
 	Start, Now     time.Time // the trigger, now
@@ -150,9 +172,8 @@ func MeanGap(b ArrivalsBefore, s ArrivalsSince, start time.Time) time.Duration {
 // OutOfRotation applies the rule. The window is k mean gaps (QuietGaps), at
 // least QuietMargin times the longest gap seen since the trigger and at
 // least MinQuiet (UnknownQuiet when no rate is known), at most QuietCap;
-// the pod is out once
-// the silence since the last arrival (or the trigger) lasted the window,
-// but never before Floor and always at Ceiling.
+// the pod is out once the silence since the last arrival (or the trigger)
+// lasted the window, but never before Floor and always at Ceiling.
 func OutOfRotation(in RotationInput) RotationVerdict {
 	gap := MeanGap(in.Before, in.Since, in.Start)
 	window := UnknownQuiet

@@ -40,17 +40,8 @@ func (a *fakeArrivals) End() {
 
 func (a *fakeArrivals) arrive(now time.Time) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	s := &a.since
-	prev := a.begun
-	if s.Count > 0 {
-		prev = s.Last
-	} else {
-		s.First = now
-	}
-	s.MaxGap = max(s.MaxGap, now.Sub(prev))
-	s.Count++
-	s.Last = now
+	a.since.Add(a.begun, now, 1)
+	a.mu.Unlock()
 }
 
 // TestMinDrainAuto: the machine leaves Draining when the rule says so,

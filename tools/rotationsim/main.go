@@ -126,17 +126,8 @@ func simulate(r *rand.Rand, p process, propagation, beforeSpan time.Duration) re
 			// A connection came before the named moment: seen when it came
 			// (the machine sees it at its next evaluation; the verdict is
 			// the same).
-			a := arrivals[next]
-			prev := start
-			if in.Since.Count > 0 {
-				prev = in.Since.Last
-			} else {
-				in.Since.First = a
-			}
-			in.Since.MaxGap = max(in.Since.MaxGap, a.Sub(prev))
-			in.Since.Count++
-			in.Since.Last = a
-			in.Now = a
+			in.Since.Add(start, arrivals[next], 1)
+			in.Now = arrivals[next]
 			next++
 			continue
 		}
