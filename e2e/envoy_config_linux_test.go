@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/testenv/envoysim"
 	"github.com/draind/draind/internal/testenv/envoysim/conformance"
@@ -112,16 +113,19 @@ func (p *pod) keepAlive(addr string) net.Conn {
 // by name, by its listener name or by its stat_prefix, on Istio's 15090
 // or on a port the defaults do not exclude, the kernel's and the admin
 // API's views both leave it out: the proxy stops 0–50 ms after the app's
-// exit. Not excluded, it holds the drain to the deadline.
+// exit. Not excluded, it counts: on 15091 it holds the drain until it is
+// parked, the app gone (drain.EnvoyDrained); on 15090, which the kernel's
+// view leaves out by port, only the admin API counts it, and it holds to
+// the deadline (no kernel flow to find parked).
 func TestExcludeListenerByName(t *testing.T) {
 	for _, tc := range []struct {
 		name, addr, exclude string
-		held                bool
+		held, deadline      bool
 	}{
-		{"listener name, 15090", "0.0.0.0:15090", "metrics", false},
-		{"stat_prefix, port 15091", "0.0.0.0:15091", "prometheus_stats", false},
-		{"not excluded, 15090 (the admin API counts it)", "0.0.0.0:15090", "", true},
-		{"not excluded, port 15091", "0.0.0.0:15091", "", true},
+		{"listener name, 15090", "0.0.0.0:15090", "metrics", false, false},
+		{"stat_prefix, port 15091", "0.0.0.0:15091", "prometheus_stats", false, false},
+		{"not excluded, 15090 (the admin API counts it)", "0.0.0.0:15090", "", true, true},
+		{"not excluded, port 15091", "0.0.0.0:15091", "", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPod(t)
@@ -150,11 +154,17 @@ func TestExcludeListenerByName(t *testing.T) {
 				tc.name, appExit.Sub(p.drainedAt).Round(time.Millisecond), stopping.Sub(p.drainedAt).Round(time.Millisecond),
 				after.Round(100*time.Microsecond), code, took.Round(time.Millisecond))
 			deadline := len(p.logLines(logevent.DeadlineReached)) > 0
+			fl, _ := p.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "stopping"})["flows"].(map[string]any)
+			held := p.gateHeldBy(drain.HoldEnvoyActive) || p.gateHeldBy(drain.HoldEnvoyKernel)
 			switch {
 			case code != 0 || appExit.IsZero():
 				t.Fatalf("exit %d, app exit %v; log:\n%s", code, appExit, p.draindLog.String())
-			case tc.held && !deadline:
-				t.Errorf("the keep-alive did not hold the drain without the exclusion: the test shows nothing")
+			case tc.deadline && !deadline:
+				t.Errorf("the keep-alive the admin API counts did not hold the drain: the test shows nothing")
+			case tc.held && !tc.deadline && (deadline || !held || fl["envoy_downstream"] != float64(1) || fl["envoy_downstream_parked"] != float64(1)):
+				t.Errorf("without the exclusion the keep-alive must count and hold the drain until parked: held %t, deadline %t, stopped with %v; log:\n%s", held, deadline, fl, p.draindLog.String())
+			case !tc.held && fl["envoy_downstream"] != float64(0):
+				t.Errorf("excluded, the keep-alive still counted: stopped with %v", fl)
 			case !tc.held && (deadline || after < 0 || after > 50*time.Millisecond):
 				t.Errorf("proxy stopped %s after the app's exit (deadline: %t), want 0–50 ms; log:\n%s", after, deadline, p.draindLog.String())
 			}

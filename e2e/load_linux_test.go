@@ -27,6 +27,10 @@ type loadStats struct {
 	fails     []string
 	lastClose time.Time // the last client connection closed
 	byDrain   int       // connections closed after a Connection: close
+	lastDrain time.Time // the last of those
+	// byStop counts the idle connections the proxy hung up on (it
+	// stopped) before their client's pool closed them.
+	byStop int
 }
 
 func (s *loadStats) fail(format string, args ...any) {
@@ -38,12 +42,16 @@ func (s *loadStats) fail(format string, args ...any) {
 	}
 }
 
-func (s *loadStats) closed(drain bool) {
+func (s *loadStats) closed(drain, byProxy bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lastClose = time.Now()
 	if drain {
 		s.byDrain++
+		s.lastDrain = s.lastClose
+	}
+	if byProxy {
+		s.byStop++
 	}
 }
 
@@ -87,13 +95,21 @@ func loadConn(c net.Conn, first time.Time, period time.Duration, idle bool, idle
 		s.mu.Unlock()
 		if resp.Close {
 			c.Close()
-			s.closed(true)
+			s.closed(true, false)
 			return
 		}
 		if idle {
-			<-idleClose
-			c.Close()
-			s.closed(false)
+			hungUp := make(chan struct{})
+			go func() { br.ReadByte(); close(hungUp) }() // EOF: the proxy closed it
+			select {
+			case <-idleClose:
+				c.Close()
+				<-hungUp
+				s.closed(false, false)
+			case <-hungUp:
+				c.Close()
+				s.closed(false, true)
+			}
 			return
 		}
 	}
@@ -146,10 +162,12 @@ func fdCount(pid int) int {
 // short run) through Envoy's inbound listener, one request every 2 s each
 // (1,000 requests/s), across SIGTERM, with an app that shuts down
 // gracefully (it serves 4 s more, then finishes what is in flight), and 20
-// idle keep-alive connections that their client's pool closes 6 s after
-// SIGTERM: those are the last flows. No request fails; the proxy is told
-// to quit after the last flow closed and the app exited, within
-// milliseconds (reported; asserted only within a generous 2 s).
+// idle keep-alive connections that their client's pool would close 6 s
+// after SIGTERM. No request fails; the proxy is told to quit after the
+// last connection that carried a request closed (on Connection: close)
+// and the app exited, within milliseconds (reported; asserted only within
+// a generous 2 s): the idle ones, parked once the app is gone, hold
+// nothing (drain.EnvoyDrained), and the proxy's stop closes them.
 func TestReliabilityLoad(t *testing.T) {
 	conns := pick(200, 2000)
 	const (
@@ -186,7 +204,7 @@ func TestReliabilityLoad(t *testing.T) {
 	p.app.wait(10 * time.Second)
 	_, _, appExit := p.appResults()
 	quit := p.phaseTime("stopping")
-	last := stats.lastClose
+	last := stats.lastDrain
 	if appExit.After(last) {
 		last = appExit
 	}
@@ -194,18 +212,18 @@ func TestReliabilityLoad(t *testing.T) {
 	t.Logf("%d connections + %d idle, %d requests ok before SIGTERM (%d failed), %d in all (%d failed, %d connections closed on Connection: close); "+
 		"before SIGTERM: proxy %d fds, draind %d fds, %v proxy flows tracked",
 		conns, idleConns, okBefore, failBefore, stats.ok+stats.failed, stats.failed, stats.byDrain, proxyFDs, draindFDs, flowsBefore)
-	t.Logf("after SIGTERM: app exited %s, last flow closed %s, /quitquitquit %s (%s after the later), proxy exited %s (%s after it), draind exited %d at %s",
-		rel(appExit), rel(stats.lastClose), rel(quit), quit.Sub(last), rel(proxy.at), proxy.at.Sub(last), code, rel(*draindAt))
+	t.Logf("after SIGTERM: app exited %s, last busy connection closed %s, /quitquitquit %s (%s after the later), proxy exited %s (%s after it), draind exited %d at %s; %d of %d idle connections closed by the proxy's stop, the last flow closed %s",
+		rel(appExit), rel(stats.lastDrain), rel(quit), quit.Sub(last), rel(proxy.at), proxy.at.Sub(last), code, rel(*draindAt), stats.byStop, idleConns, rel(stats.lastClose))
 	for _, f := range stats.fails {
 		t.Logf("failure: %s", f)
 	}
 	record(t, outcome{name: fmt.Sprintf("load: %d connections across SIGTERM", conns),
 		injected:  fmt.Sprintf("%d keep-alive connections, a request every 2 s each (%d req/s), %d idle ones closed by their client at +6 s; graceful app (serves 4 s more)", conns, conns/2, idleConns),
 		attempted: fmt.Sprint(stats.ok + stats.failed), failed: fmt.Sprint(stats.failed),
-		stopped: fmt.Sprintf("%s; /quitquitquit %.1f ms and proxy exit %.1f ms after the last flow closed (app exit %s, last flow %s)",
-			rel(proxy.at), float64(quit.Sub(last).Microseconds())/1000, float64(proxy.at.Sub(last).Microseconds())/1000, rel(appExit), rel(stats.lastClose)),
+		stopped: fmt.Sprintf("%s; /quitquitquit %.1f ms and proxy exit %.1f ms after the later of the app's exit and the last busy connection's close (app exit %s, that close %s); the %d idle ones closed by the stop",
+			rel(proxy.at), float64(quit.Sub(last).Microseconds())/1000, float64(proxy.at.Sub(last).Microseconds())/1000, rel(appExit), rel(stats.lastDrain), stats.byStop),
 		exit: code,
-		limit: fmt.Sprintf("%s: quit after the last flow and the app (%s); within 2 s of it; proxy %d fds, draind %d fds at peak (limit 20000)",
+		limit: fmt.Sprintf("%s: quit after the last busy connection and the app (%s); within 2 s of it; proxy %d fds, draind %d fds at peak (limit 20000)",
 			yesNo(!quit.Before(last) && quit.Sub(last) < 2*time.Second), yesNo(!quit.Before(last)), proxyFDs, draindFDs)})
 	if stats.failed > 0 || code != 0 {
 		t.Errorf("%d requests failed, draind exit %d; log:\n%s", stats.failed, code, p.draindLog.String())
@@ -214,7 +232,10 @@ func TestReliabilityLoad(t *testing.T) {
 		t.Errorf("%d of %d connections were closed by Envoy's drain (Connection: close)", stats.byDrain, conns)
 	}
 	if quit.IsZero() || quit.Before(last) || quit.Sub(last) > 2*time.Second {
-		t.Errorf("/quitquitquit at %s, the last flow closed at %s and the app exited at %s", quit, stats.lastClose, appExit)
+		t.Errorf("/quitquitquit at %s, the last busy connection closed at %s and the app exited at %s", quit, stats.lastDrain, appExit)
+	}
+	if stats.byStop != idleConns {
+		t.Errorf("%d of %d idle connections closed by the proxy's stop, want all (parked once the app was gone)", stats.byStop, idleConns)
 	}
 }
 

@@ -607,53 +607,72 @@ func (m *meshPod) goRequestsAfterDrain(hc *http.Client, url string, n int) []boo
 
 // Acceptance 2, idle: an HTTP/2 connection left idle after its one
 // request gets nothing from Envoy's drain and stays in its
-// downstream_cx_active (gauges kept); with --idle-timeout 2s draind lets
-// it go about 2 s after it went idle.
+// downstream_cx_active (gauges kept). To an app that stays (it ignores
+// SIGTERM; --app-exit flows), --idle-timeout 2s lets it go 2 s after it
+// went idle. Once the app is gone it is parked, and holds nothing without
+// an idle timeout (drain.EnvoyDrained).
 func TestMeshH2IdleConnection(t *testing.T) {
 	for _, mode := range []mesh.Mode{mesh.Redirect, mesh.TProxy} {
-		t.Run(string(mode), func(t *testing.T) {
-			m := newMeshPod(t, mode, gaugesPresent)
-			m.startApp("--on-term", "exit")
-			m.startDraind("--min-drain", "200ms", "--idle-timeout", "2s", "--drain-deadline", "20s", "--tracker", "ebpf", "--app-procs", "ebpf")
-			m.wantSources("ebpf", "ebpf")
-			hc := m.h2cClient()
-			defer hc.CloseIdleConnections()
-			resp, err := hc.Get("http://" + podIP + ":" + appPort + "/")
-			if err != nil {
-				t.Fatal(err)
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			idleFrom := time.Now()
-			if resp.ProtoMajor != 2 || resp.Header.Get("Server") != "envoy" {
-				t.Fatalf("%s, server %q: not HTTP/2 through Envoy", resp.Proto, resp.Header.Get("Server"))
-			}
-			time.Sleep(500 * time.Millisecond) // idle before the drain too
-			m.terminate()
-			// Envoy's drain sends the idle connection nothing: its gauge
-			// still counts it a second into the drain.
-			time.Sleep(time.Second)
-			active := m.envoyStat(`^listener\.0\.0\.0\.0_15006\.downstream_cx_active$`)
-			code, _ := m.waitExit(20 * time.Second)
-			stopping := m.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "stopping"})
-			quit := m.phaseTime("stopping")
-			released := quit.Sub(idleFrom)
-			t.Logf("%s: idle HTTP/2 connection: Envoy's %q a second into the drain; the proxy told to quit %s after it went idle (%s after SIGTERM), with %v; draind exit %d",
-				mode, active, released.Round(time.Millisecond), quit.Sub(m.drainedAt).Round(time.Millisecond), stopping["flows"], code)
-			if code != 0 {
-				t.Errorf("exit %d; log:\n%s", code, m.draindLog.String())
-			}
-			fl, _ := stopping["flows"].(map[string]any)
-			if fl["envoy_downstream"] != float64(1) || fl["envoy_downstream_idle"] != float64(1) {
-				t.Errorf("stopped with %v: want the idle HTTP/2 connection still open and idle", fl)
-			}
-			if active != "listener.0.0.0.0_15006.downstream_cx_active: 1" {
-				t.Errorf("Envoy's gauge a second into the drain: %q, want the idle connection counted", active)
-			}
-			if released < 2*time.Second || released > 5*time.Second {
-				t.Errorf("released %s after the connection went idle, want about 2 s", released)
-			}
-		})
+		for _, app := range []string{"stays", "gone"} {
+			t.Run(string(mode)+"/app-"+app, func(t *testing.T) {
+				m := newMeshPod(t, mode, gaugesPresent)
+				args := []string{"--min-drain", "200ms", "--drain-deadline", "20s", "--tracker", "ebpf", "--app-procs", "ebpf"}
+				if app == "stays" {
+					m.startApp("--on-term", "ignore")
+					args = append(args, "--idle-timeout", "2s", "--app-exit", "flows")
+				} else {
+					m.startApp("--on-term", "exit")
+				}
+				m.startDraind(args...)
+				m.wantSources("ebpf", "ebpf")
+				hc := m.h2cClient()
+				defer hc.CloseIdleConnections()
+				resp, err := hc.Get("http://" + podIP + ":" + appPort + "/")
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				idleFrom := time.Now()
+				if resp.ProtoMajor != 2 || resp.Header.Get("Server") != "envoy" {
+					t.Fatalf("%s, server %q: not HTTP/2 through Envoy", resp.Proto, resp.Header.Get("Server"))
+				}
+				time.Sleep(500 * time.Millisecond) // idle before the drain too
+				m.terminate()
+				var active string
+				if app == "stays" {
+					// Envoy's drain sends the idle connection nothing: its
+					// gauge still counts it a second into the drain.
+					time.Sleep(time.Second)
+					active = m.envoyStat(`^listener\.0\.0\.0\.0_15006\.downstream_cx_active$`)
+				}
+				code, _ := m.waitExit(20 * time.Second)
+				stopping := m.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "stopping"})
+				quit := m.phaseTime("stopping")
+				released := quit.Sub(idleFrom)
+				t.Logf("%s, app %s: idle HTTP/2 connection: Envoy's %q a second into the drain; the proxy told to quit %s after it went idle (%s after SIGTERM), with %v; draind exit %d",
+					mode, app, active, released.Round(time.Millisecond), quit.Sub(m.drainedAt).Round(time.Millisecond), stopping["flows"], code)
+				fl, _ := stopping["flows"].(map[string]any)
+				if code != 0 || stopping["why"] != "drained" {
+					t.Errorf("exit %d, stopping %v; log:\n%s", code, stopping["why"], m.draindLog.String())
+				}
+				if app == "gone" {
+					if fl["envoy_downstream"] != float64(1) || fl["envoy_downstream_parked"] != float64(1) {
+						t.Errorf("stopped with %v: want the idle HTTP/2 connection still open, and parked", fl)
+					}
+					return
+				}
+				if fl["envoy_downstream"] != float64(1) || fl["envoy_downstream_idle"] != float64(1) {
+					t.Errorf("stopped with %v: want the idle HTTP/2 connection still open and idle", fl)
+				}
+				if active != "listener.0.0.0.0_15006.downstream_cx_active: 1" {
+					t.Errorf("Envoy's gauge a second into the drain: %q, want the idle connection counted", active)
+				}
+				if released < 2*time.Second {
+					t.Errorf("released %s after the connection went idle, before --idle-timeout 2s", released)
+				}
+			})
+		}
 	}
 }
 

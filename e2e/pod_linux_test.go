@@ -116,6 +116,17 @@ func appRole(args []string) int {
 		fmt.Fprintf(w, "slept %d ms\n", ms)
 	})
 	mux.HandleFunc("/stream", streamHandler)
+	// /big?mib=N answers N MiB, as fast as the reader takes them.
+	mux.HandleFunc("/big", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("mib"))
+		w.Header().Set("Content-Length", strconv.Itoa(n<<20))
+		chunk := make([]byte, 1<<20)
+		for range n {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "app ok\n") })
 	// /burst?n=N runs N short-lived processes at once: a fork storm.
 	mux.HandleFunc("/burst", func(w http.ResponseWriter, r *http.Request) {

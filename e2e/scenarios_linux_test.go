@@ -1,9 +1,13 @@
 package e2e
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -173,14 +177,16 @@ func TestAppOutboundDuringShutdown(t *testing.T) {
 	}
 }
 
-// 4. An idle keep-alive connection held open forever: --idle-timeout ends
-// the drain about that long after the flow went idle; without it the
-// deadline does, naming the flow.
+// 4. An idle keep-alive connection held open forever, to an app that
+// stays (it ignores SIGTERM and keeps its listener; --app-exit flows):
+// --idle-timeout ends the drain about that long after the flow went idle;
+// without it the deadline does, naming the flow. (Once the app is gone,
+// such a flow holds nothing: TestParkedKeepAliveAfterAppExit.)
 func TestIdleKeepAlive(t *testing.T) {
 	run := func(t *testing.T, args []string) (*pod, time.Duration, int) {
 		p := newPod(t)
-		p.startApp("--on-term", "exit")
-		p.startDraind(append([]string{"--min-drain", "200ms"}, args...))
+		p.startApp("--on-term", "ignore")
+		p.startDraind(append([]string{"--min-drain", "200ms", "--app-exit", "flows"}, args...))
 		// A keep-alive client: one request, then the connection idles.
 		resp, err := p.client.Get("http://" + podIP + ":15006/")
 		if err != nil {
@@ -213,6 +219,81 @@ func TestIdleKeepAlive(t *testing.T) {
 			t.Errorf("the deadline log does not name the idle flow:\n%s", p.draindLog.String())
 		}
 	})
+}
+
+// 4b. Once the app is gone, a client's pooled keep-alive (one request
+// answered, then idle) holds Envoy no more: a request on it could only get
+// a 503, while stopping Envoy closes it and the client's next request goes
+// elsewhere. A large response Envoy is still delivering to a slow reader
+// holds it to the last byte (its send queue keeps the flow busy).
+func TestParkedKeepAliveAfterAppExit(t *testing.T) {
+	p := newPod(t)
+	p.startApp("--on-term", "graceful")
+	p.startDraind([]string{"--min-drain", "200ms", "--drain-deadline", "20s"})
+	dial := func() net.Conn {
+		c, err := p.remote.Dialer()(t.Context(), "tcp4", podIP+":15006")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	pooled := dial()
+	pooledR := bufio.NewReader(pooled)
+	io.WriteString(pooled, "GET / HTTP/1.1\r\nHost: app\r\n\r\n")
+	resp, err := http.ReadResponse(pooledR, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	const mib = 16
+	slow := dial()
+	io.WriteString(slow, fmt.Sprintf("GET /big?mib=%d HTTP/1.1\r\nHost: app\r\n\r\n", mib))
+	slowR := bufio.NewReaderSize(slow, 64<<10)
+	resp, err = http.ReadResponse(slowR, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.terminate()
+	// 64 KiB every 20 ms: about 3 MiB/s, 5 s for the whole body.
+	var got int64
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := io.ReadFull(resp.Body, buf)
+		got += int64(n)
+		if err != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	bodyAt := time.Now()
+	if got != mib<<20 {
+		t.Errorf("the slow reader got %d bytes of %d: the response was cut; log:\n%s", got, mib<<20, p.draindLog.String())
+	}
+	// The pooled connection: closed by Envoy's stop (EOF), not by the deadline.
+	pooled.SetReadDeadline(time.Now().Add(25 * time.Second))
+	_, perr := pooledR.ReadByte()
+	closedAt := time.Now()
+	code, _ := p.waitExit(25 * time.Second)
+	_, _, appExit := p.appResults()
+	stopping := p.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "stopping"})
+	t.Logf("app exited +%s; slow body done +%s; Envoy stopped +%s (%s after the app exited); pooled connection closed +%s (%v); draind exit %d",
+		appExit.Sub(p.drainedAt).Round(time.Millisecond), bodyAt.Sub(p.drainedAt).Round(time.Millisecond),
+		logTime(stopping).Sub(p.drainedAt).Round(time.Millisecond), logTime(stopping).Sub(appExit).Round(time.Millisecond),
+		closedAt.Sub(p.drainedAt).Round(time.Millisecond), perr, code)
+	if errors.Is(perr, os.ErrDeadlineExceeded) || perr == nil {
+		t.Errorf("the pooled connection was not closed (%v)", perr)
+	}
+	if code != 0 || stopping["why"] != "drained" || len(p.logLines(logevent.DeadlineReached)) != 0 {
+		t.Errorf("exit %d, stopping %v; want 0, drained, no deadline; log:\n%s", code, stopping["why"], p.draindLog.String())
+	}
+	if appExit.IsZero() || logTime(stopping).Before(appExit) {
+		t.Errorf("Envoy stopped at %s, before the app exited (%s)", logTime(stopping), appExit)
+	}
+	if !p.gateHeldBy(drain.HoldEnvoyActive) && !p.gateHeldBy(drain.HoldEnvoyKernel) {
+		t.Errorf("the gate never held on Envoy's connections (the slow response); log:\n%s", p.draindLog.String())
+	}
 }
 
 // 5. The proxy crashes mid-drain: draind exits non-zero at once. The admin

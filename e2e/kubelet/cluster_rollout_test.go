@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -37,6 +39,39 @@ import (
 // Terminating (deletionTimestamp to gone). A measurement, not a test: it
 // runs only with DRAIND_BENCH_ROLLOUT=1.
 const benchRolloutVar = "DRAIND_BENCH_ROLLOUT"
+
+// The run's shape (make bench-rollout's ROLLOUT_ROUNDS and ROLLOUT_ONLY):
+// how many rounds of every strategy in the one cluster, and a regular
+// expression the strategies run must match ("": all).
+const (
+	rolloutRoundsVar = "DRAIND_ROLLOUT_ROUNDS"
+	rolloutOnlyVar   = "DRAIND_ROLLOUT_ONLY"
+)
+
+// rolloutPlan reads the run's shape from the environment.
+func rolloutPlan() (rounds int, strategies []rolloutStrategy, err error) {
+	rounds = 1
+	if v := os.Getenv(rolloutRoundsVar); v != "" {
+		if rounds, err = strconv.Atoi(v); err != nil || rounds < 1 {
+			return 0, nil, fmt.Errorf("%s=%q: want a count of 1 or more", rolloutRoundsVar, v)
+		}
+	}
+	only := regexp.MustCompile("")
+	if v := os.Getenv(rolloutOnlyVar); v != "" {
+		if only, err = regexp.Compile(v); err != nil {
+			return 0, nil, fmt.Errorf("%s: %w", rolloutOnlyVar, err)
+		}
+	}
+	for _, st := range rolloutStrategies {
+		if only.MatchString(st.name) {
+			strategies = append(strategies, st)
+		}
+	}
+	if len(strategies) == 0 {
+		return 0, nil, fmt.Errorf("%s=%q matches no strategy", rolloutOnlyVar, os.Getenv(rolloutOnlyVar))
+	}
+	return rounds, strategies, nil
+}
 
 type rolloutStrategy struct {
 	name       string
@@ -88,95 +123,109 @@ func TestBenchRollout(t *testing.T) {
 		t.Skipf("a measurement: set %s=1 (make bench-rollout)", benchRolloutVar)
 	}
 	requireIstiod(t)
+	rounds, strategies, err := rolloutPlan()
+	if err != nil {
+		t.Fatal(err)
+	}
 	qps := 20.0
 	var table []string
-	for _, st := range rolloutStrategies {
-		ns := testNamespace(t, "ro-"+st.name)
-		if st.injected {
-			kubectl(t, nil, "label", "namespace", ns, "istio-injection=enabled")
+	for round := 1; round <= rounds; round++ {
+		for _, st := range strategies {
+			table = append(table, rolloutOne(t, st, round, qps)...)
 		}
-		kubectl(t, envoySidecarConfigMap(t), "-n", ns, "apply", "-f", "-")
-		kubectl(t, rolloutDeployment(t, st), "-n", ns, "apply", "-f", "-")
-		kubectl(t, fmt.Appendf(nil, `apiVersion: v1
+	}
+	report.add("rollout", "table", "\n"+strings.Join(table, "\n"))
+}
+
+// rolloutOne rolls st's Deployment once under load (round names its
+// namespace) and returns its table lines, one per load shape.
+func rolloutOne(t *testing.T, st rolloutStrategy, round int, qps float64) []string {
+	var table []string
+	ns := testNamespace(t, fmt.Sprintf("ro%d-%s", round, st.name))
+	if st.injected {
+		kubectl(t, nil, "label", "namespace", ns, "istio-injection=enabled")
+	}
+	kubectl(t, envoySidecarConfigMap(t), "-n", ns, "apply", "-f", "-")
+	kubectl(t, rolloutDeployment(t, st), "-n", ns, "apply", "-f", "-")
+	kubectl(t, fmt.Appendf(nil, `apiVersion: v1
 kind: Service
 metadata: {name: web}
 spec:
   selector: {app: web}
   ports: [{name: http, port: 80, targetPort: %d}]
 `, st.targetPort), "-n", ns, "apply", "-f", "-")
-		waitPodsReady(t, ns, "app=web", 3*time.Minute)
-		kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=180s")
-		ip := strings.TrimSpace(kubectl(t, nil, "-n", ns, "get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"))
-		// kube-proxy programs a new Service at its next sync (up to
-		// --iptables-min-sync-period): the load starts once the node
-		// reaches it, or its first requests are refused by no rule at all.
-		waitUntil(t, time.Minute, "the Service reachable through kube-proxy", func() bool {
-			resp, err := (&http.Client{Timeout: time.Second}).Get("http://" + ip + "/")
-			if err != nil {
+	waitPodsReady(t, ns, "app=web", 3*time.Minute)
+	kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=180s")
+	ip := strings.TrimSpace(kubectl(t, nil, "-n", ns, "get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"))
+	// kube-proxy programs a new Service at its next sync (up to
+	// --iptables-min-sync-period): the load starts once the node
+	// reaches it, or its first requests are refused by no rule at all.
+	waitUntil(t, time.Minute, "the Service reachable through kube-proxy", func() bool {
+		resp, err := (&http.Client{Timeout: time.Second}).Get("http://" + ip + "/")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+
+	term := watchTerminating(t, ns)
+	defer term.stop() // on a failure; stop is safe twice
+	loadFor := 60 * time.Second
+	for _, shape := range rolloutShapes {
+		kubectl(t, nil, "-n", ns, "run", "load-"+shape, "--image", images.LoadClient, "--restart=Never", "--labels", "role=load,sidecar.istio.io/inject=false",
+			"--", "--url", "http://"+ip+"/", "--qps", fmt.Sprint(qps), "--duration", loadFor.String(), "--mode", shape)
+	}
+	waitPodsReady(t, ns, "role=load", time.Minute)
+	time.Sleep(5 * time.Second)
+	t0 := time.Now()
+	kubectl(t, nil, "-n", ns, "rollout", "restart", "deployment/web")
+	kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=300s")
+	rolled := time.Since(t0)
+	// The old pods' last seconds, then the clients' end.
+	waitUntil(t, 3*time.Minute, "the load clients' end", func() bool {
+		for _, p := range podsOf(t, ns, "role=load") {
+			if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
 				return false
 			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		})
-
-		term := watchTerminating(t, ns)
-		defer term.stop() // on a failure; stop is safe twice
-		loadFor := 60 * time.Second
-		for _, shape := range rolloutShapes {
-			kubectl(t, nil, "-n", ns, "run", "load-"+shape, "--image", images.LoadClient, "--restart=Never", "--labels", "role=load,sidecar.istio.io/inject=false",
-				"--", "--url", "http://"+ip+"/", "--qps", fmt.Sprint(qps), "--duration", loadFor.String(), "--mode", shape)
 		}
-		waitPodsReady(t, ns, "role=load", time.Minute)
-		time.Sleep(5 * time.Second)
-		t0 := time.Now()
-		kubectl(t, nil, "-n", ns, "rollout", "restart", "deployment/web")
-		kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=300s")
-		rolled := time.Since(t0)
-		// The old pods' last seconds, then the clients' end.
-		waitUntil(t, 3*time.Minute, "the load clients' end", func() bool {
-			for _, p := range podsOf(t, ns, "role=load") {
-				if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-					return false
+		return true
+	})
+	terms := term.stop()
+	for _, shape := range rolloutShapes {
+		out := kubectl(t, nil, "-n", ns, "logs", "load-"+shape)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		var sum struct {
+			Sent, OK, Failed int
+			ByClass          map[string]int `json:"by_class"`
+		}
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &sum); err != nil {
+			t.Fatalf("%s %s: no summary: %v\n%s", st.name, shape, err, out)
+		}
+		success := 0.0
+		if sum.Sent > 0 {
+			success = float64(sum.OK) / float64(sum.Sent)
+		}
+		line := fmt.Sprintf("sync %-4s round %d %-24s %-9s app %-9s sent %5d failed %4d success %.4f %v rollout %s terminating %s",
+			fmtDur(theCluster.Config.ProxySyncPeriod), round, st.name, shape, st.appHook, sum.Sent, sum.Failed, success, sum.ByClass, fmtDur(rolled), terms)
+		t.Log(line)
+		table = append(table, line)
+		if sum.Failed > 0 {
+			// Each failure against the pods' lifecycle, from the
+			// rollout's start: which step it fell in.
+			for _, l := range lines[:len(lines)-1] {
+				var f struct {
+					T          int64
+					Class, Err string
+				}
+				if json.Unmarshal([]byte(l), &f) == nil && f.T != 0 {
+					t.Logf("  %s %s failure at %s: %s %s", st.name, shape, fmtDur(time.Unix(0, f.T).Sub(t0)), f.Class, f.Err)
 				}
 			}
-			return true
-		})
-		terms := term.stop()
-		for _, shape := range rolloutShapes {
-			out := kubectl(t, nil, "-n", ns, "logs", "load-"+shape)
-			lines := strings.Split(strings.TrimSpace(out), "\n")
-			var sum struct {
-				Sent, OK, Failed int
-				ByClass          map[string]int `json:"by_class"`
-			}
-			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &sum); err != nil {
-				t.Fatalf("%s %s: no summary: %v\n%s", st.name, shape, err, out)
-			}
-			success := 0.0
-			if sum.Sent > 0 {
-				success = float64(sum.OK) / float64(sum.Sent)
-			}
-			line := fmt.Sprintf("sync %-4s %-24s %-9s app %-9s sent %5d failed %4d success %.4f %v rollout %s terminating %s",
-				fmtDur(theCluster.Config.ProxySyncPeriod), st.name, shape, st.appHook, sum.Sent, sum.Failed, success, sum.ByClass, fmtDur(rolled), terms)
-			t.Log(line)
-			table = append(table, line)
-			if sum.Failed > 0 {
-				// Each failure against the pods' lifecycle, from the
-				// rollout's start: which step it fell in.
-				for _, l := range lines[:len(lines)-1] {
-					var f struct {
-						T          int64
-						Class, Err string
-					}
-					if json.Unmarshal([]byte(l), &f) == nil && f.T != 0 {
-						t.Logf("  %s %s failure at %s: %s %s", st.name, shape, fmtDur(time.Unix(0, f.T).Sub(t0)), f.Class, f.Err)
-					}
-				}
-				t.Logf("  %s pods: %s", st.name, term.timeline(t0))
-			}
+			t.Logf("  %s pods: %s", st.name, term.timeline(t0))
 		}
 	}
-	report.add("rollout", "table", "\n"+strings.Join(table, "\n"))
+	return table
 }
 
 // rolloutDeployment is a strategy's Deployment: app=web, 5 replicas,

@@ -490,6 +490,7 @@ func (v *liveViews) Start() error {
 	a := v.a
 	var trErr, prErr error
 	var starts sync.WaitGroup
+	a.tracker.MeasureIdle() // for Envoy's parked connections once the app is gone (drain.EnvoyDrained)
 	starts.Go(func() { trErr = a.tracker.Start() })
 	if a.procs != nil && !a.procs.Live() {
 		starts.Go(func() {

@@ -70,8 +70,9 @@ func (v *flowView) setExcluded(ports []uint16) {
 
 // Observe reads the flows the gate decides on, walking the table in place.
 func (v *flowView) Observe() drain.FlowView {
-	var out drain.FlowView
 	snapAt := v.tr.LastSnapshot() // before Each: Each holds the tracker's lock
+	out := drain.FlowView{Measured: snapAt}
+	parkedMS := drain.ParkedAfter.Milliseconds()
 	v.tr.Each(func(f *flows.TrackedFlow) bool {
 		switch {
 		case f.State == tcpstate.Listen:
@@ -89,6 +90,13 @@ func (v *flowView) Observe() drain.FlowView {
 			out.Downstream++
 			if f.IdleExpired {
 				out.DownstreamIdle++
+			}
+			// IdleMS is -1 for a flow born after the snapshot: not parked,
+			// and due for the next one.
+			if f.IdleExpired || f.IdleMS >= parkedMS {
+				out.DownstreamParked++
+			} else if at := idleExpiry(f.Flow, snapAt, drain.ParkedAfter); out.ParkedWake.IsZero() || at.Before(out.ParkedWake) {
+				out.ParkedWake = at
 			}
 		case app && f.Holds:
 			out.AppHolding++

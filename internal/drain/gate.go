@@ -60,6 +60,11 @@ type GateInput struct {
 	Downstream     int
 	DownstreamIdle int
 	IdleTimeout    time.Duration
+	// DownstreamParked of the Downstream flows had finished their last
+	// exchange at least ParkedAfter before a snapshot taken once the app
+	// was gone, with nothing left to deliver (flows.Idle); the idle-expired
+	// ones count too. The machine sets it only from such a snapshot.
+	DownstreamParked int
 	// AwaitSignal: the drain began at a native sidecar's preStop hook, and
 	// the kubelet's SIGTERM (sent once every app container has exited) has
 	// not come yet: the sidecar stays until it does.
@@ -149,17 +154,42 @@ func AppDone(in GateInput) (bool, Hold) {
 	return sockets()
 }
 
+// ParkedAfter is how long a downstream connection must have been idle,
+// with nothing queued, to count as parked once the app is gone. With the
+// app gone nothing more can come from upstream: what is left is Envoy
+// writing out what it already read (microseconds, or a send queue, which
+// keeps a flow busy), so this only covers that race and the kernel's
+// jiffy-grained times.
+const ParkedAfter = 200 * time.Millisecond
+
+// AppGone: the app is done and nothing listens behind Envoy any more, so a
+// request Envoy receives now can only fail (a 503). Never for a gateway,
+// whose upstreams live elsewhere.
+func AppGone(in GateInput) bool {
+	if in.Gateway || in.AppListeners > 0 {
+		return false
+	}
+	done, _ := AppDone(in)
+	return done
+}
+
 // EnvoyDrained: downstream_cx_active is 0, or every downstream flow the
-// kernel still sees is idle past --idle-timeout. When the admin API does
-// not answer, or Envoy keeps no listener gauges, the kernel's view of
-// Envoy's downstream sockets decides alone (an admin that hangs must not
-// hold the pod).
+// kernel still sees is idle past --idle-timeout, or, the app being gone,
+// parked (a client's pooled keep-alive: Envoy's drain closes an HTTP/1.1
+// connection only after its next request, which would now get a 503;
+// stopping Envoy closes it, and the client's next request goes to another
+// pod). When the admin API does not answer, or Envoy keeps no listener
+// gauges, the kernel's view of Envoy's downstream sockets decides alone
+// (an admin that hangs must not hold the pod).
 func EnvoyDrained(in GateInput) (bool, Hold) {
 	if in.NoProxy || in.EnvoyKnown && in.EnvoyActive == 0 {
 		return true, Hold{}
 	}
 	live := in.Downstream - in.DownstreamIdle
 	if in.IdleTimeout > 0 && live == 0 {
+		return true, Hold{}
+	}
+	if in.DownstreamParked > 0 && in.DownstreamParked >= in.Downstream && AppGone(in) {
 		return true, Hold{}
 	}
 	if !in.EnvoyKnown {

@@ -48,9 +48,17 @@ type FlowView struct {
 	// idle past --idle-timeout.
 	Downstream     int `json:"envoy_downstream"`
 	DownstreamIdle int `json:"envoy_downstream_idle"`
+	// DownstreamParked of them had been idle at least ParkedAfter, with
+	// nothing left to deliver, when Measured (or are idle past
+	// --idle-timeout).
+	DownstreamParked int `json:"envoy_downstream_parked"`
 	// IdleWake, when not zero, is the earliest moment a holding flow can
-	// pass --idle-timeout: a fresh snapshot then tells.
-	IdleWake time.Time `json:"-"`
+	// pass --idle-timeout: a fresh snapshot then tells. ParkedWake is the
+	// same for ParkedAfter and the downstream flows not yet parked.
+	IdleWake   time.Time `json:"-"`
+	ParkedWake time.Time `json:"-"`
+	// Measured is when the idle times were read (the last snapshot).
+	Measured time.Time `json:"-"`
 }
 
 // OpenFlow is one flow still holding at the deadline.
@@ -242,6 +250,10 @@ type Machine struct {
 	awaitSignal bool
 	// adminQuietUntil: ActiveDownstream failed; not asked again before.
 	adminQuietUntil time.Time
+	// appGoneAt is when the gate first saw the app gone (AppGone): only a
+	// snapshot taken after it tells which downstream flows are parked.
+	// lastRefresh is the machine's last re-read of the flows.
+	appGoneAt, lastRefresh time.Time
 	// failedSeq is the last failed main exit said to stay (success mode).
 	failedSeq uint64
 	gate      Gate
@@ -278,7 +290,7 @@ type input struct {
 // timers are the loop's: each channel is nil while its timer is not armed.
 type timers struct {
 	minDrain, deadline, wake *time.Timer
-	idleWake                 time.Time // the wake is (also) an idle expiry
+	refreshAt                time.Time // the wake is (also) a re-read of the flows
 	// appDone runs while the app looks done under --exit-with-app, for the
 	// verdict's After (the restart grace, the rest of the start timeout);
 	// appDoneOn is the verdict it waits on.
@@ -485,7 +497,8 @@ func (m *Machine) Run(ctx context.Context) Result {
 			return m.deadline()
 		case <-chanOf(m.timers.wake):
 			m.timers.wake = nil
-			if !m.timers.idleWake.IsZero() && !time.Now().Before(m.timers.idleWake) {
+			if !m.timers.refreshAt.IsZero() && !time.Now().Before(m.timers.refreshAt) {
+				m.lastRefresh = time.Now()
 				if err := m.flows.Refresh(); err != nil {
 					m.log.Warn("re-reading flows for idle times", zap.Error(err))
 				}
@@ -894,11 +907,11 @@ func (m *Machine) evaluate(ctx context.Context) (Result, bool) {
 		}
 	}
 	// Wake on the next change, or at a computed moment: the end of
-	// --settle, a flow's idle expiry, or a re-ask of an admin API that lags
-	// behind the kernel. Never on a fixed tick.
-	wake, idle := v.WakeAt, m.flows.Observe().IdleWake
-	if m.cfg.IdleTimeout > 0 && !idle.IsZero() && (wake.IsZero() || idle.Before(wake)) {
-		wake = idle
+	// --settle, a flow's idle expiry or parking, or a re-ask of an admin
+	// API that lags behind the kernel. Never on a fixed tick.
+	wake, refresh := v.WakeAt, m.refreshAt(in)
+	if !refresh.IsZero() && (wake.IsZero() || refresh.Before(wake)) {
+		wake = refresh
 	}
 	if envoyOnlyHold(in, v) {
 		m.backoff = min(max(2*m.backoff, 5*time.Millisecond), 250*time.Millisecond)
@@ -912,14 +925,46 @@ func (m *Machine) evaluate(ctx context.Context) (Result, bool) {
 		m.timers.wake.Stop()
 		m.timers.wake = nil
 	}
-	m.timers.idleWake = time.Time{}
+	m.timers.refreshAt = time.Time{}
 	if !wake.IsZero() {
 		m.timers.wake = time.NewTimer(time.Until(wake))
-		if wake.Equal(idle) {
-			m.timers.idleWake = idle
+		if wake.Equal(refresh) {
+			m.timers.refreshAt = refresh
 		}
 	}
 	return Result{}, false
+}
+
+// minRefreshGap spaces the machine's re-reads of the flows: a refresh
+// that fails, or a flow born after the last one, cannot make it spin.
+const minRefreshGap = ParkedAfter / 4
+
+// refreshAt is when the flows' idle times must be re-read (zero: no
+// need): when a holding flow passes --idle-timeout, and, the app being
+// gone, once right away (times read before it tell nothing), then when a
+// downstream flow not yet parked can be.
+func (m *Machine) refreshAt(in GateInput) time.Time {
+	fv := m.flows.Observe()
+	var at time.Time
+	earliest := func(t time.Time) {
+		if !t.IsZero() && (at.IsZero() || t.Before(at)) {
+			at = t
+		}
+	}
+	if m.cfg.IdleTimeout > 0 {
+		earliest(fv.IdleWake)
+	}
+	if !m.appGoneAt.IsZero() && in.Downstream > in.DownstreamParked {
+		if !fv.Measured.After(m.appGoneAt) {
+			earliest(in.Now)
+		} else {
+			earliest(fv.ParkedWake)
+		}
+	}
+	if !at.IsZero() && at.Before(m.lastRefresh.Add(minRefreshGap)) {
+		at = m.lastRefresh.Add(minRefreshGap)
+	}
+	return at
 }
 
 // envoyOnlyHold: the kernel sees no live downstream flow of Envoy's but its
@@ -950,6 +995,14 @@ func (m *Machine) gateInput(ctx context.Context) GateInput {
 	}
 	if m.apps != nil {
 		in.AppProcs, in.ProcView = m.apps.Count()
+	}
+	switch {
+	case !AppGone(in):
+		m.appGoneAt = time.Time{}
+	case m.appGoneAt.IsZero():
+		m.appGoneAt = in.Now
+	case fv.Measured.After(m.appGoneAt):
+		in.DownstreamParked = fv.DownstreamParked
 	}
 	if m.admin == nil {
 		return in

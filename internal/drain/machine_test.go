@@ -614,6 +614,53 @@ func TestGateIdleWake(t *testing.T) {
 	})
 }
 
+// TestGateParkedOnceAppGone: a client's pooled keep-alive to Envoy holds
+// no more once the app is gone. Idle times read before it tell nothing
+// (a request may have come since), so the machine re-reads the flows at
+// once, then again when the one still busy can be parked.
+func TestGateParkedOnceAppGone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, setup(func(r *rig) {
+			r.flows.v = FlowView{Downstream: 2, DownstreamParked: 2, Measured: time.Now()}
+			r.flows.onRefresh = func(v *FlowView) {
+				// The first re-read: one parked, one answered 100 ms ago;
+				// the next: both parked.
+				switch {
+				case v.ParkedWake.IsZero():
+					v.DownstreamParked, v.ParkedWake = 1, time.Now().Add(ParkedAfter-100*time.Millisecond)
+				default:
+					v.DownstreamParked = 2
+				}
+				v.Measured = time.Now()
+			}
+		}))
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		time.Sleep(2 * time.Second) // the app runs on: the parked flows hold, nothing re-read
+		synctest.Wait()
+		if r.m.Phase() != Gating {
+			t.Fatalf("phase %s with the app alive, want gating", r.m.Phase())
+		}
+		r.flows.mu.Lock()
+		before := r.flows.refreshes
+		r.flows.mu.Unlock()
+		if before != 0 {
+			t.Errorf("%d re-reads while the app ran, want none", before)
+		}
+		r.apps.exit()
+		start := time.Now()
+		r.wantResult(r.result(), 0, true, "drained")
+		r.flows.mu.Lock()
+		defer r.flows.mu.Unlock()
+		if n := r.flows.refreshes - before; n != 2 {
+			t.Errorf("%d re-reads after the app went, want 2 (at once, then at the parking)", n)
+		}
+		if took := time.Since(start); took > ParkedAfter {
+			t.Errorf("drained %s after the app went, want within ParkedAfter (%s)", took, ParkedAfter)
+		}
+	})
+}
+
 func TestGatePartialProcessViewNeverOverridesSockets(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRig(t, func(r *rig, _ *Config) { r.apps = newFakeApps(0, ProcsPartial) })

@@ -1,6 +1,7 @@
 package flows
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 
@@ -35,6 +36,18 @@ func TestIdle(t *testing.T) {
 				t.Fatalf("Idle = %s, want %s", got, tt.want)
 			}
 		})
+	}
+	// A response the client reads slowly: nothing sent for 5 s (its window
+	// is closed), bytes still queued.
+	stalled := sockdiag.Socket{State: tcpstate.Established, HasInfo: true, LastDataSent: 5 * time.Second, LastDataRecv: 6 * time.Second, DataSegsIn: 1, DataSegsOut: 40, SendQueue: 1 << 20}
+	if got := Idle(&stalled, DirInbound); got != 0 {
+		t.Errorf("a stalled response: %s, want 0 (busy)", got)
+	}
+	stalled.Local, stalled.Remote = netip.MustParseAddrPort("10.0.0.1:8080"), netip.MustParseAddrPort("10.0.0.2:40000")
+	tab := NewFlowTable(Policy{}, true)
+	tab.Replace([]sockdiag.Socket{stalled}, time.Now())
+	if fl := tab.Flows(time.Now(), nil); len(fl) != 1 || fl[0].IdleMS != 0 {
+		t.Errorf("a stalled response, through the table: %+v, want one flow idle 0 ms", fl)
 	}
 	if got := Idle(&sockdiag.Socket{LastDataSent: time.Hour, LastDataRecv: time.Hour}, DirInbound); got != 0 {
 		t.Errorf("without tcp_info: %s, want 0", got)

@@ -352,13 +352,17 @@ func (c *Classifier) Classify(socks []sockdiag.Socket) Snapshot {
 //     and never received any, or the last data it sent is newer than the
 //     last it received. Otherwise it has been idle since its last receive.
 //
+// A side with bytes its peer has not acknowledged (Socket.SendQueue) is
+// busy either way: it is still delivering, however long since it last
+// sent (a peer that reads slowly closes its window, and nothing is sent).
+//
 // So a slow request (8 s in the backend, nothing on the wire) never looks
 // idle, while a keep-alive connection parked after its response does. The
 // kernel's times are in jiffies: a request and its connection's creation,
 // or a response and the next request, can fall in the same one; the
 // segment counts tell the first case apart.
 func Idle(s *sockdiag.Socket, dir Direction) time.Duration {
-	if !s.HasInfo {
+	if !s.HasInfo || s.SendQueue > 0 {
 		return 0
 	}
 	if dir == DirInbound {

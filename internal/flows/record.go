@@ -165,11 +165,18 @@ type tcpInfo struct {
 	segsIn, segsOut        uint32
 }
 
+// packInfo keeps no queue size: a socket with bytes still to deliver is
+// kept as having sent just now, which Idle reads as busy, as it reads the
+// queue itself.
 func packInfo(s *sockdiag.Socket) tcpInfo {
-	return tcpInfo{
+	in := tcpInfo{
 		lastSentMS: uint32(s.LastDataSent / time.Millisecond), lastRecvMS: uint32(s.LastDataRecv / time.Millisecond),
 		segsIn: s.DataSegsIn, segsOut: s.DataSegsOut,
 	}
+	if s.SendQueue > 0 {
+		in.lastSentMS = 0
+	}
+	return in
 }
 
 // chunkBits sizes the record chunks: 512 records, 40 KiB.

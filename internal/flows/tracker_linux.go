@@ -343,6 +343,12 @@ func register[C comparable](mu *sync.Mutex, set map[C]struct{}, ch C) func() {
 	}
 }
 
+// MeasureIdle makes every snapshot from now on read idle times (tcp_info),
+// as --idle-timeout does from the start. The drain calls it at its trigger:
+// once the app is gone, which of Envoy's connections are parked is known
+// only from them; while Ready their cost is spared.
+func (t *Tracker) MeasureIdle() { t.diag.SetInfo(true) }
+
 // LastSnapshot is when the table was last read whole from sock_diag: the
 // time its flows' idle times (IdleMS) were measured. Flows added by events
 // since carry no idle time.

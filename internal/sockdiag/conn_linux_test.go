@@ -210,3 +210,47 @@ func TestEachLocalPort(t *testing.T) {
 		t.Errorf("unfiltered dump after filtered ones: %d sockets (%v), want 13", n, err)
 	}
 }
+
+// SendQueue is what the peer has not acknowledged yet: a writer whose peer
+// does not read keeps a queue (however long since it last sent), and it
+// empties once the peer reads everything.
+func TestSendQueue(t *testing.T) {
+	ns := testutil.NewNetNS(t)
+	ln := ns.ListenAs(t, 0, "127.0.0.1:8080")
+	client := ns.DialAs(t, 0, "127.0.0.1:8080")
+	server := testutil.Accept(t, ln)
+	d := dialNS(t, ns)
+	serverQueue := func() (uint32, error) {
+		socks, err := d.Sockets(Mask(tcpstate.Established))
+		if err != nil {
+			return 0, err
+		}
+		for _, s := range socks {
+			if s.Local.Port() == 8080 {
+				return s.SendQueue, nil
+			}
+		}
+		return 0, fmt.Errorf("no server socket in %v", socks)
+	}
+	// Fill the client's receive window and the server's send buffer: the
+	// write stops short at its deadline.
+	server.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+	written, _ := server.Write(make([]byte, 16<<20))
+	if q, err := serverQueue(); err != nil || q == 0 {
+		t.Fatalf("after writing %d bytes to a peer that reads nothing: send queue %d, %v", written, q, err)
+	}
+	buf := make([]byte, 1<<20)
+	for read := 0; read < written; {
+		n, err := client.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		read += n
+	}
+	testutil.Eventually(t, "empty send queue", func() error {
+		if q, err := serverQueue(); err != nil || q != 0 {
+			return fmt.Errorf("send queue %d, %v", q, err)
+		}
+		return nil
+	})
+}

@@ -35,6 +35,11 @@ type Socket struct {
 	// Data segments received / sent over the flow's life (Linux 4.6+;
 	// 0 on older kernels).
 	DataSegsIn, DataSegsOut uint32 `json:"-"`
+	// SendQueue is idiag_wqueue: for a connected socket, the bytes written
+	// and not yet acknowledged by the peer (sent or still queued). Non-zero
+	// means the socket is still delivering what its owner wrote, however
+	// long ago it last sent (a peer that reads slowly closes its window).
+	SendQueue uint32 `json:"-"`
 	// Transparent is IP_TRANSPARENT (INET_DIAG_SOCKOPT, sent unasked for
 	// full sockets from 5.10): set on a TPROXY listener and inherited by
 	// the sockets it accepts, whose local address is then the original
@@ -94,7 +99,9 @@ func ParseMessage(b []byte, s *Socket) error {
 		State:  tcpstate.State(b[1]),
 		UID:    binary.NativeEndian.Uint32(b[64:68]),
 		Inode:  binary.NativeEndian.Uint32(b[68:72]),
-		Cookie: uint64(binary.NativeEndian.Uint32(b[44:48])) | uint64(binary.NativeEndian.Uint32(b[48:52]))<<32,
+		// b[56:60] is idiag_rqueue, unused.
+		SendQueue: binary.NativeEndian.Uint32(b[60:64]),
+		Cookie:    uint64(binary.NativeEndian.Uint32(b[44:48])) | uint64(binary.NativeEndian.Uint32(b[48:52]))<<32,
 	}
 	sport := binary.BigEndian.Uint16(b[4:6])
 	dport := binary.BigEndian.Uint16(b[6:8])

@@ -82,6 +82,8 @@ func TestParseMessage(t *testing.T) {
 		binary.NativeEndian.PutUint32(b[68:], 99)
 		return b
 	}
+	queued := base()
+	binary.NativeEndian.PutUint32(queued[60:], 4096) // idiag_wqueue
 	attr := func(typ uint16, payload []byte) []byte {
 		a := make([]byte, 4, 4+len(payload)+3)
 		binary.NativeEndian.PutUint16(a, uint16(4+len(payload)))
@@ -109,6 +111,7 @@ func TestParseMessage(t *testing.T) {
 		{"with info and cgroup", append(append(base(), attr(attrInfo, info)...), attr(attrCgroupID, cg)...),
 			Socket{Family: afInet, State: tcpstate.Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234,
 				CgroupID: 4242, HasInfo: true, LastDataSent: 1500 * time.Millisecond, LastDataRecv: 700 * time.Millisecond, DataSegsIn: 3, DataSegsOut: 4}, nil},
+		{"send queue", queued, Socket{Family: afInet, State: tcpstate.Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234, SendQueue: 4096}, nil},
 		{"transparent", append(base(), attr(attrSockopt, []byte{0x72, 0})...), Socket{Family: afInet, State: tcpstate.Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234, Transparent: true}, nil},
 		{"not transparent", append(base(), attr(attrSockopt, []byte{0x52, 0})...), Socket{Family: afInet, State: tcpstate.Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234}, nil},
 		{"short tcp_info ignored", append(base(), attr(attrInfo, info[:40])...), Socket{Family: afInet, State: tcpstate.Established, Local: netip.MustParseAddrPort("127.0.0.1:8080"), Remote: netip.MustParseAddrPort("10.0.0.2:41000"), UID: 1337, Inode: 99, Cookie: 0x1_0000_1234}, nil},
