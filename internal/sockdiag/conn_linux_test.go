@@ -249,7 +249,7 @@ func TestSendQueue(t *testing.T) {
 	}
 	testutil.Eventually(t, "empty send queue", func() error {
 		if q, err := serverQueue(); err != nil || q != 0 {
-			return fmt.Errorf("send queue %d, %v", q, err)
+			return fmt.Errorf("send queue %d, %w", q, err)
 		}
 		return nil
 	})
