@@ -160,14 +160,22 @@ spec:
 	// kube-proxy programs a new Service at its next sync (up to
 	// --iptables-min-sync-period): the load starts once the node
 	// reaches it, or its first requests are refused by no rule at all.
-	waitUntil(t, time.Minute, "the Service reachable through kube-proxy", func() bool {
+	for end, last := time.Now().Add(time.Minute), ""; ; time.Sleep(100 * time.Millisecond) {
 		resp, err := (&http.Client{Timeout: time.Second}).Get("http://" + ip + "/")
-		if err != nil {
-			return false
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+			last = resp.Status
+		} else {
+			last = err.Error()
 		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+		if time.Now().After(end) {
+			t.Fatalf("%s: the Service %s not reachable through kube-proxy after 1m, last: %s; pods:\n%s\nendpoints:\n%s", st.name, ip, last,
+				kubectl(t, nil, "-n", ns, "get", "pods", "-o", "wide"), kubectl(t, nil, "-n", ns, "get", "endpointslices", "-o", "yaml"))
+		}
+	}
 
 	term := watchTerminating(t, ns)
 	defer term.stop() // on a failure; stop is safe twice
@@ -225,6 +233,9 @@ spec:
 			t.Logf("  %s pods: %s", st.name, term.timeline(t0))
 		}
 	}
+	// Each strategy alone on the node: the next one's pods do not share
+	// the 2 CPUs with this one's.
+	kubectl(t, nil, "delete", "namespace", ns, "--wait=true", "--timeout=120s")
 	return table
 }
 
