@@ -233,9 +233,6 @@ spec:
 			t.Logf("  %s pods: %s", st.name, term.timeline(t0))
 		}
 	}
-	// Each strategy alone on the node: the next one's pods do not share
-	// the 2 CPUs with this one's.
-	kubectl(t, nil, "delete", "namespace", ns, "--wait=true", "--timeout=120s")
 	return table
 }
 
