@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"io"
 	"slices"
 	"syscall"
 	"testing"
@@ -42,6 +43,13 @@ func oneDrain(b *testing.B, p *pod, mode string) time.Duration {
 	p.startDraind(args)
 	conn, err := p.remote.Dialer()(b.Context(), "tcp4", podIP+":15006")
 	if err != nil {
+		b.Fatal(err)
+	}
+	// Half a request: Envoy owes it a response, so the flow is busy to the
+	// end (an idle one would be parked, there being no app, and stop
+	// holding before it closes: docs/design.md, "Parked, once the app is
+	// gone").
+	if _, err := io.WriteString(conn, "GET / HTTP/1.1\r\n"); err != nil {
 		b.Fatal(err)
 	}
 	p.terminate()
