@@ -892,7 +892,7 @@ func (m *Machine) stopDrainListeners() {
 
 // evaluate looks at the gate once; done means the machine ended.
 func (m *Machine) evaluate(ctx context.Context) (Result, bool) {
-	in := m.gateInput(ctx)
+	in, fv := m.gateInput(ctx)
 	v := m.gate.Step(in)
 	if v.Open {
 		return m.stop("drained", true), true
@@ -909,7 +909,7 @@ func (m *Machine) evaluate(ctx context.Context) (Result, bool) {
 	// Wake on the next change, or at a computed moment: the end of
 	// --settle, a flow's idle expiry or parking, or a re-ask of an admin
 	// API that lags behind the kernel. Never on a fixed tick.
-	wake, refresh := v.WakeAt, m.refreshAt(in)
+	wake, refresh := v.WakeAt, m.refreshAt(in, fv)
 	if !refresh.IsZero() && (wake.IsZero() || refresh.Before(wake)) {
 		wake = refresh
 	}
@@ -942,9 +942,9 @@ const minRefreshGap = ParkedAfter / 4
 // refreshAt is when the flows' idle times must be re-read (zero: no
 // need): when a holding flow passes --idle-timeout, and, the app being
 // gone, once right away (times read before it tell nothing), then when a
-// downstream flow not yet parked can be.
-func (m *Machine) refreshAt(in GateInput) time.Time {
-	fv := m.flows.Observe()
+// downstream flow not yet parked can be. fv is the view in was built
+// from (one walk of the table per evaluation).
+func (m *Machine) refreshAt(in GateInput, fv FlowView) time.Time {
 	var at time.Time
 	earliest := func(t time.Time) {
 		if !t.IsZero() && (at.IsZero() || t.Before(at)) {
@@ -985,7 +985,8 @@ func envoyOnlyHold(in GateInput, v Verdict) bool {
 // gateInput gathers the gate's inputs. It asks Envoy's admin API only when
 // the app is done and the kernel sees no live downstream flow (otherwise
 // Envoy certainly has some), so a busy drain does not hammer the admin API.
-func (m *Machine) gateInput(ctx context.Context) GateInput {
+// It returns the flow view it read too.
+func (m *Machine) gateInput(ctx context.Context) (GateInput, FlowView) {
 	fv := m.flows.Observe()
 	in := GateInput{
 		Now: time.Now(), AppExit: m.cfg.AppExit, Gateway: m.cfg.Gateway, WaitListeners: m.cfg.WaitListeners,
@@ -1005,23 +1006,23 @@ func (m *Machine) gateInput(ctx context.Context) GateInput {
 		in.DownstreamParked = fv.DownstreamParked
 	}
 	if m.admin == nil {
-		return in
+		return in, fv
 	}
 	if live := in.Downstream - in.DownstreamIdle; live > 0 {
 		in.EnvoyKnown, in.EnvoyActive = true, live // the kernel's count stands in
-		return in
+		return in, fv
 	}
 	if done, _ := AppDone(in); !done {
-		return in
+		return in, fv
 	}
 	if m.Gauges() == GaugesUnknown {
 		m.checkGauges(ctx) // the check at LIVE failed, or never ran
 	}
 	if m.Gauges() != GaugesPresent {
-		return in
+		return in, fv
 	}
 	if time.Now().Before(m.adminQuietUntil) {
-		return in // it failed a moment ago: the kernel decides meanwhile
+		return in, fv // it failed a moment ago: the kernel decides meanwhile
 	}
 	actx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	n, err := m.admin.ActiveDownstream(actx)
@@ -1040,7 +1041,7 @@ func (m *Machine) gateInput(ctx context.Context) GateInput {
 		m.adminQuietUntil = time.Now().Add(2 * time.Second)
 		m.log.Debug("admin active connections", zap.Error(err))
 	}
-	return in
+	return in, fv
 }
 
 // deadline stops the proxy anyway, naming every flow that still held.

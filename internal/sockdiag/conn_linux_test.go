@@ -2,6 +2,7 @@ package sockdiag
 
 import (
 	"fmt"
+	"io"
 	"os/exec"
 	"syscall"
 	"testing"
@@ -233,20 +234,23 @@ func TestSendQueue(t *testing.T) {
 		return 0, fmt.Errorf("no server socket in %v", socks)
 	}
 	// Fill the client's receive window and the server's send buffer: the
-	// write stops short at its deadline.
-	server.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
-	written, _ := server.Write(make([]byte, 16<<20))
-	if q, err := serverQueue(); err != nil || q == 0 {
-		t.Fatalf("after writing %d bytes to a peer that reads nothing: send queue %d, %v", written, q, err)
-	}
-	buf := make([]byte, 1<<20)
-	for read := 0; read < written; {
-		n, err := client.Read(buf)
-		if err != nil {
-			t.Fatal(err)
+	// write blocks until the client reads (or the test's cleanup closes).
+	const size = 16 << 20
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		server.Write(make([]byte, size))
+	}()
+	testutil.Eventually(t, "a send queue while the peer reads nothing", func() error {
+		if q, err := serverQueue(); err != nil || q == 0 {
+			return fmt.Errorf("send queue %d, %w", q, err)
 		}
-		read += n
+		return nil
+	})
+	if _, err := io.CopyN(io.Discard, client, size); err != nil {
+		t.Fatal(err)
 	}
+	<-wrote
 	testutil.Eventually(t, "empty send queue", func() error {
 		if q, err := serverQueue(); err != nil || q != 0 {
 			return fmt.Errorf("send queue %d, %w", q, err)
