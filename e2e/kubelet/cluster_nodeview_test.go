@@ -536,6 +536,13 @@ func TestClusterNodeDebugRecipe(t *testing.T) {
 	waitPodsReady(t, ns, "nv=1", 2*time.Minute)
 
 	recipe := recipeBlock(t, readRepo(t, "docs/node-view.md"))
+	// Each pod's answer gets 10 s, not the default 1 s: the other tests
+	// start pods meanwhile, and a slow row would say "no answer in 1s"
+	// where this test asserts "ready".
+	if !strings.Contains(recipe, "-- draind pods\n") {
+		t.Fatalf("docs/node-view.md's recipe no longer ends in `-- draind pods`:\n%s", recipe)
+	}
+	recipe = strings.Replace(recipe, "-- draind pods\n", "-- draind pods --timeout 10s\n", 1)
 	script := strings.NewReplacer("NODE", theCluster.Config.Node.NodeName, "IMAGE", images.Draind).Replace(recipe)
 	t.Logf("the recipe:\n%s", script)
 	dir := t.TempDir()
@@ -550,11 +557,11 @@ func TestClusterNodeDebugRecipe(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	t.Logf("kubectl debug:\n%s", out)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("kubectl debug: %v\n%s", err, out)
 	}
 	m := regexp.MustCompile(`Creating debugging pod (\S+)`).FindSubmatch(out)
 	if m == nil {
-		t.Fatal("no debugging pod named in kubectl debug's output")
+		t.Fatalf("no debugging pod named in kubectl debug's output:\n%s", out)
 	}
 	pod := string(m[1])
 	defer theCluster.KubectlCmd(context.Background(), nil, "delete", "pod", pod, "--wait=false")
@@ -565,15 +572,17 @@ func TestClusterNodeDebugRecipe(t *testing.T) {
 	})
 	logs := kubectl(t, nil, "logs", pod)
 	t.Logf("kubectl logs %s (%s):\n%s", pod, phase, logs)
+	// Each failure carries the pod's log: a CI excerpt may show only
+	// the failure's own lines.
 	if phase != "Succeeded" {
-		t.Errorf("the debug pod %s", phase)
+		t.Errorf("the debug pod %s; its log:\n%s", phase, logs)
 	}
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`pods on this node: \d+ \(containerd [^ ]+ at unix:///run/draind-cluster/node/containerd.sock: kubelet pid \d+`),
 		regexp.MustCompile(`(?m)^` + ns + `/web\s+envoy:15020\s+ready\s`),
 	} {
 		if !want.MatchString(logs) {
-			t.Errorf("the debug pod's log has no line matching %s", want)
+			t.Errorf("the debug pod's log has no line matching %s; its log:\n%s", want, logs)
 		}
 	}
 }

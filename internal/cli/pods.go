@@ -379,6 +379,9 @@ func (v *nodeViewer) probe(ctx context.Context, pod *cri.Pod) podRow {
 		}
 		return row
 	}
+	if pod.StatusErr != nil {
+		return failed("the runtime", pod.StatusErr)
+	}
 	cs, err := v.cri.Containers(ctx, pod)
 	if err != nil {
 		return failed("the runtime", err)

@@ -101,6 +101,9 @@ type Pod struct {
 	// NetNSPath is the pod's network namespace as the runtime names it:
 	// a path on the node ("" : not said, or hostNetwork).
 	NetNSPath string `json:"netns_path,omitempty"`
+	// StatusErr is why the ready sandbox's status could not be read (IP,
+	// PID and NetNSPath then unknown): one pod's, never the listing's.
+	StatusErr error `json:"-"`
 }
 
 // String is namespace/name.
@@ -120,6 +123,8 @@ type Container struct {
 }
 
 // Pods lists the pods with a ready sandbox, sorted by namespace and name.
+// A sandbox whose status cannot be read is listed with [Pod.StatusErr]
+// set: one wedged sandbox leaves the others' view whole.
 func (c *Client) Pods(ctx context.Context) ([]Pod, error) {
 	return c.pods(ctx, &runtimeapi.PodSandboxFilter{State: &runtimeapi.PodSandboxStateValue{State: runtimeapi.PodSandboxState_SANDBOX_READY}})
 }
@@ -138,6 +143,9 @@ func (c *Client) FindPod(ctx context.Context, namespace, name string) (*Pod, err
 	slices.SortFunc(pods, func(a, b Pod) int { return b.Created.Compare(a.Created) })
 	for i := range pods {
 		if pods[i].Ready {
+			if err := pods[i].StatusErr; err != nil {
+				return nil, err
+			}
 			return &pods[i], nil
 		}
 	}
@@ -159,7 +167,9 @@ func (c *Client) pods(ctx context.Context, filter *runtimeapi.PodSandboxFilter) 
 				continue // removed since the listing
 			}
 			if err != nil {
-				return nil, fmt.Errorf("pod %s: sandbox status: %w", p.String(), err)
+				p.StatusErr = fmt.Errorf("pod %s: sandbox status: %w", p.String(), err)
+				out = append(out, p)
+				continue
 			}
 			p.IP = st.GetStatus().GetNetwork().GetIp()
 			p.HostNetwork = st.GetStatus().GetLinux().GetNamespaces().GetOptions().GetNetwork() == runtimeapi.NamespaceMode_NODE
