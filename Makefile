@@ -159,13 +159,15 @@ e2e-cluster-short: ## the same, shorter (CI)
 ROLLOUT_SYNC ?= 1s 5s 10s
 # ROLLOUT_ROUNDS rolls every strategy that many times in each cluster;
 # ROLLOUT_ONLY, a regular expression, keeps the strategies it matches
-# (e.g. ROLLOUT_ONLY=^draind).
+# (e.g. ROLLOUT_ONLY=^draind); ROLLOUT_EVENTS, one, the events (restart,
+# scale, burst; e.g. ROLLOUT_EVENTS=restart).
 ROLLOUT_ROUNDS ?= 1
 ROLLOUT_ONLY ?=
+ROLLOUT_EVENTS ?=
 bench-rollout: ## a rollout under load, draind's strategies beside pilot-agent's, in a cluster of its own per ROLLOUT_SYNC, as root
 	for sync in $(ROLLOUT_SYNC); do \
-		PROXY_SYNC_PERIOD=$$sync KUBELET_VERSION=$(KUBELET_VERSION) RUN='^TestBenchRollout$$' DRAIND_BENCH_ROLLOUT=1 \
-		DRAIND_ROLLOUT_ROUNDS='$(ROLLOUT_ROUNDS)' DRAIND_ROLLOUT_ONLY='$(ROLLOUT_ONLY)' bash e2e/kubelet/hack/cluster.sh test || exit 1; \
+		PROXY_SYNC_PERIOD=$$sync KUBELET_VERSION=$(KUBELET_VERSION) RUN='^TestBenchRollout$$' DRAIND_BENCH_ROLLOUT=1 TEST_TIMEOUT=6h \
+		DRAIND_ROLLOUT_ROUNDS='$(ROLLOUT_ROUNDS)' DRAIND_ROLLOUT_ONLY='$(ROLLOUT_ONLY)' DRAIND_ROLLOUT_EVENTS='$(ROLLOUT_EVENTS)' bash e2e/kubelet/hack/cluster.sh test || exit 1; \
 	done
 .PHONY: cluster cluster-down e2e-cluster e2e-cluster-short bench-rollout
 # ---- end cluster ----

@@ -21,10 +21,12 @@ pkgs=(
 	clang-16:/usr/bin/clang-16 llvm-16:/usr/bin/llvm-strip-16 clang-format-16:/usr/bin/clang-format-16 libbpf-dev:/usr/include/bpf/bpf_helpers.h
 	qemu-system-x86:/usr/bin/qemu-system-x86_64 qemu-system-arm:/usr/bin/qemu-system-aarch64 xz-utils:/usr/bin/xz kmod:/usr/bin/kmod
 	containerd:/usr/bin/containerd runc:/usr/sbin/runc containernetworking-plugins:/usr/lib/cni/bridge conntrack:/usr/sbin/conntrack
+	busybox-static:/bin/busybox
 )
 # What a node runs (e2e/kubelet: containerd, runc, the CNI bridge, tini for
-# the init-wrapper image, iptables and conntrack for kube-proxy).
-node=(containerd runc containernetworking-plugins iproute2 iptables tini conntrack)
+# the init-wrapper image, iptables and conntrack for kube-proxy; busybox and
+# netstat for the proxy image's shell, the recipe's preStop loop).
+node=(containerd runc containernetworking-plugins iproute2 iptables tini conntrack busybox-static net-tools)
 need=()
 for p in "${pkgs[@]}"; do
 	if [[ ${1:-} == node && ! " ${node[*]} " =~ " ${p%%:*} " ]]; then

@@ -23,10 +23,16 @@ import (
 // envoysim's configuration (no Envoy binary here).
 func envoySidecarConfigMap(t *testing.T) []byte {
 	t.Helper()
+	return envoySidecarConfigMapData(t, images.EnvoysimConfig())
+}
+
+// envoySidecarConfigMapData is the ConfigMap envoy-sidecar holding config.
+func envoySidecarConfigMapData(t *testing.T, config []byte) []byte {
+	t.Helper()
 	cm := corev1.ConfigMap{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
 		ObjectMeta: metav1.ObjectMeta{Name: "envoy-sidecar"},
-		Data:       map[string]string{"envoy.yaml": string(images.EnvoysimConfig())},
+		Data:       map[string]string{"envoy.yaml": string(config)},
 	}
 	b, err := yaml.Marshal(cm)
 	if err != nil {

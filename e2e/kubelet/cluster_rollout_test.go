@@ -1,6 +1,7 @@
 package kubelet_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,44 +25,80 @@ import (
 
 	"github.com/draind/draind/e2e/kubelet/internal/images"
 	"github.com/draind/draind/internal/agent"
+	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/logevent"
 )
 
 // The rollout measurement (make bench-rollout, docs/benchmarks.md): each
-// strategy on its own Deployment of 5 replicas behind its own ClusterIP
-// Service, one load client per shape in a pod calling the Service through
-// kube-proxy at a fixed rate with no retries, through `kubectl rollout
-// restart` (maxSurge 1, maxUnavailable 0). The app's preStop is draind's
-// out-of-rotation wait where draind runs, and the usual fixed 5 s (the
-// kubelet's sleep action) beside pilot-agent and in draind-classic-fixed5s
-// (draind with DRAIND_MIN_DRAIN=5s): issue 31's case 5, at each kube-proxy
-// min sync period `make bench-rollout` runs (ROLLOUT_SYNC). Reported per
-// strategy and shape:
-// requests sent and failed by class, and each old pod's time in
-// Terminating (deletionTimestamp to gone). A measurement, not a test: it
+// strategy on its own Deployment behind its own ClusterIP Service, one
+// load client per shape in a pod calling the Service through kube-proxy
+// at a fixed rate with no retries, through three events in turn:
+//
+//	restart  `kubectl rollout restart` of 5 replicas (maxSurge 1,
+//	         maxUnavailable 0)
+//	scale    `kubectl scale` from 5 to 1
+//	burst    40 of 45 pods deleted at once, as a node drain does (the 5
+//	         left stand for the replicas on other nodes)
+//
+// The app's preStop is draind's out-of-rotation wait where draind runs,
+// and the usual fixed 5 s (the kubelet's sleep action) beside pilot-agent
+// and in draind-classic-fixed5s (draind with DRAIND_MIN_DRAIN=5s). On its
+// SIGTERM the app stops accepting, finishes what is in flight and calls
+// out through its proxy meanwhile (rolloutCalls calls to the Service up).
+// Reported per strategy, event and shape: requests sent and failed by
+// class; per event: the app's outbound calls, each terminating pod's time
+// from its deletion to gone, and for draind's pods how long after the
+// later of its app's exit and its min-drain's end the pod was gone (the
+// kubelet's log timestamps and the API watch; acceptance 1 of issue 30:
+// ≤ 200 ms) and its exit code; each failure with the step of the
+// lifecycle each terminating pod was in. A measurement, not a test: it
 // runs only with DRAIND_BENCH_ROLLOUT=1.
 const benchRolloutVar = "DRAIND_BENCH_ROLLOUT"
 
-// The run's shape (make bench-rollout's ROLLOUT_ROUNDS and ROLLOUT_ONLY):
-// how many rounds of every strategy in the one cluster, and a regular
-// expression the strategies run must match ("": all).
+// The run's shape (make bench-rollout's ROLLOUT_ROUNDS, ROLLOUT_ONLY and
+// ROLLOUT_EVENTS): how many rounds of every strategy in the one cluster,
+// a regular expression the strategies run must match, and one the events
+// must match ("": all).
 const (
 	rolloutRoundsVar = "DRAIND_ROLLOUT_ROUNDS"
 	rolloutOnlyVar   = "DRAIND_ROLLOUT_ONLY"
+	rolloutEventsVar = "DRAIND_ROLLOUT_EVENTS"
 )
 
+// The events' sizes.
+const (
+	rolloutReplicas = 5
+	burstReplicas   = 45
+	burstDeleted    = 40
+	// rolloutCalls are the app's outbound calls on SIGTERM, 100 ms apart.
+	rolloutCalls = 20
+	// drainedLagMax is acceptance 1's bound on a draind pod's time from
+	// the later of its app's exit and its min-drain's end to gone.
+	drainedLagMax = 200 * time.Millisecond
+	// rolloutQPS is each load client's rate.
+	rolloutQPS = 20.0
+)
+
+var rolloutEvents = []string{"restart", "scale", "burst"}
+
 // rolloutPlan reads the run's shape from the environment.
-func rolloutPlan() (rounds int, strategies []rolloutStrategy, err error) {
+func rolloutPlan() (rounds int, strategies []rolloutStrategy, events []string, err error) {
 	rounds = 1
 	if v := os.Getenv(rolloutRoundsVar); v != "" {
 		if rounds, err = strconv.Atoi(v); err != nil || rounds < 1 {
-			return 0, nil, fmt.Errorf("%s=%q: want a count of 1 or more", rolloutRoundsVar, v)
+			return 0, nil, nil, fmt.Errorf("%s=%q: want a count of 1 or more", rolloutRoundsVar, v)
 		}
 	}
-	only := regexp.MustCompile("")
-	if v := os.Getenv(rolloutOnlyVar); v != "" {
-		if only, err = regexp.Compile(v); err != nil {
-			return 0, nil, fmt.Errorf("%s: %w", rolloutOnlyVar, err)
+	match := func(name string) (*regexp.Regexp, error) {
+		re, err := regexp.Compile(os.Getenv(name))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
+		return re, nil
+	}
+	only, err := match(rolloutOnlyVar)
+	if err != nil {
+		return 0, nil, nil, err
 	}
 	for _, st := range rolloutStrategies {
 		if only.MatchString(st.name) {
@@ -68,23 +106,41 @@ func rolloutPlan() (rounds int, strategies []rolloutStrategy, err error) {
 		}
 	}
 	if len(strategies) == 0 {
-		return 0, nil, fmt.Errorf("%s=%q matches no strategy", rolloutOnlyVar, os.Getenv(rolloutOnlyVar))
+		return 0, nil, nil, fmt.Errorf("%s=%q matches no strategy", rolloutOnlyVar, os.Getenv(rolloutOnlyVar))
 	}
-	return rounds, strategies, nil
+	evs, err := match(rolloutEventsVar)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	for _, e := range rolloutEvents {
+		if evs.MatchString(e) {
+			events = append(events, e)
+		}
+	}
+	if len(events) == 0 {
+		return 0, nil, nil, fmt.Errorf("%s=%q matches no event (%s)", rolloutEventsVar, os.Getenv(rolloutEventsVar), strings.Join(rolloutEvents, ", "))
+	}
+	return rounds, strategies, events, nil
 }
 
 type rolloutStrategy struct {
-	name       string
-	injected   bool   // in an istio-injection=enabled namespace
-	templates  string // inject.istio.io/templates ("": the default, draind above pilot-agent)
-	proxyCfg   string // proxy.istio.io/config
-	manifest   string // a deploy/ manifest (not injected)
+	name      string
+	injected  bool   // in an istio-injection=enabled namespace
+	templates string // inject.istio.io/templates ("": the default, draind above pilot-agent)
+	proxyCfg  string // proxy.istio.io/config
+	manifest  string // a deploy/ manifest (not injected)
+	// proxy is the proxy's container: draind's in draind's strategies.
+	proxy      string
+	draind     bool
 	targetPort int
 	// appHook is the app container's preStop: the wait for the pod to
 	// leave rotation (draind's status port), or the fixed recipe's 5 s.
 	appHook appHook
 	// minDrain replaces the manifest's DRAIND_MIN_DRAIN ("": as written).
 	minDrain string
+	// netstatLoop: the recipe's proxy, a classic sidecar whose preStop
+	// is the netstat loop (README.md, "Why").
+	netstatLoop bool
 }
 
 // appHook is the app's preStop in a rollout: the out-of-rotation wait on
@@ -103,50 +159,89 @@ func (h appHook) String() string {
 	return "wait-oor"
 }
 
+// netstatLoop is the recipe's proxy preStop, as the articles give it.
+const netstatLoop = `while [ $(netstat -plunt | grep tcp | grep -v envoy | wc -l) -ne 0 ]; do sleep 1; done`
+
 var rolloutStrategies = []rolloutStrategy{
-	{name: "draind-classic", manifest: "deploy/classic-sidecar.yaml", targetPort: 15006, appHook: appHook{15020}},
-	{name: "draind-classic-fixed5s", manifest: "deploy/classic-sidecar.yaml", targetPort: 15006, appHook: hookSleep5, minDrain: "5s"},
-	{name: "draind-native", manifest: "deploy/native-sidecar.yaml", targetPort: 15006, appHook: appHook{15020}},
-	{name: "draind-istio", injected: true, targetPort: 8080, appHook: appHook{int32(agent.PilotAgentStatusPort)}},
-	{name: "pilot-agent", injected: true, templates: "sidecar", targetPort: 8080, appHook: hookSleep5},
-	{name: "pilot-agent-exit-on-zero", injected: true, templates: "sidecar", proxyCfg: `{"proxyMetadata":{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS":"true"}}`, targetPort: 8080, appHook: hookSleep5},
+	{name: "draind-classic", manifest: "deploy/classic-sidecar.yaml", proxy: "envoy", draind: true, targetPort: 15006, appHook: appHook{15020}},
+	{name: "draind-classic-fixed5s", manifest: "deploy/classic-sidecar.yaml", proxy: "envoy", draind: true, targetPort: 15006, appHook: hookSleep5, minDrain: "5s"},
+	{name: "draind-native", manifest: "deploy/native-sidecar.yaml", proxy: "envoy", draind: true, targetPort: 15006, appHook: appHook{15020}},
+	{name: "draind-istio", injected: true, proxy: "istio-proxy", draind: true, targetPort: 8080, appHook: appHook{int32(agent.PilotAgentStatusPort)}},
+	{name: "pilot-agent", injected: true, templates: "sidecar", proxy: "istio-proxy", targetPort: 8080, appHook: hookSleep5},
+	{name: "pilot-agent-exit-on-zero", injected: true, templates: "sidecar", proxyCfg: `{"proxyMetadata":{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS":"true"}}`, proxy: "istio-proxy", targetPort: 8080, appHook: hookSleep5},
+	{name: "recipe-netstat", injected: true, templates: "sidecar", proxy: "istio-proxy", targetPort: 8080, appHook: hookSleep5, netstatLoop: true},
 }
 
 var rolloutShapes = []string{"newconn", "keepalive", "h2"}
-
-// rolloutApp is every strategy's app: on SIGTERM (after its preStop) it
-// stops accepting and finishes what is in flight.
-var rolloutApp = []string{"--on-term", "graceful"}
 
 func TestBenchRollout(t *testing.T) {
 	if os.Getenv(benchRolloutVar) != "1" {
 		t.Skipf("a measurement: set %s=1 (make bench-rollout)", benchRolloutVar)
 	}
 	requireIstiod(t)
-	rounds, strategies, err := rolloutPlan()
+	rounds, strategies, events, err := rolloutPlan()
 	if err != nil {
 		t.Fatal(err)
 	}
-	qps := 20.0
 	var table []string
 	for round := 1; round <= rounds; round++ {
 		for _, st := range strategies {
-			table = append(table, rolloutOne(t, st, round, qps)...)
+			table = append(table, rolloutOne(t, st, round, events)...)
 		}
 	}
 	report.add("rollout", "table", "\n"+strings.Join(table, "\n"))
 }
 
-// rolloutOne rolls st's Deployment once under load (round names its
-// namespace) and returns its table lines, one per load shape.
-func rolloutOne(t *testing.T, st rolloutStrategy, round int, qps float64) []string {
-	var table []string
-	ns := testNamespace(t, fmt.Sprintf("ro%d-%s", round, st.name))
+// rolloutNS is one strategy's namespace in one round.
+type rolloutNS struct {
+	st    rolloutStrategy
+	ns    string
+	round int
+	webIP string
+}
+
+// rolloutOne runs st's events once (round names its namespace) and
+// returns its table lines. The namespace is scaled to nothing at the end,
+// for the next strategy's burst.
+func rolloutOne(t *testing.T, st rolloutStrategy, round int, events []string) []string {
+	r := &rolloutNS{st: st, round: round, ns: testNamespace(t, fmt.Sprintf("ro%d-%s", round, st.name))}
+	ns := r.ns
 	if st.injected {
 		kubectl(t, nil, "label", "namespace", ns, "istio-injection=enabled")
 	}
-	kubectl(t, envoySidecarConfigMap(t), "-n", ns, "apply", "-f", "-")
-	kubectl(t, rolloutDeployment(t, st), "-n", ns, "apply", "-f", "-")
+	// The Service the app calls out to: a plain test app.
+	kubectl(t, []byte(`apiVersion: apps/v1
+kind: Deployment
+metadata: {name: up}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: up}}
+  template:
+    metadata:
+      labels: {app: up, sidecar.istio.io/inject: "false"}
+    spec:
+      containers:
+      - name: app
+        image: `+images.TestApp+`
+        readinessProbe: {httpGet: {path: /readyz, port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: up}
+spec:
+  selector: {app: up}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+`), "-n", ns, "apply", "-f", "-")
+	upIP := strings.TrimSpace(kubectl(t, nil, "-n", ns, "get", "service", "up", "-o", "jsonpath={.spec.clusterIP}"))
+	// Through envoysim's outbound listener (deploy/: the ConfigMap sends
+	// it to up), or, injected, to up's address: istio-init's rules send
+	// it through the proxy.
+	callURL := "http://127.0.0.1:15001/"
+	if st.injected {
+		callURL = "http://" + upIP + "/"
+	}
+	kubectl(t, envoySidecarConfigMapData(t, images.EnvoysimConfigOutbound(upIP+":80")), "-n", ns, "apply", "-f", "-")
+	kubectl(t, rolloutDeployment(t, st, callURL), "-n", ns, "apply", "-f", "-")
 	kubectl(t, fmt.Appendf(nil, `apiVersion: v1
 kind: Service
 metadata: {name: web}
@@ -154,91 +249,268 @@ spec:
   selector: {app: web}
   ports: [{name: http, port: 80, targetPort: %d}]
 `, st.targetPort), "-n", ns, "apply", "-f", "-")
+	waitPodsReady(t, ns, "app=up", 3*time.Minute)
 	waitPodsReady(t, ns, "app=web", 3*time.Minute)
 	kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=180s")
-	ip := strings.TrimSpace(kubectl(t, nil, "-n", ns, "get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"))
-	// kube-proxy programs a new Service at its next sync (up to
-	// --iptables-min-sync-period): the load starts once the node
-	// reaches it, or its first requests are refused by no rule at all.
+	r.webIP = strings.TrimSpace(kubectl(t, nil, "-n", ns, "get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"))
+	r.waitReachable(t, r.webIP)
+	r.waitReachable(t, upIP)
+
+	var table []string
+	for _, ev := range events {
+		table = append(table, r.event(t, ev)...)
+	}
+	kubectl(t, nil, "-n", ns, "scale", "deployment/web", "deployment/up", "--replicas=0")
+	kubectl(t, nil, "-n", ns, "delete", "pods", "-l", "role=load", "--wait=false")
+	waitUntil(t, 3*time.Minute, ns+"'s pods gone", func() bool { return len(podsOf(t, ns, "")) == 0 })
+	return table
+}
+
+// kubectlLong is kubectl for a command that may take 10 min.
+func kubectlLong(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 11*time.Minute)
+	defer cancel()
+	out, err := theCluster.KubectlCmd(ctx, nil, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// waitReachable waits for kube-proxy to program a new Service (at its
+// next sync, up to --iptables-min-sync-period): the load starts once the
+// node reaches it, or its first requests are refused by no rule at all.
+func (r *rolloutNS) waitReachable(t *testing.T, ip string) {
+	t.Helper()
 	for end, last := time.Now().Add(time.Minute), ""; ; time.Sleep(100 * time.Millisecond) {
 		resp, err := (&http.Client{Timeout: time.Second}).Get("http://" + ip + "/")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				break
+				return
 			}
 			last = resp.Status
 		} else {
 			last = err.Error()
 		}
 		if time.Now().After(end) {
-			t.Fatalf("%s: the Service %s not reachable through kube-proxy after 1m, last: %s; pods:\n%s\nendpoints:\n%s", st.name, ip, last,
-				kubectl(t, nil, "-n", ns, "get", "pods", "-o", "wide"), kubectl(t, nil, "-n", ns, "get", "endpointslices", "-o", "yaml"))
+			t.Fatalf("%s: the Service %s not reachable through kube-proxy after 1m, last: %s; pods:\n%s\nendpoints:\n%s", r.st.name, ip, last,
+				kubectl(t, nil, "-n", r.ns, "get", "pods", "-o", "wide"), kubectl(t, nil, "-n", r.ns, "get", "endpointslices", "-o", "yaml"))
 		}
 	}
+}
 
-	term := watchTerminating(t, ns)
-	defer term.stop() // on a failure; stop is safe twice
-	loadFor := 60 * time.Second
+// event runs one event under load and returns its table lines.
+func (r *rolloutNS) event(t *testing.T, ev string) []string {
+	ns, st := r.ns, r.st
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	switch ev {
+	case "burst":
+		kubectl(t, nil, "-n", ns, "scale", "deployment/web", fmt.Sprintf("--replicas=%d", burstReplicas))
+	default:
+		kubectl(t, nil, "-n", ns, "scale", "deployment/web", fmt.Sprintf("--replicas=%d", rolloutReplicas))
+	}
+	kubectlLong(t, "-n", ns, "rollout", "status", "deployment/web", "--timeout=600s")
+	waitPodsReady(t, ns, "app=web", 5*time.Minute)
+	lives := watchLives(t, ctx, ns, "app=web", []string{"app", st.proxy})
+	defer lives.stop()
+	var loads []*podLog
 	for _, shape := range rolloutShapes {
-		kubectl(t, nil, "-n", ns, "run", "load-"+shape, "--image", images.LoadClient, "--restart=Never", "--labels", "role=load,sidecar.istio.io/inject=false",
-			"--", "--url", "http://"+ip+"/", "--qps", fmt.Sprint(qps), "--duration", loadFor.String(), "--mode", shape)
+		name := "load-" + ev + "-" + shape
+		kubectl(t, nil, "-n", ns, "run", name, "--image", images.LoadClient, "--restart=Never", "--labels", "role=load,sidecar.istio.io/inject=false",
+			"--", "--url", "http://"+r.webIP+"/", "--qps", fmt.Sprint(rolloutQPS), "--duration", "30m", "--mode", shape)
+		loads = append(loads, followPodLog(ctx, ns, name, ""))
 	}
 	waitPodsReady(t, ns, "role=load", time.Minute)
 	time.Sleep(5 * time.Second)
+
 	t0 := time.Now()
-	kubectl(t, nil, "-n", ns, "rollout", "restart", "deployment/web")
-	kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=300s")
-	rolled := time.Since(t0)
-	// The old pods' last seconds, then the clients' end.
-	waitUntil(t, 3*time.Minute, "the load clients' end", func() bool {
-		for _, p := range podsOf(t, ns, "role=load") {
-			if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-				return false
+	old := podsOf(t, ns, "app=web")
+	switch ev {
+	case "restart":
+		kubectl(t, nil, "-n", ns, "rollout", "restart", "deployment/web")
+	case "scale":
+		kubectl(t, nil, "-n", ns, "scale", "deployment/web", "--replicas=1")
+	case "burst":
+		// The newest 40: the oldest 5 stay, as pods on other nodes.
+		slices.SortFunc(old, func(a, b corev1.Pod) int { return a.CreationTimestamp.Compare(b.CreationTimestamp.Time) })
+		old = old[len(old)-burstDeleted:]
+		var wg sync.WaitGroup
+		errs := make(chan error, len(old))
+		for _, p := range old {
+			wg.Go(func() { errs <- kube.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{}) })
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("%s: burst: %v", st.name, err)
 			}
 		}
-		return true
-	})
-	terms := term.stop()
-	for _, shape := range rolloutShapes {
-		out := kubectl(t, nil, "-n", ns, "logs", "load-"+shape)
-		lines := strings.Split(strings.TrimSpace(out), "\n")
-		var sum struct {
-			Sent, OK, Failed int
-			ByClass          map[string]int `json:"by_class"`
+	}
+	remain := 0
+	if ev == "scale" {
+		remain = 1
+	}
+	waitUntil(t, 5*time.Minute, st.name+" "+ev+": the old pods' end", func() bool { return lives.settled(old, remain) })
+	if ev != "scale" {
+		kubectlLong(t, "-n", ns, "rollout", "status", "deployment/web", "--timeout=600s")
+	}
+	took := time.Since(t0)
+	time.Sleep(3 * time.Second)
+	// SIGTERM ends each load client with its summary, which its log
+	// stream carries before the pod goes.
+	kubectl(t, nil, "-n", ns, "delete", "pods", "-l", "role=load", "--wait=false")
+	for _, l := range loads {
+		if err := l.wait(time.Minute); err != nil {
+			t.Fatalf("%s %s: the load client's log: %v", st.name, ev, err)
 		}
-		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &sum); err != nil {
-			t.Fatalf("%s %s: no summary: %v\n%s", st.name, shape, err, out)
+	}
+	waitUntil(t, time.Minute, "the load clients gone", func() bool { return len(podsOf(t, ns, "role=load")) == 0 })
+	lives.stop()
+
+	var table []string
+	for i, shape := range rolloutShapes {
+		sum, fails, err := parseLoad(loads[i].text())
+		if err != nil {
+			t.Fatalf("%s %s %s: %v", st.name, ev, shape, err)
 		}
 		success := 0.0
 		if sum.Sent > 0 {
 			success = float64(sum.OK) / float64(sum.Sent)
 		}
-		line := fmt.Sprintf("sync %-4s round %d %-24s %-9s app %-9s sent %5d failed %4d success %.4f %v rollout %s terminating %s",
-			fmtDur(theCluster.Config.ProxySyncPeriod), round, st.name, shape, st.appHook, sum.Sent, sum.Failed, success, sum.ByClass, fmtDur(rolled), terms)
+		line := fmt.Sprintf("sync %-4s round %d %-24s %-7s %-9s app %-8s sent %5d failed %4d success %.4f %v",
+			fmtDur(theCluster.Config.ProxySyncPeriod), r.round, st.name, ev, shape, st.appHook, sum.Sent, sum.Failed, success, sum.ByClass)
 		t.Log(line)
 		table = append(table, line)
-		if sum.Failed > 0 {
-			// Each failure against the pods' lifecycle, from the
-			// rollout's start: which step it fell in.
-			for _, l := range lines[:len(lines)-1] {
-				var f struct {
-					T          int64
-					Class, Err string
-				}
-				if json.Unmarshal([]byte(l), &f) == nil && f.T != 0 {
-					t.Logf("  %s %s failure at %s: %s %s", st.name, shape, fmtDur(time.Unix(0, f.T).Sub(t0)), f.Class, f.Err)
-				}
-			}
-			t.Logf("  %s pods: %s", st.name, term.timeline(t0))
+		for _, f := range fails {
+			t.Logf("  %s %s %s failure at +%s: %s %s; %s", st.name, ev, shape, fmtDur(f.at.Sub(t0)), f.class, f.err, lives.stepsAt(f.at, t0))
 		}
 	}
+	pods := lives.ended()
+	line := fmt.Sprintf("sync %-4s round %d %-24s %-7s took %s; %s", fmtDur(theCluster.Config.ProxySyncPeriod), r.round, st.name, ev, fmtDur(took),
+		terminationSummary(t, st, pods, t0))
+	t.Log(line)
+	table = append(table, line)
 	return table
 }
 
+// parseLoad reads a load client's log: its failures and its summary.
+func parseLoad(log string) (sum loadSummary, fails []loadFailure, err error) {
+	lines := strings.Split(strings.TrimSpace(log), "\n")
+	for i, l := range lines {
+		_, body := splitTimestamp(l)
+		if i == len(lines)-1 {
+			if err := json.Unmarshal([]byte(body), &sum); err != nil {
+				return sum, nil, fmt.Errorf("no summary: %w\n%s", err, log)
+			}
+			break
+		}
+		var f struct {
+			T          int64
+			Class, Err string
+		}
+		if json.Unmarshal([]byte(body), &f) == nil && f.T != 0 {
+			fails = append(fails, loadFailure{at: time.Unix(0, f.T), class: f.Class, err: f.Err})
+		}
+	}
+	return sum, fails, nil
+}
+
+type loadSummary struct {
+	Sent, OK, Failed int
+	ByClass          map[string]int `json:"by_class"`
+}
+
+type loadFailure struct {
+	at         time.Time
+	class, err string
+}
+
+// terminationSummary is an event's old pods' end: the app's outbound
+// calls; each pod's time from deletion to gone (count, mean, max); for
+// draind's pods the time from the later of its app's exit and its
+// min-drain's end to gone, the proxy's exit codes, and the pods past
+// drainedLagMax or past their grace period. Failed calls are logged with
+// their steps.
+func terminationSummary(t *testing.T, st rolloutStrategy, pods []*podLife, t0 time.Time) string {
+	var callsOK, callsFailed int
+	var terms, lags []time.Duration
+	exits := map[string]int{}
+	var late, pastGrace []string
+	for _, p := range pods {
+		app := p.log("app")
+		for _, l := range strings.Split(app, "\n") {
+			at, body := splitTimestamp(l)
+			f := strings.Fields(body)
+			if len(f) < 2 {
+				continue
+			}
+			switch f[0] {
+			case "ok":
+				callsOK++
+			case "fail":
+				callsFailed++
+				t.Logf("  %s outbound call failed at +%s: %s; %s", p.name, fmtDur(at.Sub(t0)), body, p.stepAt(at))
+			}
+		}
+		if p.deleting.IsZero() || p.gone.IsZero() {
+			continue
+		}
+		term := p.gone.Sub(p.deleting)
+		terms = append(terms, term)
+		if p.grace > 0 && term > p.grace {
+			pastGrace = append(pastGrace, fmt.Sprintf("%s %s", p.name, fmtDur(term)))
+		}
+		exits[p.proxyExit]++
+		if !st.draind {
+			continue
+		}
+		from := p.appExit()
+		if from.IsZero() {
+			late = append(late, p.name+" (no app exit in its log)")
+			continue
+		}
+		if m := p.minDrainEnd(); m.After(from) {
+			from = m
+		}
+		lag := p.gone.Sub(from)
+		lags = append(lags, lag)
+		if lag > drainedLagMax {
+			late = append(late, fmt.Sprintf("%s %s (draind stopping %s after)", p.name, fmtDur(lag), fmtDur(p.stopping().Sub(from))))
+		}
+	}
+	s := fmt.Sprintf("calls %d ok %d failed; terminating %s", callsOK, callsFailed, durStats(terms))
+	if st.draind {
+		s += fmt.Sprintf("; gone after max(app exit, min-drain end) %s, over %s: %d %v", durStats(lags), fmtDur(drainedLagMax), len(late), late)
+	}
+	codes := make([]string, 0, len(exits))
+	for c, n := range exits {
+		codes = append(codes, fmt.Sprintf("%s×%d", c, n))
+	}
+	sort.Strings(codes)
+	s += fmt.Sprintf("; proxy exit %s; past grace %d %v", strings.Join(codes, " "), len(pastGrace), pastGrace)
+	return s
+}
+
+// durStats is "N mean M max X".
+func durStats(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "none"
+	}
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return fmt.Sprintf("%d mean %s max %s", len(ds), fmtDur(sum/time.Duration(len(ds))), fmtDur(slices.Max(ds)))
+}
+
 // rolloutDeployment is a strategy's Deployment: app=web, 5 replicas,
-// maxSurge 1 and maxUnavailable 0, the local images, the common app.
-func rolloutDeployment(t *testing.T, st rolloutStrategy) []byte {
+// maxSurge 1 and maxUnavailable 0, the local images, the common app
+// calling out to callURL on SIGTERM.
+func rolloutDeployment(t *testing.T, st rolloutStrategy, callURL string) []byte {
 	t.Helper()
 	src := plainWeb
 	if st.manifest != "" {
@@ -253,7 +525,7 @@ func rolloutDeployment(t *testing.T, st rolloutStrategy) []byte {
 	d.Name = "web"
 	d.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}
 	d.Spec.Template.Labels = map[string]string{"app": "web"}
-	replicas := int32(5)
+	replicas := int32(rolloutReplicas)
 	d.Spec.Replicas = &replicas
 	one, zero := intstr.FromInt32(1), intstr.FromInt32(0)
 	d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType, RollingUpdate: &appsv1.RollingUpdateDeployment{MaxSurge: &one, MaxUnavailable: &zero}}
@@ -266,12 +538,26 @@ func rolloutDeployment(t *testing.T, st rolloutStrategy) []byte {
 	if st.proxyCfg != "" {
 		d.Spec.Template.Annotations["proxy.istio.io/config"] = st.proxyCfg
 	}
+	if st.injected {
+		// Istio's default request (100m) would leave most of the burst's
+		// 45 pods Pending on this node's 2 CPUs.
+		d.Spec.Template.Annotations["sidecar.istio.io/proxyCPU"] = "10m"
+		d.Spec.Template.Annotations["sidecar.istio.io/proxyMemory"] = "32Mi"
+	}
+	if st.netstatLoop {
+		// The articles' shape: a classic sidecar (Istio's injector merges
+		// a container named istio-proxy over its own).
+		d.Spec.Template.Annotations["sidecar.istio.io/nativeSidecar"] = "false"
+		// The image is the one istiod injects (testdata/cluster/istio-values.yaml).
+		d.Spec.Template.Spec.Containers = append(d.Spec.Template.Spec.Containers, corev1.Container{Name: "istio-proxy", Image: images.ProxyV2,
+			Lifecycle: &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: []string{"/bin/sh", "-c", netstatLoop}}}}})
+	}
 	for _, cs := range [][]corev1.Container{d.Spec.Template.Spec.Containers, d.Spec.Template.Spec.InitContainers} {
 		for i := range cs {
 			c := &cs[i]
 			switch {
 			case c.Name == "app":
-				c.Args = slices.Clone(rolloutApp)
+				c.Args = []string{"--on-term", "graceful", "--calls", strconv.Itoa(rolloutCalls), "--call-pause", "100ms", "--call-url", callURL}
 				pre := &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 5}}
 				if st.appHook.waitPort != 0 {
 					pre = &corev1.LifecycleHandler{HTTPGet: &corev1.HTTPGetAction{Path: agent.RotationWaitPath, Port: intstr.FromInt32(st.appHook.waitPort)}}
@@ -293,13 +579,187 @@ func rolloutDeployment(t *testing.T, st rolloutStrategy) []byte {
 	return b
 }
 
-// terminatingWatch records each pod's lifecycle as the watch sees it:
-// Ready, not ready, deletion seen, gone.
-type terminatingWatch struct {
-	w      watch.Interface
-	done   chan struct{}
-	mu     sync.Mutex
-	events []podEvent
+// podLog is one container's log, streamed with the kubelet's timestamps
+// until the container exits.
+type podLog struct {
+	mu   sync.Mutex
+	buf  strings.Builder
+	done chan struct{}
+	err  error
+}
+
+// followPodLog streams ns/pod's container ("": its only one) from its
+// start, retrying for a minute while the container has not started,
+// until it exits or ctx ends.
+func followPodLog(ctx context.Context, ns, pod, container string) *podLog {
+	l := &podLog{done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		for end := time.Now().Add(time.Minute); ; {
+			rc, err := kube.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Container: container, Follow: true, Timestamps: true}).Stream(ctx)
+			if err == nil {
+				sc := bufio.NewScanner(rc)
+				sc.Buffer(make([]byte, 1<<20), 1<<20)
+				for sc.Scan() {
+					l.mu.Lock()
+					l.buf.WriteString(sc.Text())
+					l.buf.WriteByte('\n')
+					l.mu.Unlock()
+				}
+				rc.Close()
+				l.err = sc.Err()
+				return
+			}
+			l.err = err
+			if time.Now().After(end) {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	return l
+}
+
+// wait waits for the stream's end.
+func (l *podLog) wait(d time.Duration) error {
+	select {
+	case <-l.done:
+		return l.err
+	case <-time.After(d):
+		return fmt.Errorf("still streaming after %s", d)
+	}
+}
+
+func (l *podLog) text() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// splitTimestamp splits a line of a log streamed with timestamps.
+func splitTimestamp(line string) (time.Time, string) {
+	ts, rest, ok := strings.Cut(line, " ")
+	if !ok {
+		return time.Time{}, line
+	}
+	at, err := time.Parse(time.RFC3339Nano, ts)
+	if err != nil {
+		return time.Time{}, line
+	}
+	return at, rest
+}
+
+// podLife is one pod's lifecycle as the API watch and its containers'
+// logs show it.
+type podLife struct {
+	name, proxy string
+	grace       time.Duration
+	// Moments the watch saw (zero: not seen).
+	ready, notReady, deleting, gone time.Time
+	// proxyExit is the proxy container's exit code once the watch saw it
+	// terminated ("?" before).
+	proxyExit string
+	proxyEnd  time.Time
+	logs      map[string]*podLog
+}
+
+func (p *podLife) log(container string) string {
+	if l := p.logs[container]; l != nil {
+		return l.text()
+	}
+	return ""
+}
+
+// appLine is when the app's log line starting with word came ("term",
+// "exit"), by the kubelet's timestamp.
+func (p *podLife) appLine(word string) time.Time {
+	for _, l := range strings.Split(p.log("app"), "\n") {
+		at, body := splitTimestamp(l)
+		if strings.HasPrefix(body, word+" ") {
+			return at
+		}
+	}
+	return time.Time{}
+}
+
+func (p *podLife) appExit() time.Time { return p.appLine("exit") }
+
+// draindLog is the proxy container's JSON lines (draind's; pilot-agent's
+// own lines are not JSON and left out), each with its "ts".
+func (p *podLife) draindLog() []map[string]any {
+	var recs []map[string]any
+	for _, l := range strings.Split(p.log(p.proxy), "\n") {
+		_, body := splitTimestamp(l)
+		var r map[string]any
+		if json.Unmarshal([]byte(body), &r) == nil {
+			recs = append(recs, r)
+		}
+	}
+	return recs
+}
+
+// minDrainEnd is when draind's min-drain stopped holding: the first gate
+// line (a hold change, or the stop) after the last one that held by it;
+// zero when it never held.
+func (p *podLife) minDrainEnd() time.Time {
+	var held bool
+	for _, r := range p.draindLog() {
+		isStop := r[logevent.Key] == string(logevent.Phase) && r["phase"] == drain.Stopping.String()
+		if r[logevent.Key] != string(logevent.GateHolds) && !isStop {
+			continue
+		}
+		kinds, _ := r["hold_kinds"].([]any)
+		holds := slices.ContainsFunc(kinds, func(k any) bool { return k == drain.HoldMinDrain.String() })
+		switch {
+		case holds:
+			held = true
+		case held:
+			return logTime(r)
+		}
+	}
+	return time.Time{}
+}
+
+// stopping is draind's phase stopping (zero: none).
+func (p *podLife) stopping() time.Time {
+	return logTime(findLogWith(p.draindLog(), logevent.Phase, "phase", drain.Stopping.String()))
+}
+
+// steps are the pod's lifecycle moments known, in order.
+func (p *podLife) steps() []podEvent {
+	var evs []podEvent
+	add := func(at time.Time, what string) {
+		if !at.IsZero() {
+			evs = append(evs, podEvent{at, p.name, what})
+		}
+	}
+	add(p.deleting, "deleting")
+	add(p.notReady, "not ready")
+	add(p.appLine("term"), "app SIGTERM")
+	add(p.appExit(), "app exited")
+	add(p.minDrainEnd(), "min-drain ended")
+	add(p.stopping(), "draind stopping the proxy")
+	add(p.proxyEnd, "proxy exited "+p.proxyExit)
+	add(p.gone, "gone")
+	slices.SortStableFunc(evs, func(a, b podEvent) int { return a.at.Compare(b.at) })
+	return evs
+}
+
+// stepAt is the pod's last step at at: "name: step 1.2s before".
+func (p *podLife) stepAt(at time.Time) string {
+	last := "before deletion"
+	var since time.Duration
+	for _, e := range p.steps() {
+		if e.at.After(at) {
+			break
+		}
+		last, since = e.what, at.Sub(e.at)
+	}
+	return fmt.Sprintf("%s: %s %s before", p.name, last, fmtDur(since))
 }
 
 type podEvent struct {
@@ -307,82 +767,138 @@ type podEvent struct {
 	pod, what string
 }
 
-// timeline is the pods' events from t0, in order. Call after stop.
-func (tw *terminatingWatch) timeline(t0 time.Time) string {
-	tw.mu.Lock()
-	defer tw.mu.Unlock()
-	var b strings.Builder
-	for _, e := range tw.events {
-		fmt.Fprintf(&b, "%s %s %s; ", fmtDur(e.at.Sub(t0)), e.pod, e.what)
-	}
-	return b.String()
+// podLives follows a namespace's pods: the watch's moments, and the
+// containers' logs of each pod deleted meanwhile (streamed from its
+// containers' start once its deletion is seen: the old pods' alone, not
+// the dozens a burst starts).
+type podLives struct {
+	w          watch.Interface
+	done       chan struct{}
+	ctx        context.Context
+	ns         string
+	containers []string
+	mu         sync.Mutex
+	pods       map[string]*podLife
+	stopOnce   sync.Once
 }
 
-func watchTerminating(t *testing.T, ns string) *terminatingWatch {
+// watchLives follows the pods of selector in ns; containers are the app's
+// and then the proxy's.
+func watchLives(t *testing.T, ctx context.Context, ns, selector string, containers []string) *podLives {
 	t.Helper()
-	w, err := kube.CoreV1().Pods(ns).Watch(context.Background(), metav1.ListOptions{LabelSelector: "app=web"})
+	w, err := kube.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tw := &terminatingWatch{w: w, done: make(chan struct{})}
-	deleting := map[string]bool{}
-	ready := map[string]bool{}
-	note := func(pod, what string) {
-		tw.mu.Lock()
-		tw.events = append(tw.events, podEvent{time.Now(), pod, what})
-		tw.mu.Unlock()
-	}
+	pl := &podLives{w: w, done: make(chan struct{}), ctx: ctx, ns: ns, containers: containers, pods: map[string]*podLife{}}
 	go func() {
-		defer close(tw.done)
+		defer close(pl.done)
 		for ev := range w.ResultChan() {
-			p, ok := ev.Object.(*corev1.Pod)
-			if !ok {
-				continue
-			}
-			isReady := slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
-				return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
-			})
-			if isReady != ready[p.Name] {
-				ready[p.Name] = isReady
-				note(p.Name, map[bool]string{true: "ready", false: "not ready"}[isReady])
-			}
-			if p.DeletionTimestamp != nil {
-				if !deleting[p.Name] {
-					deleting[p.Name] = true
-					note(p.Name, "deleting")
-				}
-			}
-			if ev.Type == watch.Deleted {
-				note(p.Name, "gone")
+			if p, ok := ev.Object.(*corev1.Pod); ok {
+				pl.see(ev.Type, p)
 			}
 		}
 	}()
-	return tw
+	return pl
 }
 
-// stop ends the watch and summarises each pod's time in Terminating, from
-// its deletion seen to gone: count, mean and max. Safe twice.
-func (tw *terminatingWatch) stop() string {
-	tw.w.Stop()
-	<-tw.done
-	tw.mu.Lock()
-	defer tw.mu.Unlock()
-	deleted := map[string]time.Time{}
-	var n int
-	var sum, maxD time.Duration
-	for _, e := range tw.events {
-		switch e.what {
-		case "deleting":
-			deleted[e.pod] = e.at
-		case "gone":
-			if at, ok := deleted[e.pod]; ok {
-				d := e.at.Sub(at)
-				n, sum, maxD = n+1, sum+d, max(maxD, d)
-			}
+func (pl *podLives) see(typ watch.EventType, p *corev1.Pod) {
+	now := time.Now()
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	life := pl.pods[p.Name]
+	if life == nil {
+		life = &podLife{name: p.Name, proxy: pl.containers[len(pl.containers)-1], proxyExit: "?", logs: map[string]*podLog{}}
+		if g := p.Spec.TerminationGracePeriodSeconds; g != nil {
+			life.grace = time.Duration(*g) * time.Second
+		}
+		pl.pods[p.Name] = life
+	}
+	isReady := slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
+		return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
+	})
+	if isReady && life.ready.IsZero() {
+		life.ready = now
+	}
+	if !isReady && !life.ready.IsZero() && life.notReady.IsZero() {
+		life.notReady = now
+	}
+	if p.DeletionTimestamp != nil && life.deleting.IsZero() {
+		life.deleting = now
+		for _, c := range pl.containers {
+			life.logs[c] = followPodLog(pl.ctx, pl.ns, p.Name, c)
 		}
 	}
-	if n == 0 {
-		return "none"
+	for _, cs := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
+		if cs.Name == life.proxy && cs.State.Terminated != nil && life.proxyEnd.IsZero() {
+			life.proxyEnd, life.proxyExit = now, strconv.Itoa(int(cs.State.Terminated.ExitCode))
+		}
 	}
-	return fmt.Sprintf("%d pods mean %s max %s", n, fmtDur(sum/time.Duration(n)), fmtDur(maxD))
+	if typ == watch.Deleted && life.gone.IsZero() {
+		life.gone = now
+	}
+}
+
+// settled: no pod is terminating any more, and remain of pods are left.
+func (pl *podLives) settled(pods []corev1.Pod, remain int) bool {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	for _, l := range pl.pods {
+		if !l.deleting.IsZero() && l.gone.IsZero() {
+			return false
+		}
+	}
+	left := 0
+	for _, p := range pods {
+		if l := pl.pods[p.Name]; l == nil || l.gone.IsZero() {
+			left++
+		}
+	}
+	return left == remain
+}
+
+// ended is the lives of the pods that went, in the order of their
+// deletion; their logs are whole (each stream ended with its container).
+// Call after stop.
+func (pl *podLives) ended() []*podLife {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	var out []*podLife
+	for _, l := range pl.pods {
+		if l.gone.IsZero() {
+			continue
+		}
+		for _, lg := range l.logs {
+			lg.wait(10 * time.Second) // its container is gone: the stream ends
+		}
+		out = append(out, l)
+	}
+	slices.SortFunc(out, func(a, b *podLife) int { return a.deleting.Compare(b.deleting) })
+	return out
+}
+
+// stepsAt is each terminating pod's step at at, for a failure then.
+func (pl *podLives) stepsAt(at, t0 time.Time) string {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	var s []string
+	for _, l := range pl.pods {
+		if !l.deleting.IsZero() && !l.deleting.After(at) && (l.gone.IsZero() || l.gone.After(at)) {
+			s = append(s, l.stepAt(at))
+		}
+	}
+	if len(s) == 0 {
+		return "no pod terminating"
+	}
+	sort.Strings(s)
+	return "terminating: " + strings.Join(s, "; ")
+}
+
+// stop ends the watch; the log streams end with their containers or the
+// event's context. Safe twice.
+func (pl *podLives) stop() {
+	pl.stopOnce.Do(func() {
+		pl.w.Stop()
+		<-pl.done
+	})
 }

@@ -52,7 +52,8 @@ test)
 	export DRAIND_E2E_CLUSTER=1 DRAIND_CLUSTER_PROXY_SYNC=${PROXY_SYNC_PERIOD:-}
 	t=$(now)
 	status=0
-	go test -count=1 -v -timeout 40m ${RUN:+-run "$RUN"} ${SKIP:+-skip "$SKIP"} . || status=$?
+	# TEST_TIMEOUT: make bench-rollout's rounds outlast the tests' 40 min.
+	go test -count=1 -v -timeout "${TEST_TIMEOUT:-40m}" ${RUN:+-run "$RUN"} ${SKIP:+-skip "$SKIP"} . || status=$?
 	echo "e2e-cluster: phase go test                         $(since "$t") (exit $status)"
 	exit "$status"
 	;;

@@ -126,13 +126,19 @@ func Build(ctx context.Context, src Sources, dir string) ([]string, error) {
 // cluster, in place of deploy/envoy-config.yaml's Envoy configuration.
 // It is an Envoy-shaped sidecar: inbound on 15006 to the app, outbound on
 // 15001 (e2e/kubelet/testdata has the same for its pods).
-func EnvoysimConfig() []byte {
-	const app = "127.0.0.1:8080"
+func EnvoysimConfig() []byte { return EnvoysimConfigOutbound(app) }
+
+// app is the test app's address in its pod.
+const app = "127.0.0.1:8080"
+
+// EnvoysimConfigOutbound is EnvoysimConfig with the outbound listener's
+// calls sent to upstream (host:port): a Service the app calls out to.
+func EnvoysimConfigOutbound(upstream string) []byte {
 	b, _ := json.Marshal(map[string]any{
 		"admin_address": "127.0.0.1:15000",
 		"listeners": []map[string]any{
 			{"name": "virtualInbound", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": app},
-			{"name": "virtualOutbound", "address": "127.0.0.1:15001", "direction": "outbound", "protocol": "http", "upstream": app},
+			{"name": "virtualOutbound", "address": "127.0.0.1:15001", "direction": "outbound", "protocol": "http", "upstream": upstream},
 		},
 	})
 	return b
@@ -145,10 +151,12 @@ func proxyV2(pilotAgent string, bin func(string) string) (ociimage.Spec, error) 
 		"admin_address": "127.0.0.1:15000",
 		"xds":           true,
 		"listeners": []map[string]any{
-			{"name": "virtualInbound", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": "127.0.0.1:8080"},
-			// Outbound calls go back to the app's own port: the pod's
-			// calls out are what the drain must keep working.
-			{"name": "virtualOutbound", "address": "127.0.0.1:15001", "direction": "outbound", "protocol": "http", "upstream": "127.0.0.1:8080"},
+			{"name": "virtualInbound", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": app},
+			// Outbound calls go where the app sent them (istio-init's
+			// REDIRECT, then the original destination, as Envoy's
+			// PassthroughCluster): the pod's calls out are what the
+			// drain must keep working.
+			{"name": "virtualOutbound", "address": "127.0.0.1:15001", "direction": "outbound", "protocol": "http", "upstream": "original_dst"},
 			{"name": "0.0.0.0_15021", "address": "0.0.0.0:15021", "protocol": "http", "upstream": "127.0.0.1:15020"},
 		},
 	})
@@ -158,6 +166,11 @@ func proxyV2(pilotAgent string, bin func(string) string) (ociimage.Spec, error) 
 		return ociimage.Spec{}, fmt.Errorf("image %s: %w", ProxyV2, err)
 	}
 	spec.Files = append(spec.Files, ipt...)
+	sh, err := shellFiles()
+	if err != nil {
+		return ociimage.Spec{}, fmt.Errorf("image %s: %w", ProxyV2, err)
+	}
+	spec.Files = append(spec.Files, sh...)
 	spec.Dirs = append(spec.Dirs, "/run/xtables")
 	spec.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	return spec, nil
@@ -181,6 +194,39 @@ func ProxyV2Spec(ref, pilotAgent, draind, envoysim string, bootstrap []byte) oci
 		Entrypoint: []string{"/usr/local/bin/pilot-agent"}, // proxyv2's
 		User:       "1337",
 	}
+}
+
+// The shell and netstat of the preStop loop the usual recipe gives the
+// proxy (README.md, "Why"), as Istio's proxyv2 images (Ubuntu-based) carry
+// them: busybox for the shell and its tools, net-tools' netstat (busybox's
+// has no -p).
+const (
+	busybox = "/bin/busybox"
+	netstat = "/bin/netstat"
+)
+
+var busyboxLinks = []string{"sh", "grep", "wc", "sleep", "xargs", "cat"}
+
+// shellFiles are /bin/sh, the tools the loop pipes through, and netstat
+// with the libraries it loads.
+func shellFiles() ([]ociimage.File, error) {
+	for _, b := range []string{busybox, netstat} {
+		if _, err := os.Stat(b); err != nil {
+			return nil, fmt.Errorf("the recipe's preStop loop needs %s: %w (apt-get install busybox-static net-tools)", b, err)
+		}
+	}
+	libs, err := sharedLibs(netstat)
+	if err != nil {
+		return nil, err
+	}
+	files := []ociimage.File{{Src: netstat, Dst: "/bin/netstat"}}
+	for _, l := range busyboxLinks {
+		files = append(files, ociimage.File{Src: busybox, Dst: "/bin/" + l})
+	}
+	for _, f := range libs {
+		files = append(files, ociimage.File{Src: f, Dst: f})
+	}
+	return files, nil
 }
 
 // iptablesMulti is Debian's iptables (nft backend): one binary, named by

@@ -260,9 +260,8 @@ func removeAllSandboxes(rt runtimeapi.RuntimeServiceClient) error {
 	var errs []error
 	if cs, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{}); err == nil {
 		for _, c := range cs.Containers {
-			rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: c.Id, Timeout: 0})
-			if _, err := rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: c.Id}); err != nil {
-				errs = append(errs, fmt.Errorf("remove container %s: %w", c.Id, err))
+			if err := removeContainer(ctx, rt, c.Id); err != nil {
+				errs = append(errs, err)
 			}
 		}
 	}
@@ -283,6 +282,23 @@ func removeAllSandboxes(rt runtimeapi.RuntimeServiceClient) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removeContainer stops (SIGKILL) and removes container id. On a busy
+// node containerd's stop may give up waiting for the exit before it
+// comes, and the removal is then refused ("container is still running,
+// to stop first": seen in CI): both are tried again, for 20 s at most.
+func removeContainer(ctx context.Context, rt runtimeapi.RuntimeServiceClient, id string) error {
+	var stopErr, rmErr error
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+		_, stopErr = rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 0})
+		if _, rmErr = rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); rmErr == nil {
+			return nil
+		}
+		if time.Now().After(end) || ctx.Err() != nil {
+			return fmt.Errorf("remove container %s: %w (its stop: %v)", id, rmErr, stopErr)
+		}
+	}
 }
 
 // StartDaemon starts bin as the daemon name: its output in

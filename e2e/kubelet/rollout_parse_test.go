@@ -1,0 +1,71 @@
+package kubelet_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// logOf is a podLog holding text, its stream ended.
+func logOf(text string) *podLog {
+	l := &podLog{done: make(chan struct{})}
+	l.buf.WriteString(text)
+	close(l.done)
+	return l
+}
+
+// TestRolloutLogParsing checks the rollout's reading of the containers'
+// logs (kubelet timestamps, the app's lines, draind's gate lines) on
+// lines shaped as the cluster gives them.
+func TestRolloutLogParsing(t *testing.T) {
+	at := func(s string) time.Time {
+		ts, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ts
+	}
+	app := strings.Join([]string{
+		"2026-11-28T13:00:00.100000000Z ready 1",
+		"2026-11-28T13:00:05.000000000Z term 2 terminated",
+		"2026-11-28T13:00:05.100000000Z ok 0",
+		"2026-11-28T13:00:05.200000000Z fail 1 Get \"http://10.0.0.9/\": dial tcp: connection refused",
+		"2026-11-28T13:00:07.500000000Z exit 3 0",
+	}, "\n")
+	proxy := strings.Join([]string{
+		`2026-11-28T13:00:04.000000001Z {"level":"info","ts":"2026-11-28T13:00:04.000Z","msg":"gate holds","event":"gate_holds","hold_kinds":["min-drain","app-procs"]}`,
+		`2026-11-28T13:00:04.000000002Z 2026-11-28T13:00:04.000000Z	info	pilot-agent's own line, not JSON`,
+		`2026-11-28T13:00:06.000000001Z {"level":"info","ts":"2026-11-28T13:00:06.250Z","msg":"gate holds","event":"gate_holds","hold_kinds":["app-procs"]}`,
+		`2026-11-28T13:00:07.600000001Z {"level":"info","ts":"2026-11-28T13:00:07.600Z","msg":"phase","event":"phase","phase":"stopping"}`,
+	}, "\n")
+	p := &podLife{name: "web-1", proxy: "envoy", logs: map[string]*podLog{"app": logOf(app), "envoy": logOf(proxy)},
+		deleting: at("2026-11-28T13:00:03.9Z"), gone: at("2026-11-28T13:00:07.8Z")}
+	if got, want := p.appExit(), at("2026-11-28T13:00:07.5Z"); !got.Equal(want) {
+		t.Errorf("appExit = %v, want %v", got, want)
+	}
+	if got, want := p.minDrainEnd(), at("2026-11-28T13:00:06.25Z"); !got.Equal(want) {
+		t.Errorf("minDrainEnd = %v, want %v", got, want)
+	}
+	if got, want := p.stopping(), at("2026-11-28T13:00:07.6Z"); !got.Equal(want) {
+		t.Errorf("stopping = %v, want %v", got, want)
+	}
+	if got := p.stepAt(at("2026-11-28T13:00:05.2Z")); got != "web-1: app SIGTERM 200ms before" {
+		t.Errorf("stepAt = %q", got)
+	}
+	// The stop ends a min-drain that held to the last evaluation.
+	p.logs["envoy"] = logOf(strings.Join([]string{
+		`2026-11-28T13:00:04.000000001Z {"ts":"2026-11-28T13:00:04.000Z","event":"gate_holds","hold_kinds":["min-drain"]}`,
+		`2026-11-28T13:00:09.000000001Z {"ts":"2026-11-28T13:00:09.000Z","event":"phase","phase":"stopping"}`,
+	}, "\n"))
+	if got, want := p.minDrainEnd(), at("2026-11-28T13:00:09Z"); !got.Equal(want) {
+		t.Errorf("minDrainEnd (held to the stop) = %v, want %v", got, want)
+	}
+
+	sum, fails, err := parseLoad(strings.Join([]string{
+		`2026-11-28T13:00:06.000000000Z {"t":1795870806000000000,"class":"refused","err":"dial tcp: connection refused"}`,
+		`2026-11-28T13:01:00.000000000Z {"sent":1200,"ok":1199,"failed":1,"by_class":{"refused":1}}`,
+	}, "\n"))
+	if err != nil || sum.Sent != 1200 || sum.Failed != 1 || len(fails) != 1 || fails[0].class != "refused" {
+		t.Errorf("parseLoad = %+v, %+v, %v", sum, fails, err)
+	}
+}
