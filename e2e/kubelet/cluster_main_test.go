@@ -103,6 +103,9 @@ func runWithCluster(m interface{ Run() int }) int {
 	theCluster = c
 	rc, err := clientcmd.BuildConfigFromFlags("", cfg.KubeConfig())
 	if err == nil {
+		// Not client-go's 5 requests a second: bench-rollout deletes 40
+		// pods at once and streams their logs (they would go over 8 s).
+		rc.QPS, rc.Burst = 200, 400
 		kube, err = kubernetes.NewForConfig(rc)
 	}
 	if err != nil {

@@ -37,8 +37,9 @@ import (
 //	restart  `kubectl rollout restart` of 5 replicas (maxSurge 1,
 //	         maxUnavailable 0)
 //	scale    `kubectl scale` from 5 to 1
-//	burst    40 of 45 pods deleted at once, as a node drain does (the 5
-//	         left stand for the replicas on other nodes)
+//	burst    40 of 45 pods deleted at once, as a node drain does: the
+//	         node cordoned (the replacements wait Pending, as if for
+//	         other nodes), the 5 left standing for the replicas there
 //
 // The app's preStop is draind's out-of-rotation wait where draind runs,
 // and the usual fixed 5 s (the kubelet's sleep action) beside pilot-agent
@@ -334,7 +335,14 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	case "scale":
 		kubectl(t, nil, "-n", ns, "scale", "deployment/web", "--replicas=1")
 	case "burst":
-		// The newest 40: the oldest 5 stay, as pods on other nodes.
+		// A node drain: the node cordoned, so that the 40 replacements
+		// wait Pending as if for other nodes (started here, their 40
+		// start-ups would starve the 40 drains of this node's 2 CPUs);
+		// the newest 40 deleted at once, the oldest 5 staying as the
+		// replicas on other nodes.
+		node := theCluster.Config.Node.NodeName
+		kubectl(t, nil, "cordon", node)
+		t.Cleanup(func() { theCluster.KubectlCmd(context.Background(), nil, "uncordon", node) })
 		slices.SortFunc(old, func(a, b corev1.Pod) int { return a.CreationTimestamp.Compare(b.CreationTimestamp.Time) })
 		old = old[len(old)-burstDeleted:]
 		var wg sync.WaitGroup
@@ -355,7 +363,7 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 		remain = 1
 	}
 	waitUntil(t, 5*time.Minute, st.name+" "+ev+": the old pods' end", func() bool { return lives.settled(old, remain) })
-	if ev != "scale" {
+	if ev == "restart" {
 		kubectlLong(t, "-n", ns, "rollout", "status", "deployment/web", "--timeout=600s")
 	}
 	took := time.Since(t0)
@@ -370,6 +378,9 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	}
 	waitUntil(t, time.Minute, "the load clients gone", func() bool { return len(podsOf(t, ns, "role=load")) == 0 })
 	lives.stop()
+	if ev == "burst" {
+		kubectl(t, nil, "uncordon", theCluster.Config.Node.NodeName)
+	}
 
 	var table []string
 	for i, shape := range rolloutShapes {
@@ -459,6 +470,7 @@ func terminationSummary(t *testing.T, st rolloutStrategy, pods []*podLife, t0 ti
 		if p.deleting.IsZero() || p.gone.IsZero() {
 			continue
 		}
+		t.Logf("  %s: %s", p.name, p.timeline())
 		term := p.gone.Sub(p.deleting)
 		terms = append(terms, term)
 		if p.grace > 0 && term > p.grace {
@@ -747,6 +759,15 @@ func (p *podLife) steps() []podEvent {
 	add(p.gone, "gone")
 	slices.SortStableFunc(evs, func(a, b podEvent) int { return a.at.Compare(b.at) })
 	return evs
+}
+
+// timeline is the pod's steps from its deletion: "deleting +0s, ...".
+func (p *podLife) timeline() string {
+	var b []string
+	for _, e := range p.steps() {
+		b = append(b, fmt.Sprintf("%s +%s", e.what, fmtDur(e.at.Sub(p.deleting))))
+	}
+	return strings.Join(b, ", ")
 }
 
 // stepAt is the pod's last step at at: "name: step 1.2s before".

@@ -198,28 +198,30 @@ func ProxyV2Spec(ref, pilotAgent, draind, envoysim string, bootstrap []byte) oci
 
 // The shell and netstat of the preStop loop the usual recipe gives the
 // proxy (README.md, "Why"), as Istio's proxyv2 images (Ubuntu-based) carry
-// them: busybox for the shell and its tools, net-tools' netstat (busybox's
-// has no -p).
+// them: Debian's dash as /bin/sh, net-tools' netstat, busybox for the
+// tools the loop pipes through. Not busybox's sh: it runs its own netstat
+// applet, which has no -p.
 const (
+	dash    = "/bin/dash"
 	busybox = "/bin/busybox"
 	netstat = "/bin/netstat"
 )
 
-var busyboxLinks = []string{"sh", "grep", "wc", "sleep", "xargs", "cat"}
+var busyboxLinks = []string{"grep", "wc", "sleep", "xargs", "cat"}
 
 // shellFiles are /bin/sh, the tools the loop pipes through, and netstat
-// with the libraries it loads.
+// with the libraries they load.
 func shellFiles() ([]ociimage.File, error) {
-	for _, b := range []string{busybox, netstat} {
+	for _, b := range []string{dash, busybox, netstat} {
 		if _, err := os.Stat(b); err != nil {
-			return nil, fmt.Errorf("the recipe's preStop loop needs %s: %w (apt-get install busybox-static net-tools)", b, err)
+			return nil, fmt.Errorf("the recipe's preStop loop needs %s: %w (apt-get install dash busybox-static net-tools)", b, err)
 		}
 	}
-	libs, err := sharedLibs(netstat)
+	libs, err := sharedLibs(dash, netstat)
 	if err != nil {
 		return nil, err
 	}
-	files := []ociimage.File{{Src: netstat, Dst: "/bin/netstat"}}
+	files := []ociimage.File{{Src: dash, Dst: "/bin/sh"}, {Src: netstat, Dst: "/bin/netstat"}}
 	for _, l := range busyboxLinks {
 		files = append(files, ociimage.File{Src: busybox, Dst: "/bin/" + l})
 	}
