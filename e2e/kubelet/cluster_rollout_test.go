@@ -317,17 +317,17 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	waitPodsReady(t, ns, "app=web", 5*time.Minute)
 	lives := watchLives(t, ctx, ns, "app=web", []string{"app", st.proxy})
 	defer lives.stop()
-	var loads []*podLog
+	var loads []string
 	for _, shape := range rolloutShapes {
 		name := "load-" + ev + "-" + shape
 		kubectl(t, nil, "-n", ns, "run", name, "--image", images.LoadClient, "--restart=Never", "--labels", "role=load,sidecar.istio.io/inject=false",
-			"--", "--url", "http://"+r.webIP+"/", "--qps", fmt.Sprint(rolloutQPS), "--duration", "30m", "--mode", shape)
-		loads = append(loads, followPodLog(ctx, ns, name, ""))
+			"--", "--url", "http://"+r.webIP+"/", "--qps", fmt.Sprint(rolloutQPS), "--duration", "30m", "--mode", shape, "--stop-addr", fmt.Sprintf(":%d", loadStopPort))
+		loads = append(loads, name)
 	}
 	waitPodsReady(t, ns, "role=load", time.Minute)
 	time.Sleep(5 * time.Second)
 
-	t0 := time.Now()
+	t0, cpu0 := time.Now(), sampleCPU()
 	old := podsOf(t, ns, "app=web")
 	switch ev {
 	case "restart":
@@ -367,16 +367,11 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 		kubectlLong(t, "-n", ns, "rollout", "status", "deployment/web", "--timeout=600s")
 	}
 	took := time.Since(t0)
+	load := cpuSince(cpu0, took)
 	time.Sleep(3 * time.Second)
-	// SIGTERM ends each load client with its summary, which its log
-	// stream carries before the pod goes.
-	kubectl(t, nil, "-n", ns, "delete", "pods", "-l", "role=load", "--wait=false")
-	for _, l := range loads {
-		if err := l.wait(time.Minute); err != nil {
-			t.Fatalf("%s %s: the load client's log: %v", st.name, ev, err)
-		}
-	}
-	waitUntil(t, time.Minute, "the load clients gone", func() bool { return len(podsOf(t, ns, "role=load")) == 0 })
+	// Each load client ends with its summary on /stop; its pod completes
+	// and keeps its log.
+	logs := stopLoads(t, ns, loads)
 	lives.stop()
 	if ev == "burst" {
 		kubectl(t, nil, "uncordon", theCluster.Config.Node.NodeName)
@@ -384,7 +379,7 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 
 	var table []string
 	for i, shape := range rolloutShapes {
-		sum, fails, err := parseLoad(loads[i].text())
+		sum, fails, err := parseLoad(logs[i])
 		if err != nil {
 			t.Fatalf("%s %s %s: %v", st.name, ev, shape, err)
 		}
@@ -401,11 +396,44 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 		}
 	}
 	pods := lives.ended()
-	line := fmt.Sprintf("sync %-4s round %d %-24s %-7s took %s; %s", fmtDur(theCluster.Config.ProxySyncPeriod), r.round, st.name, ev, fmtDur(took),
-		terminationSummary(t, st, pods, t0))
+	line := fmt.Sprintf("sync %-4s round %d %-24s %-7s took %s; %s; %s", fmtDur(theCluster.Config.ProxySyncPeriod), r.round, st.name, ev, fmtDur(took),
+		terminationSummary(t, st, pods, t0), load)
 	t.Log(line)
 	table = append(table, line)
 	return table
+}
+
+// loadStopPort is where the load clients serve /stop.
+const loadStopPort = 8081
+
+// stopLoads ends the load clients (pods in ns), reads their logs and
+// deletes them.
+func stopLoads(t *testing.T, ns string, pods []string) []string {
+	t.Helper()
+	for _, name := range pods {
+		p, err := kube.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		url := fmt.Sprintf("http://%s:%d/stop", p.Status.PodIP, loadStopPort)
+		waitUntil(t, 30*time.Second, "the load client "+name+" to take /stop", func() bool {
+			resp, err := (&http.Client{Timeout: 2 * time.Second}).Get(url)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err == nil
+		})
+	}
+	var logs []string
+	for _, name := range pods {
+		waitUntil(t, time.Minute, "the load client "+name+" to complete", func() bool {
+			p, err := kube.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+			return err == nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed)
+		})
+		logs = append(logs, kubectl(t, nil, "-n", ns, "logs", name))
+	}
+	kubectl(t, nil, "-n", ns, "delete", "pods", "-l", "role=load", "--wait=false")
+	return logs
 }
 
 // parseLoad reads a load client's log: its failures and its summary.
@@ -714,23 +742,22 @@ func (p *podLife) draindLog() []map[string]any {
 	return recs
 }
 
-// minDrainEnd is when draind's min-drain stopped holding: the first gate
-// line (a hold change, or the stop) after the last one that held by it;
-// zero when it never held.
+// minDrainEnd is when draind's min-drain ended: its phase draining is the
+// min-drain (drain.Machine's minDrainHold), so the end is the next phase
+// line (gating, or stopping); zero without a phase draining.
 func (p *podLife) minDrainEnd() time.Time {
-	var held bool
+	draining := false
 	for _, r := range p.draindLog() {
-		isStop := r[logevent.Key] == string(logevent.Phase) && r["phase"] == drain.Stopping.String()
-		if r[logevent.Key] != string(logevent.GateHolds) && !isStop {
+		if r[logevent.Key] != string(logevent.Phase) {
 			continue
 		}
-		kinds, _ := r["hold_kinds"].([]any)
-		holds := slices.ContainsFunc(kinds, func(k any) bool { return k == drain.HoldMinDrain.String() })
-		switch {
-		case holds:
-			held = true
-		case held:
-			return logTime(r)
+		switch r["phase"] {
+		case drain.Draining.String():
+			draining = true
+		case drain.Gating.String(), drain.Stopping.String():
+			if draining {
+				return logTime(r)
+			}
 		}
 	}
 	return time.Time{}
@@ -739,6 +766,15 @@ func (p *podLife) minDrainEnd() time.Time {
 // stopping is draind's phase stopping (zero: none).
 func (p *podLife) stopping() time.Time {
 	return logTime(findLogWith(p.draindLog(), logevent.Phase, "phase", drain.Stopping.String()))
+}
+
+// proxyLastLine is when the proxy container wrote its last line (draind's
+// and pilot-agent's end with their exit): the kubelet's timestamp, a
+// closer mark of the exit than the status the watch sees later.
+func (p *podLife) proxyLastLine() time.Time {
+	lines := strings.Split(strings.TrimSpace(p.log(p.proxy)), "\n")
+	at, _ := splitTimestamp(lines[len(lines)-1])
+	return at
 }
 
 // steps are the pod's lifecycle moments known, in order.
@@ -755,7 +791,8 @@ func (p *podLife) steps() []podEvent {
 	add(p.appExit(), "app exited")
 	add(p.minDrainEnd(), "min-drain ended")
 	add(p.stopping(), "draind stopping the proxy")
-	add(p.proxyEnd, "proxy exited "+p.proxyExit)
+	add(p.proxyLastLine(), "proxy's last log line")
+	add(p.proxyEnd, "proxy exited "+p.proxyExit+" (seen)")
 	add(p.gone, "gone")
 	slices.SortStableFunc(evs, func(a, b podEvent) int { return a.at.Compare(b.at) })
 	return evs
@@ -922,4 +959,87 @@ func (pl *podLives) stop() {
 		pl.w.Stop()
 		<-pl.done
 	})
+}
+
+// cpuSample is the node's CPU time at a moment: in all (/proc/stat,
+// busy and total ticks) and by command name (each live process's own and
+// its reaped children's, so that a container's processes count under
+// its shim once they exit).
+type cpuSample struct {
+	busy, total uint64
+	byComm      map[string]uint64
+}
+
+func sampleCPU() cpuSample {
+	s := cpuSample{byComm: map[string]uint64{}}
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		line, _, _ := strings.Cut(string(b), "\n")
+		for i, f := range strings.Fields(line)[1:] {
+			v, _ := strconv.ParseUint(f, 10, 64)
+			s.total += v
+			if i != 3 && i != 4 { // idle, iowait
+				s.busy += v
+			}
+		}
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		open, close := strings.IndexByte(string(b), '('), strings.LastIndexByte(string(b), ')')
+		if open < 0 || close < open {
+			continue
+		}
+		f := strings.Fields(string(b[close+2:]))
+		if len(f) < 15 {
+			continue
+		}
+		var ticks uint64
+		for _, i := range []int{11, 12, 13, 14} { // utime stime cutime cstime
+			v, _ := strconv.ParseUint(f[i], 10, 64)
+			ticks += v
+		}
+		s.byComm[string(b[open+1:close])] += ticks
+	}
+	return s
+}
+
+// cpuSince is the node's load from a to now: busy cores of all, and the
+// commands that took most.
+func cpuSince(a cpuSample, d time.Duration) string {
+	b := sampleCPU()
+	const hz = 100 // USER_HZ
+	secs := d.Seconds()
+	type use struct {
+		comm  string
+		cores float64
+	}
+	var uses []use
+	for c, v := range b.byComm {
+		if v > a.byComm[c] {
+			uses = append(uses, use{c, float64(v-a.byComm[c]) / hz / secs})
+		}
+	}
+	slices.SortFunc(uses, func(x, y use) int { return cmpFloat(y.cores, x.cores) })
+	var top []string
+	for _, u := range uses[:min(6, len(uses))] {
+		top = append(top, fmt.Sprintf("%s %.2f", u.comm, u.cores))
+	}
+	cpus := float64(b.total-a.total) / hz / secs
+	return fmt.Sprintf("node busy %.2f of %.0f cores (%s)", float64(b.busy-a.busy)/hz/secs, cpus, strings.Join(top, ", "))
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }

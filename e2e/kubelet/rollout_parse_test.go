@@ -33,9 +33,10 @@ func TestRolloutLogParsing(t *testing.T) {
 		"2026-11-28T13:00:07.500000000Z exit 3 0",
 	}, "\n")
 	proxy := strings.Join([]string{
-		`2026-11-28T13:00:04.000000001Z {"level":"info","ts":"2026-11-28T13:00:04.000Z","msg":"gate holds","event":"gate_holds","hold_kinds":["min-drain","app-procs"]}`,
+		`2026-11-28T13:00:03.950000001Z {"level":"info","ts":"2026-11-28T13:00:03.950Z","msg":"phase","event":"phase","phase":"draining"}`,
 		`2026-11-28T13:00:04.000000002Z 2026-11-28T13:00:04.000000Z	info	pilot-agent's own line, not JSON`,
-		`2026-11-28T13:00:06.000000001Z {"level":"info","ts":"2026-11-28T13:00:06.250Z","msg":"gate holds","event":"gate_holds","hold_kinds":["app-procs"]}`,
+		`2026-11-28T13:00:06.000000001Z {"level":"info","ts":"2026-11-28T13:00:06.250Z","msg":"phase","event":"phase","phase":"gating"}`,
+		`2026-11-28T13:00:06.300000001Z {"level":"info","ts":"2026-11-28T13:00:06.300Z","msg":"gate holds","event":"gate_holds","hold_kinds":["app-procs"]}`,
 		`2026-11-28T13:00:07.600000001Z {"level":"info","ts":"2026-11-28T13:00:07.600Z","msg":"phase","event":"phase","phase":"stopping"}`,
 	}, "\n")
 	p := &podLife{name: "web-1", proxy: "envoy", logs: map[string]*podLog{"app": logOf(app), "envoy": logOf(proxy)},
@@ -52,13 +53,21 @@ func TestRolloutLogParsing(t *testing.T) {
 	if got := p.stepAt(at("2026-11-28T13:00:05.2Z")); got != "web-1: app SIGTERM 200ms before" {
 		t.Errorf("stepAt = %q", got)
 	}
-	// The stop ends a min-drain that held to the last evaluation.
+	if got, want := p.proxyLastLine(), at("2026-11-28T13:00:07.600000001Z"); !got.Equal(want) {
+		t.Errorf("proxyLastLine = %v, want %v", got, want)
+	}
+	// A drain that goes from its min-drain straight to the stop.
 	p.logs["envoy"] = logOf(strings.Join([]string{
-		`2026-11-28T13:00:04.000000001Z {"ts":"2026-11-28T13:00:04.000Z","event":"gate_holds","hold_kinds":["min-drain"]}`,
+		`2026-11-28T13:00:04.000000001Z {"ts":"2026-11-28T13:00:04.000Z","event":"phase","phase":"draining"}`,
 		`2026-11-28T13:00:09.000000001Z {"ts":"2026-11-28T13:00:09.000Z","event":"phase","phase":"stopping"}`,
 	}, "\n"))
 	if got, want := p.minDrainEnd(), at("2026-11-28T13:00:09Z"); !got.Equal(want) {
-		t.Errorf("minDrainEnd (held to the stop) = %v, want %v", got, want)
+		t.Errorf("minDrainEnd (straight to the stop) = %v, want %v", got, want)
+	}
+	// pilot-agent's log alone: no min-drain of draind's.
+	p.logs["envoy"] = logOf("2026-11-28T13:00:04.000000002Z 2026-11-28T13:00:04.000000Z\tinfo\tAgent draining Proxy")
+	if got := p.minDrainEnd(); !got.IsZero() {
+		t.Errorf("minDrainEnd (pilot-agent) = %v, want zero", got)
 	}
 
 	sum, fails, err := parseLoad(strings.Join([]string{

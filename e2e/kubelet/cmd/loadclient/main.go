@@ -9,7 +9,10 @@
 // prior knowledge, one connection at a time). Each failure is a JSON line
 // {"t": UNIXNANO, "class": refused|reset|timeout|status|other, "err": ...}
 // on stdout, and the last line a summary {"sent", "ok", "failed",
-// "by_class"}. SIGTERM ends the run early, with its summary.
+// "by_class"}. SIGTERM ends the run early, with its summary; so does a
+// request to /stop on --stop-addr, after which the pod completes and
+// keeps its log for `kubectl logs` (a deleted pod's log stream may end
+// before its last line).
 package main
 
 import (
@@ -58,8 +61,25 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	duration := fs.Duration("duration", time.Minute, "how long to send")
 	mode := fs.String("mode", "newconn", "newconn | keepalive | h2")
 	timeout := fs.Duration("timeout", 5*time.Second, "a request's timeout")
+	stopAddr := fs.String("stop-addr", "", "serve /stop here: a request ends the run, with its summary")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	if *stopAddr != "" {
+		ln, err := net.Listen("tcp", *stopAddr)
+		if err != nil {
+			return err
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/stop", func(w http.ResponseWriter, r *http.Request) {
+			stop()
+			io.WriteString(w, "stopping\n")
+		})
+		srv := &http.Server{Handler: mux}
+		go srv.Serve(ln) // ends with Close below
+		defer srv.Close()
 	}
 	if *url == "" || *qps <= 0 {
 		return errors.New("--url and a positive --qps are required")
