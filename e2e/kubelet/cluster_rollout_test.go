@@ -187,7 +187,12 @@ func TestBenchRollout(t *testing.T) {
 	var table []string
 	for round := 1; round <= rounds; round++ {
 		for _, st := range strategies {
-			table = append(table, rolloutOne(t, st, round, events)...)
+			// Its namespace lives to the run's end (the parent's
+			// cleanup); a strategy that fails leaves the others to run.
+			ns := testNamespace(t, fmt.Sprintf("ro%d-%s", round, st.name))
+			t.Run(fmt.Sprintf("round%d/%s", round, st.name), func(t *testing.T) {
+				table = append(table, rolloutOne(t, st, ns, round, events)...)
+			})
 		}
 	}
 	report.add("rollout", "table", "\n"+strings.Join(table, "\n"))
@@ -201,12 +206,16 @@ type rolloutNS struct {
 	webIP string
 }
 
-// rolloutOne runs st's events once (round names its namespace) and
-// returns its table lines. The namespace is scaled to nothing at the end,
+// rolloutOne runs st's events once in ns and returns its table lines.
+// The namespace is scaled to nothing at the end, whichever way it ends,
 // for the next strategy's burst.
-func rolloutOne(t *testing.T, st rolloutStrategy, round int, events []string) []string {
-	r := &rolloutNS{st: st, round: round, ns: testNamespace(t, fmt.Sprintf("ro%d-%s", round, st.name))}
-	ns := r.ns
+func rolloutOne(t *testing.T, st rolloutStrategy, ns string, round int, events []string) []string {
+	r := &rolloutNS{st: st, round: round, ns: ns}
+	t.Cleanup(func() {
+		if t.Failed() {
+			theCluster.KubectlCmd(context.Background(), nil, "-n", ns, "delete", "deployments,pods", "--all", "--wait=false")
+		}
+	})
 	if st.injected {
 		kubectl(t, nil, "label", "namespace", ns, "istio-injection=enabled")
 	}
@@ -410,26 +419,30 @@ const loadStopPort = 8081
 // deletes them.
 func stopLoads(t *testing.T, ns string, pods []string) []string {
 	t.Helper()
+	completed := func(name string) bool {
+		p, err := kube.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+		return err == nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed)
+	}
 	for _, name := range pods {
 		p, err := kube.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		url := fmt.Sprintf("http://%s:%d/stop", p.Status.PodIP, loadStopPort)
+		// Taken once it answers, or once the client is gone: its answer
+		// may be cut by its exit, and a retry then finds nothing.
 		waitUntil(t, 30*time.Second, "the load client "+name+" to take /stop", func() bool {
 			resp, err := (&http.Client{Timeout: 2 * time.Second}).Get(url)
 			if err == nil {
 				resp.Body.Close()
+				return true
 			}
-			return err == nil
+			return completed(name)
 		})
 	}
 	var logs []string
 	for _, name := range pods {
-		waitUntil(t, time.Minute, "the load client "+name+" to complete", func() bool {
-			p, err := kube.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
-			return err == nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed)
-		})
+		waitUntil(t, time.Minute, "the load client "+name+" to complete", func() bool { return completed(name) })
 		logs = append(logs, kubectl(t, nil, "-n", ns, "logs", name))
 	}
 	kubectl(t, nil, "-n", ns, "delete", "pods", "-l", "role=load", "--wait=false")
@@ -522,6 +535,9 @@ func terminationSummary(t *testing.T, st rolloutStrategy, pods []*podLife, t0 ti
 			late = append(late, fmt.Sprintf("%s %s (draind stopping %s after)", p.name, fmtDur(lag), fmtDur(p.stopping().Sub(from))))
 		}
 	}
+	if slowest := slowestPod(pods); slowest != nil {
+		t.Logf("  the slowest pod to go, %s: its %s's log:\n%s", slowest.name, slowest.proxy, tail(slowest.log(slowest.proxy), 40))
+	}
 	s := fmt.Sprintf("calls %d ok %d failed; terminating %s", callsOK, callsFailed, durStats(terms))
 	if st.draind {
 		s += fmt.Sprintf("; gone after max(app exit, min-drain end) %s, over %s: %d %v", durStats(lags), fmtDur(drainedLagMax), len(late), late)
@@ -533,6 +549,26 @@ func terminationSummary(t *testing.T, st rolloutStrategy, pods []*podLife, t0 ti
 	sort.Strings(codes)
 	s += fmt.Sprintf("; proxy exit %s; past grace %d %v", strings.Join(codes, " "), len(pastGrace), pastGrace)
 	return s
+}
+
+// slowestPod is the pod longest from deletion to gone (nil: none went).
+func slowestPod(pods []*podLife) *podLife {
+	var slow *podLife
+	for _, p := range pods {
+		if p.deleting.IsZero() || p.gone.IsZero() {
+			continue
+		}
+		if slow == nil || p.gone.Sub(p.deleting) > slow.gone.Sub(slow.deleting) {
+			slow = p
+		}
+	}
+	return slow
+}
+
+// tail is s's last n lines.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // durStats is "N mean M max X".

@@ -261,6 +261,8 @@ type Machine struct {
 	// holds now.
 	held     holdTimes
 	curHolds []Hold
+	// holdsLog keeps a flapping hold from filling the log.
+	holdsLog holdsLog
 	// cut is what the deadline left open (State's end).
 	cut *StateEnd
 	// before is what arrived before the trigger (--min-drain auto).
@@ -902,8 +904,14 @@ func (m *Machine) evaluate(ctx context.Context) (Result, bool) {
 		kindsChanged := v.Kinds() != (Verdict{Holds: m.curHolds}).Kinds()
 		m.publish(v.Holds, nil)
 		if kindsChanged {
-			m.log.Info("gate holds", logevent.GateHolds.Field(), zap.Stringers("holds", v.Holds), zap.Stringers("hold_kinds", kindsOf(v.Holds)),
-				zap.Duration("since_drain", time.Since(m.started)))
+			if log, unlogged := m.holdsLog.change(v.Kinds(), time.Now()); log {
+				fields := []zap.Field{logevent.GateHolds.Field(), zap.Stringers("holds", v.Holds), zap.Stringers("hold_kinds", kindsOf(v.Holds)),
+					zap.Duration("since_drain", time.Since(m.started))}
+				if unlogged > 0 {
+					fields = append(fields, zap.Int("unlogged_changes", unlogged))
+				}
+				m.log.Info("gate holds", fields...)
+			}
 		}
 	}
 	// Wake on the next change, or at a computed moment: the end of

@@ -531,6 +531,29 @@ func TestGateHoldsLoggedOnlyWhenTheyChange(t *testing.T) {
 	})
 }
 
+// TestGateHoldsFlapLoggedOnce: a keep-alive client's requests turn
+// envoy-active on and off while the app runs; each set of kinds is logged
+// once, the flapping is not (drain.HoldsRelogAfter).
+func TestGateHoldsFlapLoggedOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t)
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		r.waitPhase(Gating)
+		for i := range 40 {
+			r.flows.set(func(v *FlowView) { v.Downstream = (i + 1) % 2 })
+			time.Sleep(50 * time.Millisecond)
+			synctest.Wait()
+		}
+		if n := r.count(logevent.GateHolds); n != 2 {
+			t.Errorf("%d 'gate holds' lines for 40 flips in 2 s, want 2 (app, app and envoy); log:\n%s", n, r.log())
+		}
+		r.flows.set(func(v *FlowView) { v.Downstream = 0 })
+		r.apps.exit()
+		r.wantResult(r.result(), 0, true, "drained")
+	})
+}
+
 func TestGateNoGauges(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRig(t, setup(func(r *rig) { r.admin.noGauges = true }))

@@ -74,8 +74,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		mux := http.NewServeMux()
 		mux.HandleFunc("/stop", func(w http.ResponseWriter, r *http.Request) {
-			stop()
 			io.WriteString(w, "stopping\n")
+			w.(http.Flusher).Flush() // before the run ends and closes the server
+			stop()
 		})
 		srv := &http.Server{Handler: mux}
 		go srv.Serve(ln) // ends with Close below
