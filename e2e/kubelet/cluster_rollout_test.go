@@ -336,7 +336,8 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	waitPodsReady(t, ns, "role=load", time.Minute)
 	time.Sleep(5 * time.Second)
 
-	t0, cpu0 := time.Now(), sampleCPU()
+	t0, cpu := time.Now(), watchCPU()
+	defer cpu.String() // stops it on a failure; safe twice
 	old := podsOf(t, ns, "app=web")
 	switch ev {
 	case "restart":
@@ -376,7 +377,7 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 		kubectlLong(t, "-n", ns, "rollout", "status", "deployment/web", "--timeout=600s")
 	}
 	took := time.Since(t0)
-	load := cpuSince(cpu0, took)
+	load := cpu.String()
 	time.Sleep(3 * time.Second)
 	// Each load client ends with its summary on /stop; its pod completes
 	// and keeps its log.
@@ -489,7 +490,10 @@ type loadFailure struct {
 // their steps.
 func terminationSummary(t *testing.T, st rolloutStrategy, pods []*podLife, t0 time.Time) string {
 	var callsOK, callsFailed int
-	var terms, lags []time.Duration
+	// own: draind's part, from the later of the app's exit and the
+	// min-drain's end to draind's last line (its exit); kubelet: the rest,
+	// from there to the pod gone.
+	var terms, lags, own, kubelet []time.Duration
 	exits := map[string]int{}
 	var late, pastGrace []string
 	for _, p := range pods {
@@ -531,6 +535,10 @@ func terminationSummary(t *testing.T, st rolloutStrategy, pods []*podLife, t0 ti
 		}
 		lag := p.gone.Sub(from)
 		lags = append(lags, lag)
+		if last := p.proxyLastLine(); !last.IsZero() {
+			own = append(own, last.Sub(from))
+			kubelet = append(kubelet, p.gone.Sub(last))
+		}
 		if lag > drainedLagMax {
 			late = append(late, fmt.Sprintf("%s %s (draind stopping %s after)", p.name, fmtDur(lag), fmtDur(p.stopping().Sub(from))))
 		}
@@ -540,7 +548,8 @@ func terminationSummary(t *testing.T, st rolloutStrategy, pods []*podLife, t0 ti
 	}
 	s := fmt.Sprintf("calls %d ok %d failed; terminating %s", callsOK, callsFailed, durStats(terms))
 	if st.draind {
-		s += fmt.Sprintf("; gone after max(app exit, min-drain end) %s, over %s: %d %v", durStats(lags), fmtDur(drainedLagMax), len(late), late)
+		s += fmt.Sprintf("; gone after max(app exit, min-drain end) %s (draind exited after it %s, then the kubelet %s), over %s: %d %v",
+			durStats(lags), durStats(own), durStats(kubelet), fmtDur(drainedLagMax), len(late), late)
 	}
 	codes := make([]string, 0, len(exits))
 	for c, n := range exits {
@@ -997,27 +1006,112 @@ func (pl *podLives) stop() {
 	})
 }
 
-// cpuSample is the node's CPU time at a moment: in all (/proc/stat,
-// busy and total ticks) and by command name (each live process's own and
-// its reaped children's, so that a container's processes count under
-// its shim once they exit).
-type cpuSample struct {
-	busy, total uint64
-	byComm      map[string]uint64
+// cpuWatch follows the node's CPU through an event: busy cores from
+// /proc/stat, and each process's own time (utime+stime) added up by
+// command name from a read every second, so that processes that exit in
+// between lose at most a second (a reaped child's time is not counted
+// again in its parent's cutime).
+type cpuWatch struct {
+	stop chan struct{}
+	done chan struct{}
+	// Written by the watcher, read after done.
+	busy0, total0, busy, total uint64
+	byComm                     map[string]uint64
+	start                      time.Time
+	took                       time.Duration
 }
 
-func sampleCPU() cpuSample {
-	s := cpuSample{byComm: map[string]uint64{}}
-	if b, err := os.ReadFile("/proc/stat"); err == nil {
-		line, _, _ := strings.Cut(string(b), "\n")
-		for i, f := range strings.Fields(line)[1:] {
-			v, _ := strconv.ParseUint(f, 10, 64)
-			s.total += v
-			if i != 3 && i != 4 { // idle, iowait
-				s.busy += v
+func watchCPU() *cpuWatch {
+	w := &cpuWatch{stop: make(chan struct{}), done: make(chan struct{}), byComm: map[string]uint64{}, start: time.Now()}
+	w.busy0, w.total0 = procStatTicks()
+	last := procTicks()
+	go func() {
+		defer close(w.done)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-w.stop:
+			case <-tick.C:
+			}
+			now := procTicks()
+			for k, v := range now {
+				if prev, ok := last[k]; ok && v.ticks >= prev.ticks {
+					w.byComm[v.comm] += v.ticks - prev.ticks
+				} else if !ok {
+					w.byComm[v.comm] += v.ticks // started since the last read
+				}
+			}
+			last = now
+			select {
+			case <-w.stop:
+				w.busy, w.total = procStatTicks()
+				w.took = time.Since(w.start)
+				return
+			default:
 			}
 		}
+	}()
+	return w
+}
+
+// String ends the watch and says the node's load: busy cores of all, and
+// the commands that took most.
+func (w *cpuWatch) String() string {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
 	}
+	<-w.done
+	const hz = 100 // USER_HZ
+	secs := w.took.Seconds()
+	type use struct {
+		comm  string
+		cores float64
+	}
+	var uses []use
+	for c, v := range w.byComm {
+		uses = append(uses, use{c, float64(v) / hz / secs})
+	}
+	slices.SortFunc(uses, func(x, y use) int { return cmpFloat(y.cores, x.cores) })
+	var top []string
+	for _, u := range uses[:min(8, len(uses))] {
+		top = append(top, fmt.Sprintf("%s %.2f", u.comm, u.cores))
+	}
+	return fmt.Sprintf("node busy %.2f of %.0f cores (%s)", float64(w.busy-w.busy0)/hz/secs, float64(w.total-w.total0)/hz/secs, strings.Join(top, ", "))
+}
+
+// procStatTicks is the node's busy and total ticks.
+func procStatTicks() (busy, total uint64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	for i, f := range strings.Fields(line)[1:] {
+		v, _ := strconv.ParseUint(f, 10, 64)
+		total += v
+		if i != 3 && i != 4 { // idle, iowait
+			busy += v
+		}
+	}
+	return busy, total
+}
+
+type procKey struct {
+	pid   string
+	start string // starttime: a reused PID is another process
+}
+
+type procUse struct {
+	comm  string
+	ticks uint64
+}
+
+// procTicks is each process's own CPU ticks (utime+stime).
+func procTicks() map[procKey]procUse {
+	out := map[procKey]procUse{}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
@@ -1028,46 +1122,18 @@ func sampleCPU() cpuSample {
 			continue
 		}
 		open, close := strings.IndexByte(string(b), '('), strings.LastIndexByte(string(b), ')')
-		if open < 0 || close < open {
+		if open < 0 || close < open || close+2 > len(b) {
 			continue
 		}
 		f := strings.Fields(string(b[close+2:]))
-		if len(f) < 15 {
+		if len(f) < 20 {
 			continue
 		}
-		var ticks uint64
-		for _, i := range []int{11, 12, 13, 14} { // utime stime cutime cstime
-			v, _ := strconv.ParseUint(f[i], 10, 64)
-			ticks += v
-		}
-		s.byComm[string(b[open+1:close])] += ticks
+		u, _ := strconv.ParseUint(f[11], 10, 64)
+		s, _ := strconv.ParseUint(f[12], 10, 64)
+		out[procKey{e.Name(), f[19]}] = procUse{string(b[open+1 : close]), u + s}
 	}
-	return s
-}
-
-// cpuSince is the node's load from a to now: busy cores of all, and the
-// commands that took most.
-func cpuSince(a cpuSample, d time.Duration) string {
-	b := sampleCPU()
-	const hz = 100 // USER_HZ
-	secs := d.Seconds()
-	type use struct {
-		comm  string
-		cores float64
-	}
-	var uses []use
-	for c, v := range b.byComm {
-		if v > a.byComm[c] {
-			uses = append(uses, use{c, float64(v-a.byComm[c]) / hz / secs})
-		}
-	}
-	slices.SortFunc(uses, func(x, y use) int { return cmpFloat(y.cores, x.cores) })
-	var top []string
-	for _, u := range uses[:min(6, len(uses))] {
-		top = append(top, fmt.Sprintf("%s %.2f", u.comm, u.cores))
-	}
-	cpus := float64(b.total-a.total) / hz / secs
-	return fmt.Sprintf("node busy %.2f of %.0f cores (%s)", float64(b.busy-a.busy)/hz/secs, cpus, strings.Join(top, ", "))
+	return out
 }
 
 func cmpFloat(a, b float64) int {

@@ -78,3 +78,16 @@ func TestRolloutLogParsing(t *testing.T) {
 		t.Errorf("parseLoad = %+v, %+v, %v", sum, fails, err)
 	}
 }
+
+// TestCPUWatch: the watch counts this process's own busy loop under its
+// command name.
+func TestCPUWatch(t *testing.T) {
+	w := watchCPU()
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); {
+	}
+	got := w.String()
+	t.Log(got)
+	if !strings.Contains(got, "node busy") || !strings.Contains(got, "kubelet.test") {
+		t.Errorf("watch = %q, want the node's load with this test's own command", got)
+	}
+}

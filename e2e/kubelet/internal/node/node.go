@@ -296,7 +296,10 @@ func removeContainer(ctx context.Context, rt runtimeapi.RuntimeServiceClient, id
 			return nil
 		}
 		if time.Now().After(end) || ctx.Err() != nil {
-			return fmt.Errorf("remove container %s: %w (its stop: %v)", id, rmErr, stopErr)
+			if stopErr != nil {
+				return fmt.Errorf("remove container %s: %w (its stop: %w)", id, rmErr, stopErr)
+			}
+			return fmt.Errorf("remove container %s: %w", id, rmErr)
 		}
 	}
 }
