@@ -276,18 +276,6 @@ spec:
 	return table
 }
 
-// kubectlLong is kubectl for a command that may take 10 min.
-func kubectlLong(t *testing.T, args ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 11*time.Minute)
-	defer cancel()
-	out, err := theCluster.KubectlCmd(ctx, nil, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(out)
-}
-
 // waitReachable waits for kube-proxy to program a new Service (at its
 // next sync, up to --iptables-min-sync-period): the load starts once the
 // node reaches it, or its first requests are refused by no rule at all.
@@ -322,7 +310,7 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	default:
 		kubectl(t, nil, "-n", ns, "scale", "deployment/web", fmt.Sprintf("--replicas=%d", rolloutReplicas))
 	}
-	kubectlLong(t, "-n", ns, "rollout", "status", "deployment/web", "--timeout=600s")
+	kubectlWithin(t, 11*time.Minute, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=600s")
 	waitPodsReady(t, ns, "app=web", 5*time.Minute)
 	lives := watchLives(t, ctx, ns, "app=web", []string{"app", st.proxy})
 	defer lives.stop()
@@ -374,7 +362,7 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	}
 	waitUntil(t, 5*time.Minute, st.name+" "+ev+": the old pods' end", func() bool { return lives.settled(old, remain) })
 	if ev == "restart" {
-		kubectlLong(t, "-n", ns, "rollout", "status", "deployment/web", "--timeout=600s")
+		kubectlWithin(t, 11*time.Minute, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=600s")
 	}
 	took := time.Since(t0)
 	load := cpu.String()

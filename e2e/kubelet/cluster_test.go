@@ -52,7 +52,13 @@ func requireIstiod(t *testing.T) {
 
 func kubectl(t *testing.T, stdin []byte, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	return kubectlWithin(t, 3*time.Minute, stdin, args...)
+}
+
+// kubectlWithin is kubectl for a command that may take up to d.
+func kubectlWithin(t *testing.T, d time.Duration, stdin []byte, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	out, err := theCluster.KubectlCmd(ctx, stdin, args...)
 	if err != nil {
