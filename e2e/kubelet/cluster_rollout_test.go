@@ -2,6 +2,7 @@ package kubelet_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -371,6 +372,7 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	// and keeps its log.
 	logs := stopLoads(t, ns, loads)
 	lives.stop()
+	pods := lives.ended() // the old pods' logs whole, before any step is read
 	if ev == "burst" {
 		kubectl(t, nil, "uncordon", theCluster.Config.Node.NodeName)
 	}
@@ -393,7 +395,6 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 			t.Logf("  %s %s %s failure at +%s: %s %s; %s", st.name, ev, shape, fmtDur(f.at.Sub(t0)), f.class, f.err, lives.stepsAt(f.at, t0))
 		}
 	}
-	pods := lives.ended()
 	line := fmt.Sprintf("sync %-4s round %d %-24s %-7s took %s; %s; %s", fmtDur(theCluster.Config.ProxySyncPeriod), r.round, st.name, ev, fmtDur(took),
 		terminationSummary(t, st, pods, t0), load)
 	t.Log(line)
@@ -738,6 +739,8 @@ type podLife struct {
 	proxyExit string
 	proxyEnd  time.Time
 	logs      map[string]*podLog
+	// stepsDone are steps, read once from the whole logs (podLives.ended).
+	stepsDone []podEvent
 }
 
 func (p *podLife) log(container string) string {
@@ -810,12 +813,17 @@ func (p *podLife) proxyLastLine() time.Time {
 	return at
 }
 
-// steps are the pod's lifecycle moments known, in order.
+// steps are the pod's lifecycle moments known, in order; read from its
+// logs once, after podLives.ended (each failure asks every terminating
+// pod).
 func (p *podLife) steps() []podEvent {
+	if p.stepsDone != nil {
+		return p.stepsDone
+	}
 	var evs []podEvent
 	add := func(at time.Time, what string) {
 		if !at.IsZero() {
-			evs = append(evs, podEvent{at, p.name, what})
+			evs = append(evs, podEvent{at, what})
 		}
 	}
 	add(p.deleting, "deleting")
@@ -828,6 +836,7 @@ func (p *podLife) steps() []podEvent {
 	add(p.proxyEnd, "proxy exited "+p.proxyExit+" (seen)")
 	add(p.gone, "gone")
 	slices.SortStableFunc(evs, func(a, b podEvent) int { return a.at.Compare(b.at) })
+	p.stepsDone = evs
 	return evs
 }
 
@@ -854,8 +863,8 @@ func (p *podLife) stepAt(at time.Time) string {
 }
 
 type podEvent struct {
-	at        time.Time
-	pod, what string
+	at   time.Time
+	what string
 }
 
 // podLives follows a namespace's pods: the watch's moments, and the
@@ -1062,7 +1071,7 @@ func (w *cpuWatch) String() string {
 	for c, v := range w.byComm {
 		uses = append(uses, use{c, float64(v) / hz / secs})
 	}
-	slices.SortFunc(uses, func(x, y use) int { return cmpFloat(y.cores, x.cores) })
+	slices.SortFunc(uses, func(x, y use) int { return cmp.Compare(y.cores, x.cores) })
 	var top []string
 	for _, u := range uses[:min(8, len(uses))] {
 		top = append(top, fmt.Sprintf("%s %.2f", u.comm, u.cores))
@@ -1122,14 +1131,4 @@ func procTicks() map[procKey]procUse {
 		out[procKey{e.Name(), f[19]}] = procUse{string(b[open+1 : close]), u + s}
 	}
 	return out
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

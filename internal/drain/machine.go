@@ -901,10 +901,11 @@ func (m *Machine) evaluate(ctx context.Context) (Result, bool) {
 	}
 	if !slices.Equal(v.Holds, m.curHolds) {
 		// Published on any change (a count too), logged when the kinds change.
-		kindsChanged := v.Kinds() != (Verdict{Holds: m.curHolds}).Kinds()
+		kinds := v.Kinds()
+		kindsChanged := kinds != (Verdict{Holds: m.curHolds}).Kinds()
 		m.publish(v.Holds, nil)
 		if kindsChanged {
-			if log, unlogged := m.holdsLog.change(v.Kinds(), time.Now()); log {
+			if log, unlogged := m.holdsLog.change(kinds, time.Now()); log {
 				fields := []zap.Field{logevent.GateHolds.Field(), zap.Stringers("holds", v.Holds), zap.Stringers("hold_kinds", kindsOf(v.Holds)),
 					zap.Duration("since_drain", time.Since(m.started))}
 				if unlogged > 0 {
