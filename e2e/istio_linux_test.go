@@ -265,22 +265,19 @@ func TestIstioPilotAgentClassic(t *testing.T) {
 	code, took := p.waitExit(30 * time.Second)
 	close(stop)
 	probes, ready, istioReady := appProbes(), readiness(), istioReadiness()
-	p.report(t, a, code, took, time.Time{}, probes, ready, istioReady)
+	p.report(t, a, code, took, probes, ready, istioReady)
 }
 
 // report checks what acceptance 1 and 2 share and logs the figures. The
 // quit must come 0-50 ms after the later of the app's exit, the request's
-// end and min-drain's end; in the native order, after draind's SIGTERM
-// (sigterm, not zero), which ends min-drain: the app is gone by then.
-func (p *istioPod) report(t *testing.T, a answer, code int, took time.Duration, sigterm time.Time, probes, ready, istioReady []pollResult) {
+// end and min-drain's end (also in the native order: draind sees the app
+// gone and needs no SIGTERM).
+func (p *istioPod) report(t *testing.T, a answer, code int, took time.Duration, probes, ready, istioReady []pollResult) {
 	t.Helper()
 	ok, closed, fail, appExit := p.appCalls()
 	draining := p.phaseTime("draining")
 	quit := p.phaseTime("stopping")
 	minDrainEnd := p.phaseTime("gating") // the min-drain's end (auto, the default: out of rotation)
-	if !sigterm.IsZero() {
-		minDrainEnd = sigterm
-	}
 	last := appExit
 	for _, x := range []time.Time{a.at, minDrainEnd} {
 		if x.After(last) {
@@ -316,7 +313,7 @@ func (p *istioPod) report(t *testing.T, a answer, code int, took time.Duration, 
 			istioAfter[r.code]++
 		}
 	}
-	t.Logf("request: %d %v, done +%s; calls: %d ok (%d told to close), %d failed; app exit +%s; min-drain end (native: draind's SIGTERM) +%s; quitquitquit +%s = %s after the later of the app's exit, the request and min-drain; draind exit %d at +%s (%v)",
+	t.Logf("request: %d %v, done +%s; calls: %d ok (%d told to close), %d failed; app exit +%s; min-drain end +%s; quitquitquit +%s = %s after the later of the app's exit, the request and min-drain; draind exit %d at +%s (%v)",
 		a.code, a.err, a.at.Sub(p.drainedAt), ok, closed, fail, appExit.Sub(p.drainedAt), minDrainEnd.Sub(p.drainedAt), quit.Sub(p.drainedAt), quit.Sub(last), code, took, exited["why"])
 	t.Logf("app probe %s on pilot-agent's port until the app's exit: %v (first non-200 at +%s); draind's readiness (:%s) after the drain began: %v; Istio's own (:%s) meanwhile: %v",
 		appProbePath, probeCodes, firstProbeFail.Sub(p.drainedAt), draindStatusPort, readyAfter, istioStatusPort, istioAfter)
@@ -342,7 +339,8 @@ func (p *istioPod) report(t *testing.T, a answer, code int, took time.Duration, 
 
 // Acceptance 2: the native sidecar. The kubelet runs the preStop hook
 // `draind drain` (no flag: it finds draind's port from Istio's settings)
-// and SIGTERMs the app together, and SIGTERMs draind after the app exited.
+// and SIGTERMs the app together, and would SIGTERM draind after the app
+// exited: draind, seeing the app gone, does not wait for it.
 func TestIstioPilotAgentNative(t *testing.T) {
 	p := newIstioPod(t, nil)
 	p.startApp("--on-term", "graceful", "--linger", "1s", "--outbound-count", "12", "--outbound-pause", "250ms")
@@ -367,17 +365,15 @@ func TestIstioPilotAgentNative(t *testing.T) {
 	if !p.app.wait(20 * time.Second) {
 		t.Fatal("the app did not exit")
 	}
-	sigterm := time.Now()
-	p.draind.Signal(syscall.SIGTERM)
-	code, took := p.waitExit(30 * time.Second)
+	code, took := p.exitsBeforeSidecarTurn()
 	close(stop)
 	draining := p.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "draining"})
-	t.Logf("native: draind drain returned in %s (%s); draind's SIGTERM at +%s, %s after the app's exit; draind's exit %s after its SIGTERM; trigger %v",
-		hookDone.Sub(p.drainedAt), strings.TrimSpace(out.String()), sigterm.Sub(p.drainedAt), sigterm.Sub(p.app.exitedAt), p.draind.exitedAt.Sub(sigterm), draining["trigger"])
+	t.Logf("native: draind drain returned in %s (%s); draind's exit %s after the app's, no SIGTERM; trigger %v",
+		hookDone.Sub(p.drainedAt), strings.TrimSpace(out.String()), p.draind.exitedAt.Sub(p.app.exitedAt), draining["trigger"])
 	if draining["trigger"] != "prestop-hook" {
 		t.Errorf("drain trigger %v; want prestop-hook", draining["trigger"])
 	}
-	p.report(t, a, code, took, sigterm, appProbes(), readiness(), istioReadiness())
+	p.report(t, a, code, took, appProbes(), readiness(), istioReadiness())
 }
 
 // Acceptance 3: ProxyConfig terminationDrainDuration. 40 s, with the app

@@ -445,6 +445,25 @@ func (p *pod) terminate() {
 }
 
 // waitExit waits for draind's exit code and how long after SIGTERM.
+// exitsBeforeSidecarTurn: a native sidecar's draind, the app gone, stops
+// on its own, without the SIGTERM the kubelet sends once every app
+// container exited (its turn came 0.03–0.7 s after the app's exit in make
+// bench-rollout). It fails the test if draind waits for that SIGTERM.
+func (p *pod) exitsBeforeSidecarTurn() (int, time.Duration) {
+	p.t.Helper()
+	select {
+	case <-p.draind.done:
+		if n := len(p.logLines(logevent.AppGoneEndsAwait)); n != 1 {
+			p.t.Errorf("%d app_gone_ends_await lines, want 1; log:\n%s", n, p.draindLog.String())
+		}
+		return p.draind.code, time.Since(p.drainedAt)
+	case <-time.After(10 * time.Second):
+		p.draind.Signal(syscall.SIGTERM)
+		p.t.Fatalf("draind still running 10 s after the app's exit, waiting for the sidecar's SIGTERM; log:\n%s", p.draindLog.String())
+	}
+	return 0, 0
+}
+
 func (p *pod) waitExit(d time.Duration) (int, time.Duration) {
 	p.t.Helper()
 	select {

@@ -41,6 +41,12 @@ func TestGateDecisions(t *testing.T) {
 		{"prestop --wait-listeners", GateInput{AppExit: AppExitFlows, WaitListeners: true, NoProxy: true, AppListeners: 2}, false, "app: 2 listeners, 0 flows"},
 		{"prestop ignores envoy", GateInput{AppExit: AppExitFlows, NoProxy: true, Downstream: 3}, true, ""},
 		{"both hold", GateInput{AppExit: AppExitWait, ProcView: ProcsComplete, AppProcs: 1, EnvoyKnown: true, EnvoyActive: 1}, false, "app: 1 processes; envoy: 1 active"},
+		{"native sidecar: app seen gone, no SIGTERM needed", GateInput{AppExit: AppExitWait, ProcView: ProcsComplete, EnvoyKnown: true, AwaitSignal: true}, true, ""},
+		{"native sidecar: app processes alive", GateInput{AppExit: AppExitWait, ProcView: ProcsComplete, AppProcs: 1, EnvoyKnown: true, AwaitSignal: true}, false, "app: 1 processes; kubelet: the sidecar's SIGTERM"},
+		{"native sidecar: no process view, nothing left", GateInput{AppExit: AppExitWait, EnvoyKnown: true, AwaitSignal: true}, false, "kubelet: the sidecar's SIGTERM"},
+		{"native sidecar: partial view, nothing left", GateInput{AppExit: AppExitWait, ProcView: ProcsPartial, EnvoyKnown: true, AwaitSignal: true}, false, "kubelet: the sidecar's SIGTERM"},
+		{"native sidecar: flows policy", GateInput{AppExit: AppExitFlows, ProcView: ProcsComplete, AppProcs: 1, EnvoyKnown: true, AwaitSignal: true}, false, "kubelet: the sidecar's SIGTERM"},
+		{"native sidecar: app gone, Envoy busy", GateInput{AppExit: AppExitWait, ProcView: ProcsComplete, EnvoyKnown: true, EnvoyActive: 1, Downstream: 1, AwaitSignal: true}, false, "envoy: 1 active"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

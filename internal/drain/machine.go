@@ -456,7 +456,12 @@ func (m *Machine) Run(ctx context.Context) Result {
 	}
 	for {
 		var fc, ac <-chan struct{}
+		if m.checkAppSeenGone() {
+			continue
+		}
 		switch p := m.Phase(); {
+		case p == Draining && m.awaitSignal && m.apps != nil:
+			fc, ac = flowsChanged, appsChanged
 		case p == Gating:
 			if res, done := m.evaluate(ctx); done {
 				return res
@@ -691,11 +696,7 @@ func (m *Machine) onTrigger(c Cause) {
 			// last flows remain for the gate.
 			m.awaitSignal = false
 			if p == Draining && m.appGone() {
-				m.timers.minDrain.Stop()
-				m.timers.minDrain = nil
-				if m.cfg.MinDrainAuto && m.arrivals != nil {
-					m.arrivals.End()
-				}
+				m.endMinDrain()
 				m.log.Info("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now", logevent.SigtermEndsMinDrain.Field())
 				m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.flows.Observe()))
 			} else {
@@ -709,6 +710,42 @@ func (m *Machine) onTrigger(c Cause) {
 		m.log.Info("drain trigger ignored: already draining", logevent.TriggerIgnored.Field(), zap.Stringer("trigger", c), zap.Stringer("phase", p),
 			zap.Stringer("drain_trigger", m.Cause()))
 	}
+}
+
+// endMinDrain ends the min-drain before its time.
+func (m *Machine) endMinDrain() {
+	if m.timers.minDrain != nil {
+		m.timers.minDrain.Stop()
+		m.timers.minDrain = nil
+	}
+	if m.cfg.MinDrainAuto && m.arrivals != nil {
+		m.arrivals.End()
+	}
+}
+
+// checkAppSeenGone: a native sidecar waiting for its SIGTERM sees the app
+// gone (AppSeenGone), the fact the SIGTERM would bring later: it waits for
+// it no more, and a min-drain still running ends, as at that SIGTERM
+// (nothing can be served any more). It reports whether it did.
+func (m *Machine) checkAppSeenGone() bool {
+	if !m.awaitSignal || m.apps == nil {
+		return false
+	}
+	fv := m.flows.Observe()
+	in := GateInput{AppExit: m.cfg.AppExit, Gateway: m.cfg.Gateway, AppListeners: fv.AppListeners, AppHolding: fv.AppHolding}
+	in.AppProcs, in.ProcView = m.apps.Count()
+	if !AppSeenGone(in) {
+		return false
+	}
+	m.awaitSignal = false
+	draining := m.Phase() == Draining
+	m.log.Info("the app is seen gone (native sidecar): the kubelet's SIGTERM, which follows it, is not waited for",
+		logevent.AppGoneEndsAwait.Field(), zap.Bool("min_drain_ended", draining), zap.Duration("since_drain", time.Since(m.started)))
+	if draining {
+		m.endMinDrain()
+		m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", fv))
+	}
+	return true
 }
 
 // appGone reports whether the machine's own view says the app has no

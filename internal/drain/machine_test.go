@@ -717,12 +717,20 @@ func TestSecondSignalIgnored(t *testing.T) {
 }
 
 func TestNativeSidecarSIGTERMAfterPreStop(t *testing.T) {
+	// No process view: only the app's sockets can say it is gone, which
+	// no idle app's can prove; the kubelet's SIGTERM does.
+	partial := func(r *rig, _ *Config) {
+		r.apps = nil
+		r.flows.set(func(v *FlowView) { v.AppListeners = 1 })
+	}
+	appGone := func(r *rig) { r.flows.set(func(v *FlowView) { v.AppListeners = 0 }) }
 	t.Run("app gone during the min-drain", inBubble(func(t *testing.T) {
-		r := newRig(t, withConfig(func(c *Config) { c.MinDrain = time.Hour; c.Deadline = 2 * time.Hour }))
+		r := newRig(t, partial, withConfig(func(c *Config) { c.MinDrain = time.Hour; c.Deadline = 2 * time.Hour }))
 		r.waitPhase(Ready)
 		r.m.Trigger(CausePreStop)
 		r.waitPhase(Draining)
-		r.apps.exit()
+		appGone(r)
+		r.notDone(50 * time.Millisecond)
 		r.m.Trigger(CauseSignal) // the kubelet: every app container has exited
 		r.wantResult(r.result(), 0, true, "drained")
 		if r.count(logevent.SigtermEndsMinDrain) != 1 {
@@ -730,14 +738,51 @@ func TestNativeSidecarSIGTERMAfterPreStop(t *testing.T) {
 		}
 	}))
 	t.Run("the gate waits for the SIGTERM", inBubble(func(t *testing.T) {
+		r := newRig(t, partial)
+		r.waitPhase(Ready)
+		r.m.Trigger(CausePreStop)
+		r.waitPhase(Gating)
+		appGone(r)
+		r.waitForLog(logevent.GateHolds, "hold_kinds", fmt.Sprint([]HoldKind{HoldAwaitSignal}))
+		r.notDone(50 * time.Millisecond)
+		r.m.Trigger(CauseSignal)
+		r.wantResult(r.result(), 0, true, "drained")
+	}))
+	t.Run("the app seen gone stands in for the SIGTERM", inBubble(func(t *testing.T) {
 		r := newRig(t)
 		r.waitPhase(Ready)
 		r.m.Trigger(CausePreStop)
 		r.waitPhase(Gating)
-		r.apps.exit()
-		r.waitForLog(logevent.GateHolds, "hold_kinds", fmt.Sprint([]HoldKind{HoldAwaitSignal}))
 		r.notDone(50 * time.Millisecond)
-		r.m.Trigger(CauseSignal)
+		r.apps.exit()
+		r.wantResult(r.result(), 0, true, "drained")
+		if r.count(logevent.AppGoneEndsAwait) != 1 || r.count(logevent.SigtermAfterPrestop) != 0 {
+			t.Errorf("want one app_gone_ends_await line, no SIGTERM; log:\n%s", r.log())
+		}
+	}))
+	t.Run("the app seen gone ends the min-drain", inBubble(func(t *testing.T) {
+		r := newRig(t, withConfig(func(c *Config) { c.MinDrain = time.Hour; c.Deadline = 2 * time.Hour }))
+		r.waitPhase(Ready)
+		r.m.Trigger(CausePreStop)
+		r.waitPhase(Draining)
+		r.notDone(50 * time.Millisecond)
+		r.apps.exit()
+		r.wantResult(r.result(), 0, true, "drained")
+		r.wantPhases("ready", "draining", "gating", "stopping", "exited")
+		if r.count(logevent.AppGoneEndsAwait) != 1 {
+			t.Errorf("no app_gone_ends_await line; log:\n%s", r.log())
+		}
+	}))
+	t.Run("the app seen gone, Envoy still busy", inBubble(func(t *testing.T) {
+		r := newRig(t)
+		r.waitPhase(Ready)
+		r.m.Trigger(CausePreStop)
+		r.waitPhase(Gating)
+		r.flows.set(func(v *FlowView) { v.Downstream = 1 })
+		r.apps.exit()
+		r.waitForLog(logevent.AppGoneEndsAwait, "", "")
+		r.notDone(50 * time.Millisecond)
+		r.flows.set(func(v *FlowView) { v.Downstream = 0 })
 		r.wantResult(r.result(), 0, true, "drained")
 	}))
 	t.Run("a classic sidecar with the hook", inBubble(func(t *testing.T) {

@@ -30,6 +30,10 @@ const (
 	// OutOfRotation: --min-drain auto's wait ended (fields took, why:
 	// quiet, floor or ceiling, connections, window).
 	OutOfRotation Event = "out_of_rotation"
+	// AppGoneEndsAwait: a native sidecar drained from its preStop hook saw
+	// the app gone before the kubelet's SIGTERM: it no longer waits for it
+	// (field min_drain_ended: the min-drain was still running).
+	AppGoneEndsAwait Event = "app_gone_ends_await"
 	// SigtermAfterPrestop: a native sidecar's SIGTERM after the preStop
 	// drain: the gate no longer waits for it.
 	SigtermAfterPrestop Event = "sigterm_after_prestop"
