@@ -387,13 +387,18 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 		if sum.Sent > 0 {
 			success = float64(sum.OK) / float64(sum.Sent)
 		}
-		line := fmt.Sprintf("sync %-4s round %d %-24s %-7s %-9s app %-8s sent %5d failed %4d success %.4f %v",
-			fmtDur(theCluster.Config.ProxySyncPeriod), r.round, st.name, ev, shape, st.appHook, sum.Sent, sum.Failed, success, sum.ByClass)
-		t.Log(line)
-		table = append(table, line)
+		byStep := map[string]int{}
 		for _, f := range fails {
 			t.Logf("  %s %s %s failure at +%s: %s %s; %s", st.name, ev, shape, fmtDur(f.at.Sub(t0)), f.class, f.err, lives.stepsAt(f.at, t0))
+			byStep[f.class+" at "+lives.furthestStep(f.at)]++
 		}
+		line := fmt.Sprintf("sync %-4s round %d %-24s %-7s %-9s app %-8s sent %5d failed %4d success %.4f %v",
+			fmtDur(theCluster.Config.ProxySyncPeriod), r.round, st.name, ev, shape, st.appHook, sum.Sent, sum.Failed, success, sum.ByClass)
+		if len(byStep) > 0 {
+			line += fmt.Sprintf(" by step %v", byStep)
+		}
+		t.Log(line)
+		table = append(table, line)
 	}
 	line := fmt.Sprintf("sync %-4s round %d %-24s %-7s took %s; %s; %s", fmtDur(theCluster.Config.ProxySyncPeriod), r.round, st.name, ev, fmtDur(took),
 		terminationSummary(t, st, pods, t0), load)
@@ -851,6 +856,12 @@ func (p *podLife) timeline() string {
 
 // stepAt is the pod's last step at at: "name: step 1.2s before".
 func (p *podLife) stepAt(at time.Time) string {
+	last, since := p.lastStep(at)
+	return fmt.Sprintf("%s: %s %s before", p.name, last, fmtDur(since))
+}
+
+// lastStep is the pod's last step at at, and how long before at it came.
+func (p *podLife) lastStep(at time.Time) (string, time.Duration) {
 	last := "before deletion"
 	var since time.Duration
 	for _, e := range p.steps() {
@@ -859,7 +870,21 @@ func (p *podLife) stepAt(at time.Time) string {
 		}
 		last, since = e.what, at.Sub(e.at)
 	}
-	return fmt.Sprintf("%s: %s %s before", p.name, last, fmtDur(since))
+	return last, since
+}
+
+// stepOrder is the lifecycle's order of the steps (steps' names, the proxy's
+// exit by its prefix), for a failure's furthest step.
+var stepOrder = []string{"before deletion", "deleting", "not ready", "app SIGTERM", "app exited", "min-drain ended",
+	"draind stopping the proxy", "proxy's last log line", "proxy exited", "gone"}
+
+func stepRank(what string) int {
+	for i, s := range stepOrder {
+		if strings.HasPrefix(what, s) {
+			return i
+		}
+	}
+	return -1
 }
 
 type podEvent struct {
@@ -992,6 +1017,32 @@ func (pl *podLives) stepsAt(at, t0 time.Time) string {
 	}
 	sort.Strings(s)
 	return "terminating: " + strings.Join(s, "; ")
+}
+
+// furthestStep is a failure's step for the table: the furthest step of the
+// lifecycle any pod terminating at at had reached, with how many were
+// terminating when more than one ("no pod terminating": none). With one pod
+// at a time (restart, scale) it is that pod's step; in the burst, a failure
+// while every pod is still "deleting" is the node's, no proxy having acted.
+func (pl *podLives) furthestStep(at time.Time) string {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	n, best := 0, ""
+	for _, l := range pl.pods {
+		if !l.deleting.IsZero() && !l.deleting.After(at) && (l.gone.IsZero() || l.gone.After(at)) {
+			n++
+			if step, _ := l.lastStep(at); best == "" || stepRank(step) > stepRank(best) {
+				best = step
+			}
+		}
+	}
+	switch {
+	case n == 0:
+		return "no pod terminating"
+	case n > 1:
+		return fmt.Sprintf("%s (of %d)", best, n)
+	}
+	return best
 }
 
 // stop ends the watch; the log streams end with their containers or the

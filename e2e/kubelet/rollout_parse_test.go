@@ -70,6 +70,24 @@ func TestRolloutLogParsing(t *testing.T) {
 		t.Errorf("minDrainEnd (pilot-agent) = %v, want zero", got)
 	}
 
+	// A failure's step for the table: the furthest any terminating pod
+	// had reached.
+	p.logs["envoy"] = logOf(proxy)
+	q := &podLife{name: "web-2", proxy: "envoy", logs: map[string]*podLog{"app": logOf(""), "envoy": logOf("")},
+		deleting: at("2026-11-28T13:00:05.1Z"), gone: at("2026-11-28T13:00:09Z")}
+	pl := &podLives{pods: map[string]*podLife{"web-1": p, "web-2": q}}
+	for _, c := range []struct{ at, want string }{
+		{"2026-11-28T13:00:03.0Z", "no pod terminating"},
+		{"2026-11-28T13:00:04.5Z", "deleting"},
+		{"2026-11-28T13:00:05.2Z", "app SIGTERM (of 2)"},
+		{"2026-11-28T13:00:07.7Z", "proxy's last log line (of 2)"},
+		{"2026-11-28T13:00:08.0Z", "deleting"},
+	} {
+		if got := pl.furthestStep(at(c.at)); got != c.want {
+			t.Errorf("furthestStep(%s) = %q, want %q", c.at, got, c.want)
+		}
+	}
+
 	sum, fails, err := parseLoad(strings.Join([]string{
 		`2026-11-28T13:00:06.000000000Z {"t":1795870806000000000,"class":"refused","err":"dial tcp: connection refused"}`,
 		`2026-11-28T13:01:00.000000000Z {"sent":1200,"ok":1199,"failed":1,"by_class":{"refused":1}}`,
