@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"regexp"
@@ -390,7 +391,7 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 		byStep := map[string]int{}
 		for _, f := range fails {
 			t.Logf("  %s %s %s failure at +%s: %s %s; %s", st.name, ev, shape, fmtDur(f.at.Sub(t0)), f.class, f.err, lives.stepsAt(f.at, t0))
-			byStep[f.class+" at "+lives.furthestStep(f.at)]++
+			byStep[f.class+" at "+lives.stepsKey(f.at)]++
 		}
 		line := fmt.Sprintf("sync %-4s round %d %-24s %-7s %-9s app %-8s sent %5d failed %4d success %.4f %v",
 			fmtDur(theCluster.Config.ProxySyncPeriod), r.round, st.name, ev, shape, st.appHook, sum.Sent, sum.Failed, success, sum.ByClass)
@@ -874,7 +875,7 @@ func (p *podLife) lastStep(at time.Time) (string, time.Duration) {
 }
 
 // stepOrder is the lifecycle's order of the steps (steps' names, the proxy's
-// exit by its prefix), for a failure's furthest step.
+// exit by its prefix), for a failure's steps.
 var stepOrder = []string{"before deletion", "deleting", "not ready", "app SIGTERM", "app exited", "min-drain ended",
 	"draind stopping the proxy", "proxy's last log line", "proxy exited", "gone"}
 
@@ -1019,30 +1020,34 @@ func (pl *podLives) stepsAt(at, t0 time.Time) string {
 	return "terminating: " + strings.Join(s, "; ")
 }
 
-// furthestStep is a failure's step for the table: the furthest step of the
-// lifecycle any pod terminating at at had reached, with how many were
-// terminating when more than one ("no pod terminating": none). With one pod
-// at a time (restart, scale) it is that pod's step; in the burst, a failure
-// while every pod is still "deleting" is the node's, no proxy having acted.
-func (pl *podLives) furthestStep(at time.Time) string {
+// stepsKey is a failure's steps for the table: the step each pod
+// terminating at at had reached, in the lifecycle's order, with a count
+// where several were at the same ("app SIGTERM, proxy's last log line
+// ×3"; "no pod terminating": none). With one pod at a time it is that
+// pod's step; a 503 falls to a pod whose proxy was still up, a refusal or
+// reset to one whose proxy was going; in the burst, a failure while every
+// pod is still "deleting" is the node's, no proxy having acted.
+func (pl *podLives) stepsKey(at time.Time) string {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
-	n, best := 0, ""
+	n := map[string]int{}
 	for _, l := range pl.pods {
 		if !l.deleting.IsZero() && !l.deleting.After(at) && (l.gone.IsZero() || l.gone.After(at)) {
-			n++
-			if step, _ := l.lastStep(at); best == "" || stepRank(step) > stepRank(best) {
-				best = step
-			}
+			step, _ := l.lastStep(at)
+			n[step]++
 		}
 	}
-	switch {
-	case n == 0:
+	if len(n) == 0 {
 		return "no pod terminating"
-	case n > 1:
-		return fmt.Sprintf("%s (of %d)", best, n)
 	}
-	return best
+	steps := slices.Collect(maps.Keys(n))
+	slices.SortFunc(steps, func(a, b string) int { return cmp.Or(cmp.Compare(stepRank(a), stepRank(b)), cmp.Compare(a, b)) })
+	for i, st := range steps {
+		if n[st] > 1 {
+			steps[i] = fmt.Sprintf("%s ×%d", st, n[st])
+		}
+	}
+	return strings.Join(steps, ", ")
 }
 
 // stop ends the watch; the log streams end with their containers or the

@@ -70,21 +70,23 @@ func TestRolloutLogParsing(t *testing.T) {
 		t.Errorf("minDrainEnd (pilot-agent) = %v, want zero", got)
 	}
 
-	// A failure's step for the table: the furthest any terminating pod
-	// had reached.
+	// A failure's steps for the table: each terminating pod's, in the
+	// lifecycle's order.
 	p.logs["envoy"] = logOf(proxy)
 	q := &podLife{name: "web-2", proxy: "envoy", logs: map[string]*podLog{"app": logOf(""), "envoy": logOf("")},
 		deleting: at("2026-11-28T13:00:05.1Z"), gone: at("2026-11-28T13:00:09Z")}
-	pl := &podLives{pods: map[string]*podLife{"web-1": p, "web-2": q}}
+	r := &podLife{name: "web-3", proxy: "envoy", logs: map[string]*podLog{"app": logOf(""), "envoy": logOf("")},
+		deleting: at("2026-11-28T13:00:05.15Z"), gone: at("2026-11-28T13:00:09Z")}
+	pl := &podLives{pods: map[string]*podLife{"web-1": p, "web-2": q, "web-3": r}}
 	for _, c := range []struct{ at, want string }{
 		{"2026-11-28T13:00:03.0Z", "no pod terminating"},
 		{"2026-11-28T13:00:04.5Z", "deleting"},
-		{"2026-11-28T13:00:05.2Z", "app SIGTERM (of 2)"},
-		{"2026-11-28T13:00:07.7Z", "proxy's last log line (of 2)"},
-		{"2026-11-28T13:00:08.0Z", "deleting"},
+		{"2026-11-28T13:00:05.2Z", "deleting ×2, app SIGTERM"},
+		{"2026-11-28T13:00:07.7Z", "deleting ×2, proxy's last log line"},
+		{"2026-11-28T13:00:08.0Z", "deleting ×2"},
 	} {
-		if got := pl.furthestStep(at(c.at)); got != c.want {
-			t.Errorf("furthestStep(%s) = %q, want %q", c.at, got, c.want)
+		if got := pl.stepsKey(at(c.at)); got != c.want {
+			t.Errorf("stepsKey(%s) = %q, want %q", c.at, got, c.want)
 		}
 	}
 
