@@ -748,31 +748,27 @@ func TestNativeSidecarSIGTERMAfterPreStop(t *testing.T) {
 		r.m.Trigger(CauseSignal)
 		r.wantResult(r.result(), 0, true, "drained")
 	}))
-	t.Run("the app seen gone stands in for the SIGTERM", inBubble(func(t *testing.T) {
-		r := newRig(t)
-		r.waitPhase(Ready)
-		r.m.Trigger(CausePreStop)
-		r.waitPhase(Gating)
-		r.notDone(50 * time.Millisecond)
-		r.apps.exit()
-		r.wantResult(r.result(), 0, true, "drained")
-		if r.count(logevent.AppGoneEndsAwait) != 1 || r.count(logevent.SigtermAfterPrestop) != 0 {
-			t.Errorf("want one app_gone_ends_await line, no SIGTERM; log:\n%s", r.log())
-		}
-	}))
-	t.Run("the app seen gone ends the min-drain", inBubble(func(t *testing.T) {
-		r := newRig(t, withConfig(func(c *Config) { c.MinDrain = time.Hour; c.Deadline = 2 * time.Hour }))
-		r.waitPhase(Ready)
-		r.m.Trigger(CausePreStop)
-		r.waitPhase(Draining)
-		r.notDone(50 * time.Millisecond)
-		r.apps.exit()
-		r.wantResult(r.result(), 0, true, "drained")
-		r.wantPhases("ready", "draining", "gating", "stopping", "exited")
-		if r.count(logevent.AppGoneEndsAwait) != 1 {
-			t.Errorf("no app_gone_ends_await line; log:\n%s", r.log())
-		}
-	}))
+	// The app seen gone stands in for the SIGTERM, in the gate (Gating)
+	// and during the min-drain (Draining), which it ends.
+	for _, at := range []Phase{Gating, Draining} {
+		t.Run("the app seen gone while "+at.String(), inBubble(func(t *testing.T) {
+			r := newRig(t, withConfig(func(c *Config) {
+				if at == Draining {
+					c.MinDrain, c.Deadline = time.Hour, 2*time.Hour
+				}
+			}))
+			r.waitPhase(Ready)
+			r.m.Trigger(CausePreStop)
+			r.waitPhase(at)
+			r.notDone(50 * time.Millisecond)
+			r.apps.exit()
+			r.wantResult(r.result(), 0, true, "drained")
+			r.wantPhases("ready", "draining", "gating", "stopping", "exited")
+			if r.count(logevent.AppGoneEndsAwait) != 1 || r.count(logevent.SigtermAfterPrestop) != 0 {
+				t.Errorf("want one app_gone_ends_await line, no SIGTERM; log:\n%s", r.log())
+			}
+		}))
+	}
 	t.Run("the app seen gone, Envoy still busy", inBubble(func(t *testing.T) {
 		r := newRig(t)
 		r.waitPhase(Ready)
