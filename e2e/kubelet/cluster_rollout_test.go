@@ -1042,12 +1042,30 @@ func (pl *podLives) stepsKey(at time.Time) string {
 	}
 	steps := slices.Collect(maps.Keys(n))
 	slices.SortFunc(steps, func(a, b string) int { return cmp.Or(cmp.Compare(stepRank(a), stepRank(b)), cmp.Compare(a, b)) })
+	if total := sumValues(n); total > stepsKeyPods {
+		// A burst: every failure would be a key of its own. The span of
+		// steps says enough: all still deleting (the node's), or how far
+		// the furthest had gone.
+		return fmt.Sprintf("%d pods, %s to %s", total, steps[0], steps[len(steps)-1])
+	}
 	for i, st := range steps {
 		if n[st] > 1 {
 			steps[i] = fmt.Sprintf("%s ×%d", st, n[st])
 		}
 	}
 	return strings.Join(steps, ", ")
+}
+
+// stepsKeyPods is the most terminating pods a failure's key lists one by
+// one (restart: 1-2, scale: 4); more (the burst) get their span.
+const stepsKeyPods = 5
+
+func sumValues(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
 
 // stop ends the watch; the log streams end with their containers or the

@@ -1,6 +1,7 @@
 package kubelet_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -88,6 +89,15 @@ func TestRolloutLogParsing(t *testing.T) {
 		if got := pl.stepsKey(at(c.at)); got != c.want {
 			t.Errorf("stepsKey(%s) = %q, want %q", c.at, got, c.want)
 		}
+	}
+	// A burst: the span of steps alone.
+	for i := range stepsKeyPods {
+		name := fmt.Sprint("web-b", i)
+		pl.pods[name] = &podLife{name: name, proxy: "envoy", logs: map[string]*podLog{"app": logOf(""), "envoy": logOf("")},
+			deleting: at("2026-11-28T13:00:05.15Z"), gone: at("2026-11-28T13:00:09Z")}
+	}
+	if got, want := pl.stepsKey(at("2026-11-28T13:00:05.2Z")), "8 pods, deleting to app SIGTERM"; got != want {
+		t.Errorf("stepsKey (a burst) = %q, want %q", got, want)
 	}
 
 	sum, fails, err := parseLoad(strings.Join([]string{
