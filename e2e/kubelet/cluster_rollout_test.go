@@ -861,6 +861,11 @@ func (p *podLife) stepAt(at time.Time) string {
 	return fmt.Sprintf("%s: %s %s before", p.name, last, fmtDur(since))
 }
 
+// terminatingAt: the pod's deletion was seen by at, and it was not gone.
+func (p *podLife) terminatingAt(at time.Time) bool {
+	return !p.deleting.IsZero() && !p.deleting.After(at) && (p.gone.IsZero() || p.gone.After(at))
+}
+
 // lastStep is the pod's last step at at, and how long before at it came.
 func (p *podLife) lastStep(at time.Time) (string, time.Duration) {
 	last := "before deletion"
@@ -1009,7 +1014,7 @@ func (pl *podLives) stepsAt(at, t0 time.Time) string {
 	defer pl.mu.Unlock()
 	var s []string
 	for _, l := range pl.pods {
-		if !l.deleting.IsZero() && !l.deleting.After(at) && (l.gone.IsZero() || l.gone.After(at)) {
+		if l.terminatingAt(at) {
 			s = append(s, l.stepAt(at))
 		}
 	}
@@ -1030,11 +1035,12 @@ func (pl *podLives) stepsAt(at, t0 time.Time) string {
 func (pl *podLives) stepsKey(at time.Time) string {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
-	n := map[string]int{}
+	n, total := map[string]int{}, 0
 	for _, l := range pl.pods {
-		if !l.deleting.IsZero() && !l.deleting.After(at) && (l.gone.IsZero() || l.gone.After(at)) {
+		if l.terminatingAt(at) {
 			step, _ := l.lastStep(at)
 			n[step]++
+			total++
 		}
 	}
 	if len(n) == 0 {
@@ -1042,7 +1048,7 @@ func (pl *podLives) stepsKey(at time.Time) string {
 	}
 	steps := slices.Collect(maps.Keys(n))
 	slices.SortFunc(steps, func(a, b string) int { return cmp.Or(cmp.Compare(stepRank(a), stepRank(b)), cmp.Compare(a, b)) })
-	if total := sumValues(n); total > stepsKeyPods {
+	if total > stepsKeyPods {
 		// A burst: every failure would be a key of its own. The span of
 		// steps says enough: all still deleting (the node's), or how far
 		// the furthest had gone.
@@ -1059,14 +1065,6 @@ func (pl *podLives) stepsKey(at time.Time) string {
 // stepsKeyPods is the most terminating pods a failure's key lists one by
 // one (restart: 1-2, scale: 4); more (the burst) get their span.
 const stepsKeyPods = 5
-
-func sumValues(m map[string]int) int {
-	n := 0
-	for _, v := range m {
-		n += v
-	}
-	return n
-}
 
 // stop ends the watch; the log streams end with their containers or the
 // event's context. Safe twice.

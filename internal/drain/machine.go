@@ -456,11 +456,11 @@ func (m *Machine) Run(ctx context.Context) Result {
 	}
 	for {
 		var fc, ac <-chan struct{}
-		if m.checkAppSeenGone() {
-			continue
-		}
 		switch p := m.Phase(); {
 		case p == Draining && m.awaitSignal && m.apps != nil:
+			if in, fv := m.baseInput(); m.seeAppGone(in, fv) {
+				continue
+			}
 			fc, ac = flowsChanged, appsChanged
 		case p == Gating:
 			if res, done := m.evaluate(ctx); done {
@@ -723,18 +723,12 @@ func (m *Machine) endMinDrain() {
 	}
 }
 
-// checkAppSeenGone: a native sidecar waiting for its SIGTERM sees the app
-// gone (AppSeenGone), the fact the SIGTERM would bring later: it waits for
+// seeAppGone: a native sidecar waiting for its SIGTERM sees the app gone
+// (AppSeenGone on in), the fact the SIGTERM would bring later: it waits for
 // it no more, and a min-drain still running ends, as at that SIGTERM
 // (nothing can be served any more). It reports whether it did.
-func (m *Machine) checkAppSeenGone() bool {
-	if !m.awaitSignal || m.apps == nil {
-		return false
-	}
-	fv := m.flows.Observe()
-	in := GateInput{AppExit: m.cfg.AppExit, Gateway: m.cfg.Gateway, AppListeners: fv.AppListeners, AppHolding: fv.AppHolding}
-	in.AppProcs, in.ProcView = m.apps.Count()
-	if !AppSeenGone(in) {
+func (m *Machine) seeAppGone(in GateInput, fv FlowView) bool {
+	if !m.awaitSignal || !AppSeenGone(in) {
 		return false
 	}
 	m.awaitSignal = false
@@ -932,6 +926,7 @@ func (m *Machine) stopDrainListeners() {
 // evaluate looks at the gate once; done means the machine ended.
 func (m *Machine) evaluate(ctx context.Context) (Result, bool) {
 	in, fv := m.gateInput(ctx)
+	m.seeAppGone(in, fv) // the gate's own rule lets it through; this says so, once
 	v := m.gate.Step(in)
 	if v.Open {
 		return m.stop("drained", true), true
@@ -1033,16 +1028,7 @@ func envoyOnlyHold(in GateInput, v Verdict) bool {
 // Envoy certainly has some), so a busy drain does not hammer the admin API.
 // It returns the flow view it read too.
 func (m *Machine) gateInput(ctx context.Context) (GateInput, FlowView) {
-	fv := m.flows.Observe()
-	in := GateInput{
-		Now: time.Now(), AppExit: m.cfg.AppExit, Gateway: m.cfg.Gateway, WaitListeners: m.cfg.WaitListeners,
-		NoProxy: m.cfg.Prestop, IdleTimeout: m.cfg.IdleTimeout, AwaitSignal: m.awaitSignal,
-		AppListeners: fv.AppListeners, AppHolding: fv.AppHolding,
-		Downstream: fv.Downstream, DownstreamIdle: fv.DownstreamIdle,
-	}
-	if m.apps != nil {
-		in.AppProcs, in.ProcView = m.apps.Count()
-	}
+	in, fv := m.baseInput()
 	switch {
 	case !AppGone(in):
 		m.appGoneAt = time.Time{}
@@ -1086,6 +1072,22 @@ func (m *Machine) gateInput(ctx context.Context) (GateInput, FlowView) {
 		// evaluation: leave it be for a while.
 		m.adminQuietUntil = time.Now().Add(2 * time.Second)
 		m.log.Debug("admin active connections", zap.Error(err))
+	}
+	return in, fv
+}
+
+// baseInput is the gate's input from draind's own views (the flows, the
+// app's processes), without the admin API's part or the parked flows.
+func (m *Machine) baseInput() (GateInput, FlowView) {
+	fv := m.flows.Observe()
+	in := GateInput{
+		Now: time.Now(), AppExit: m.cfg.AppExit, Gateway: m.cfg.Gateway, WaitListeners: m.cfg.WaitListeners,
+		NoProxy: m.cfg.Prestop, IdleTimeout: m.cfg.IdleTimeout, AwaitSignal: m.awaitSignal,
+		AppListeners: fv.AppListeners, AppHolding: fv.AppHolding,
+		Downstream: fv.Downstream, DownstreamIdle: fv.DownstreamIdle,
+	}
+	if m.apps != nil {
+		in.AppProcs, in.ProcView = m.apps.Count()
 	}
 	return in, fv
 }
