@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"bufio"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -383,4 +385,100 @@ func procStatusKB(pid int, field string) int64 {
 		}
 	}
 	return 0
+}
+
+// TestRotationClosesUntoldKeepAlives (issue 30): a classic sidecar whose
+// app's preStop calls the out-of-rotation wait. Before the deletion,
+// clients outside the pod hold three keep-alive connections through
+// Envoy: one answered and idle since (a client's pooled connection,
+// which Envoy's drain never tells to go), one awaiting a 4 s response,
+// one receiving a stream of chunks 300 ms apart. draind closes the idle
+// one (its client reads EOF) as the wait ends, before the app is told to
+// stop; the slow response and the stream arrive whole.
+func TestRotationClosesUntoldKeepAlives(t *testing.T) {
+	p := newPod(t)
+	p.startApp("--on-term", "graceful")
+	p.startDraind(nil)
+	base := "http://" + podIP + ":15006"
+
+	idle, err := p.remote.Dialer()(t.Context(), "tcp", podIP+":15006")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	br := bufio.NewReader(idle)
+	io.WriteString(idle, "GET / HTTP/1.1\r\nHost: app\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Close {
+		t.Fatalf("the idle connection's request: %d, close %v", resp.StatusCode, resp.Close)
+	}
+	closedAt := make(chan time.Time, 1)
+	go func() {
+		idle.SetReadDeadline(time.Now().Add(20 * time.Second))
+		_, err := br.ReadByte()
+		if !errors.Is(err, io.EOF) {
+			t.Errorf("the idle connection read %v, want EOF", err)
+		}
+		closedAt <- time.Now()
+	}()
+
+	hc := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer()}, Timeout: 20 * time.Second}
+	fetch := func(path string) (string, error) {
+		resp, err := hc.Get(base + path)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != 200 {
+			err = &statusErr{resp.StatusCode}
+		}
+		return string(b), err
+	}
+	var wg sync.WaitGroup
+	var slow, stream string
+	var slowErr, streamErr error
+	wg.Go(func() { slow, slowErr = fetch("/slow?ms=4000") })
+	wg.Go(func() { stream, streamErr = fetch("/stream?n=20&ms=300") })
+	time.Sleep(500 * time.Millisecond) // both in flight, the idle one idle
+
+	p.drainedAt = time.Now()
+	p.draind.Signal(syscall.SIGTERM)
+	_, outcome, waitEnded := callRotationWait(t, p)
+	p.app.Signal(syscall.SIGTERM) // the kubelet, once the hook returned
+	var closed time.Time
+	select {
+	case closed = <-closedAt:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the idle connection still open 10 s after the wait ended; log:\n%s", p.draindLog.String())
+	}
+	wg.Wait()
+	if code, _ := p.waitExit(30 * time.Second); code != 0 {
+		t.Fatalf("draind exited %d; log:\n%s", code, p.draindLog.String())
+	}
+	if outcome != "out-of-rotation" {
+		t.Errorf("the wait said %q", outcome)
+	}
+	if slowErr != nil || !strings.Contains(slow, "slept 4000 ms") {
+		t.Errorf("the slow request: %q, %v", slow, slowErr)
+	}
+	if streamErr != nil || !strings.Contains(stream, "chunk 19") {
+		t.Errorf("the stream: %q, %v", stream, streamErr)
+	}
+	// The idle client never closes its end: Envoy let the connection go
+	// anyway, or the gate would have held to the deadline.
+	if ex := p.logLines(logevent.Phase); len(ex) == 0 || ex[len(ex)-1]["clean"] != true {
+		t.Errorf("the drain did not end clean: %v", ex[len(ex)-1])
+	}
+	lines := p.logLines(logevent.UntoldClosed)
+	if len(lines) != 1 || lines[0]["found"] != 1.0 || lines[0]["closed"] != 1.0 {
+		t.Fatalf("untold_closed lines %v, want one: found 1, closed 1; log:\n%s", lines, p.draindLog.String())
+	}
+	t.Logf("the idle connection closed %s after the deletion, %s before the wait returned (%v)",
+		closed.Sub(p.drainedAt).Round(time.Millisecond), waitEnded.Sub(closed).Round(time.Millisecond), lines[0]["took_ms"])
 }

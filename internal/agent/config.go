@@ -87,6 +87,10 @@ type Config struct {
 	// the drain's start and end (--events): auto when in a cluster whose
 	// API server lets the pod's service account, off never ("": auto).
 	Events EventsMode
+	// CloseIdleKeepalives: as the min-drain ends, close Envoy's
+	// downstream keep-alives idle since before its drain began
+	// (drain.Untold; --close-idle-keepalives, on by default).
+	CloseIdleKeepalives bool
 	// ServiceAccountDir holds the service account's token, ca.crt and
 	// namespace ("": kubeevents.ServiceAccountDir, where the kubelet
 	// mounts them).
@@ -158,6 +162,8 @@ func DefaultConfig() Config {
 		AppProcs:     appprocs.ModeAuto,
 		HostNetwork:  HostNetworkAuto,
 		Events:       EventsAuto,
+
+		CloseIdleKeepalives: true,
 	}
 }
 

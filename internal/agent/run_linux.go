@@ -266,6 +266,9 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if a.procs != nil {
 		parts.Apps = appView{a.procs}
 	}
+	if cfg.CloseIdleKeepalives {
+		parts.Untold = untoldCloser{fv: fv, proxy: a.proxy}
+	}
 	if events != nil {
 		parts.Reporter = events
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/draind/draind/internal/envoy"
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/logevent"
+	"github.com/draind/draind/internal/proxy"
 	"github.com/draind/draind/internal/tcpstate"
 )
 
@@ -142,6 +143,45 @@ func (v *flowView) Holding() []drain.OpenFlow {
 		return true
 	})
 	return out
+}
+
+// untold lists the inodes of Envoy's downstream connections from outside
+// the pod that drain.Untold picks with toldFrom, as of the last snapshot.
+// A hop from inside the pod (the app's outbound calls through Envoy,
+// loopback) is left alone: Envoy's outbound listeners keep serving it.
+func (v *flowView) untold(toldFrom time.Time) map[uint32]bool {
+	snapAt := v.tr.LastSnapshot()
+	out := map[uint32]bool{}
+	v.tr.Each(func(f *flows.TrackedFlow) bool {
+		remote := f.Remote.Addr().Unmap()
+		if f.State != tcpstate.Established || f.Inode == 0 || !v.downstream(&f.Flow) ||
+			!remote.IsValid() || remote.IsLoopback() || remote == f.Local.Addr().Unmap() {
+			return true
+		}
+		if drain.Untold(time.Duration(f.IdleMS)*time.Millisecond, snapAt, toldFrom) {
+			out[f.Inode] = true
+		}
+		return true
+	})
+	return out
+}
+
+// untoldCloser is drain.UntoldCloser: the flows' view picks the
+// connections, the proxy's process group gives them up (a FIN to each
+// client; Envoy reads its end closed).
+type untoldCloser struct {
+	fv    *flowView
+	proxy *proxy.Process
+}
+
+func (u untoldCloser) CloseUntold(toldFrom time.Time) drain.UntoldClosed {
+	// Idle times are only measured by a snapshot: a fresh one.
+	if err := u.fv.Refresh(); err != nil {
+		return drain.UntoldClosed{Err: fmt.Errorf("re-read the flows: %w", err)}
+	}
+	inodes := u.fv.untold(toldFrom)
+	n, err := u.proxy.ShutdownSockets(inodes)
+	return drain.UntoldClosed{Found: len(inodes), Closed: n, Err: err}
 }
 
 // appView is drain.Apps over an app process source.

@@ -127,6 +127,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	fs.Var(gracePeriodFlag{&cfg.GracePeriod}, "grace-period", fmt.Sprintf("the pod's terminationGracePeriodSeconds (whole seconds, as the pod spec has it, or a duration): the drain deadline is derived from it (less %s) unless --drain-deadline is given", drain.GraceMargin))
 	fs.durationVar(&d.StopTimeout, "stop-timeout", d.StopTimeout, "time the proxy gets after /quitquitquit, then after SIGTERM, before SIGKILL")
 	fs.BoolVar(&d.Gateway, "gateway", false, "drain every listener, and wait for no app")
+	fs.BoolVar(&cfg.CloseIdleKeepalives, "close-idle-keepalives", cfg.CloseIdleKeepalives, "as the min-drain ends (the pod out of rotation), before the app's out-of-rotation wait returns: close (FIN) Envoy's downstream connections idle since before its drain began, whose clients no response told to go (their next request could reach an app that stopped accepting)")
 	tracker := trackerFlag(fs)
 	exitWithApp := newOneOf(drain.ExitWithAppOff, drain.ExitWithApps)
 	exitWithApp.alias = map[string]drain.ExitWithApp{"true": drain.ExitWithAppSuccess, "false": drain.ExitWithAppOff}

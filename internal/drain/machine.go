@@ -178,6 +178,9 @@ type Parts struct {
 	Begun time.Time
 	// Reporter, when set, is told of the drain's start and end.
 	Reporter Reporter
+	// Untold, when set, closes Envoy's untold keep-alives as the pod
+	// leaves rotation (UntoldCloser).
+	Untold UntoldCloser
 }
 
 // Reporter is told of a drain's start and end (the pod's Kubernetes
@@ -226,6 +229,7 @@ type Machine struct {
 	tracking Tracking
 	arrivals Arrivals
 	reporter Reporter
+	untold   UntoldCloser
 	log      *zap.Logger
 	begun    time.Time
 
@@ -235,6 +239,9 @@ type Machine struct {
 	cause   atomic.Int32
 	dlState atomic.Int32
 	dlTries atomic.Int64
+	// dlAt is when drain_listeners succeeded (Unix ns; 0 before): from
+	// then on Envoy's responses tell clients to go (Untold).
+	dlAt    atomic.Int64
 	gauges  atomic.Int32
 	drainNS atomic.Int64 // from the trigger to the stop, once stopping
 	// The adaptive wait's end (--min-drain auto), once over.
@@ -330,7 +337,7 @@ func New(cfg Config, parts Parts) *Machine {
 	m := &Machine{
 		cfg:   cfg,
 		flows: parts.Flows, apps: parts.Apps, admin: parts.Admin, proxy: parts.Proxy,
-		tracking: parts.Tracking, arrivals: parts.Arrivals, reporter: parts.Reporter, log: parts.Log, begun: parts.Begun,
+		tracking: parts.Tracking, arrivals: parts.Arrivals, reporter: parts.Reporter, untold: parts.Untold, log: parts.Log, begun: parts.Begun,
 		inputs: make(chan input, 8), gate: Gate{Settle: cfg.Settle},
 	}
 	m.phase.Store(int32(Starting))
@@ -519,8 +526,13 @@ func (m *Machine) Run(ctx context.Context) Result {
 // enter is the one place the phase changes (the State follows; the end's
 // phases publish their own, with the end).
 func (m *Machine) enter(p Phase, fields ...zap.Field) {
-	m.phase.Store(int32(p))
+	from := Phase(m.phase.Swap(int32(p)))
 	m.log.Info("phase", append([]zap.Field{logevent.Phase.Field(), zap.String("phase", p.String())}, fields...)...)
+	if from == Draining && p == Gating {
+		// Before the publish below: it ends the out-of-rotation wait, and
+		// the app stops accepting once that returns.
+		m.closeUntold()
+	}
 	switch p {
 	case Draining:
 		m.publish([]Hold{m.minDrainHold()}, nil)
@@ -528,6 +540,32 @@ func (m *Machine) enter(p Phase, fields ...zap.Field) {
 	default:
 		m.publish(nil, nil)
 	}
+}
+
+// closeUntold closes Envoy's untold keep-alives (Untold), once, as the
+// min-drain ends.
+func (m *Machine) closeUntold() {
+	if m.untold == nil {
+		return
+	}
+	var toldFrom time.Time
+	if ns := m.dlAt.Load(); ns != 0 {
+		toldFrom = time.Unix(0, ns)
+	}
+	start := time.Now()
+	r := m.untold.CloseUntold(toldFrom)
+	if r.Found == 0 && r.Err == nil {
+		return
+	}
+	took := time.Since(start)
+	fields := []zap.Field{logevent.UntoldClosed.Field(), zap.Int("found", r.Found), zap.Int("closed", r.Closed),
+		zap.Bool("drain_listeners_done", !toldFrom.IsZero()), zap.Float64("took_ms", float64(took.Microseconds())/1e3)}
+	if r.Err != nil {
+		m.log.Warn("some idle keep-alives Envoy's drain never told could not be closed: their clients may send one more request after the app stops accepting",
+			append(fields, zap.Error(r.Err))...)
+		return
+	}
+	m.log.Info("closed the idle keep-alives Envoy's drain never told: their clients reconnect elsewhere", fields...)
 }
 
 // ended is end with what the deadline cut, if it did.
@@ -887,6 +925,7 @@ func (m *Machine) startDrainListeners() {
 			err := m.admin.DrainListeners(cctx, inbound)
 			ccancel()
 			if err == nil {
+				m.dlAt.Store(time.Now().UnixNano())
 				m.dlState.Store(int32(DrainListenersDone))
 				m.log.Info("drain_listeners sent", logevent.DrainListenersSent.Field(), zap.Bool("inbound_only", inbound), zap.Int64("attempts", m.dlTries.Load()))
 				return

@@ -262,6 +262,8 @@ type rig struct {
 	arrivals Arrivals
 	// reporter, when set, is Parts.Reporter.
 	reporter Reporter
+	// untold, when set, is Parts.Untold.
+	untold UntoldCloser
 }
 
 func testConfig() Config {
@@ -299,6 +301,9 @@ func newRig(t *testing.T, opts ...rigOption) *rig {
 	}
 	if r.reporter != nil {
 		parts.Reporter = r.reporter
+	}
+	if r.untold != nil {
+		parts.Untold = r.untold
 	}
 	if r.apps != nil {
 		parts.Apps = r.apps

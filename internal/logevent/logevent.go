@@ -30,6 +30,10 @@ const (
 	// OutOfRotation: --min-drain auto's wait ended (fields took, why:
 	// quiet, floor or ceiling, connections, window).
 	OutOfRotation Event = "out_of_rotation"
+	// UntoldClosed: as the min-drain ended, Envoy's downstream
+	// keep-alives idle since before its drain began were shut (a FIN to each client)
+	// (fields found, closed; error when some were not).
+	UntoldClosed Event = "untold_closed"
 	// AppGoneEndsAwait: a native sidecar drained from its preStop hook saw
 	// the app gone before the kubelet's SIGTERM: it no longer waits for it
 	// (field min_drain_ended: the min-drain was still running).

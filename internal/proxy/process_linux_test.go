@@ -23,6 +23,8 @@ func TestMain(m *testing.M) {
 	switch os.Getenv(roleEnv) {
 	case "draind":
 		os.Exit(draindRole())
+	case "holder", "holder-parent":
+		os.Exit(holderRole(os.Getenv(roleEnv)))
 	case "proxy":
 		s, err := privs.Current()
 		if err != nil {

@@ -1,0 +1,71 @@
+package drain
+
+import "time"
+
+// Untold keep-alives: the connections Envoy's drain never reaches.
+//
+// Envoy's drain tells a client to go only with a response: `Connection:
+// close` on HTTP/1.1, GOAWAY on HTTP/2. A pooled connection idle since
+// before the drain got no response since, so its client still holds it
+// as good (Envoy closes an idle HTTP/1.1 keep-alive only at its
+// idle_timeout, 1 h: ../shared notes, "What envoysim must still learn").
+// Once out of rotation the app is told to stop (its preStop hook, the
+// out-of-rotation wait, returns and the kubelet sends SIGTERM); the
+// client's next request on that connection then reaches an app that no
+// longer accepts, and Envoy answers 503. `make bench-rollout` lost one
+// such keep-alive request in three of six scale-downs. So when the
+// out-of-rotation wait ends, before the app hears of it, draind closes
+// (FIN) Envoy's downstream connections idle since before the drain
+// began: their clients open new ones, which the Service now sends
+// elsewhere. A server closing an idle keep-alive is ordinary HTTP (Go's
+// http.Server.Shutdown and nginx's quit do it at once).
+
+// UntoldMargin widens "since before the drain began": the kernel keeps
+// a flow's last send in jiffies (up to 10 ms apart), so a response sent
+// just before drain_listeners took effect can read as just after. A
+// connection counted untold by the margin was told a moment before:
+// closing it early loses nothing.
+const UntoldMargin = 20 * time.Millisecond
+
+// Untold reports whether one of Envoy's downstream flows has been idle,
+// in the request/response sense (flows.Idle: a request awaiting its
+// response is never idle), since before toldFrom: the moment Envoy
+// began telling clients to go (drain_listeners succeeded; the zero time
+// when it never did, which leaves every parked flow untold). idle is the
+// flow's idle time when measured (-1: born after that snapshot, so
+// neither idle nor untold). A flow idle less than ParkedAfter is never
+// untold: a response and the next request can be that close.
+//
+// What it cannot tell apart: a streamed response that paused since
+// before toldFrom (server-sent events, an HTTP/2 stream with nothing to
+// say) looks the same; it is cut too (docs/design.md, "Untold
+// keep-alives").
+func Untold(idle time.Duration, measured, toldFrom time.Time) bool {
+	if idle < ParkedAfter {
+		return false
+	}
+	if toldFrom.IsZero() {
+		return true
+	}
+	return measured.Add(-idle).Before(toldFrom.Add(UntoldMargin))
+}
+
+// UntoldClosed is what closing the untold connections did.
+type UntoldClosed struct {
+	// Found: the flows Untold picked; Closed of them were shut
+	// (a FIN sent to their client).
+	Found, Closed int
+	// Err says why the others were not (nil when none failed).
+	Err error
+}
+
+// UntoldCloser closes Envoy's untold downstream connections (package
+// agent: the flows' view and the proxy's process group). Nil when the
+// pod has no proxy (prestop) or --close-idle-keepalives is off.
+type UntoldCloser interface {
+	// CloseUntold re-reads the flows and shuts every downstream
+	// connection Untold picks with toldFrom. It returns within a few
+	// milliseconds: it runs on the machine's goroutine, before the
+	// out-of-rotation wait's callers hear that it ended.
+	CloseUntold(toldFrom time.Time) UntoldClosed
+}

@@ -1,0 +1,102 @@
+package drain
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/draind/draind/internal/logevent"
+)
+
+func TestUntold(t *testing.T) {
+	ms := time.Millisecond
+	measured := time.Date(2026, 11, 28, 12, 0, 10, 0, time.UTC)
+	told := measured.Add(-3 * time.Second) // drain_listeners succeeded 3 s before the snapshot
+	for _, tc := range []struct {
+		name     string
+		idle     time.Duration
+		toldFrom time.Time
+		want     bool
+	}{
+		{"idle since before the drain: never told", 5 * time.Second, told, true},
+		{"last response just after the drain began: told", 2900 * ms, told, false},
+		{"last response a jiffy after: may have read as before", 3010 * ms, told, true},
+		{"within the margin", 3 * time.Second, told, true},
+		{"past the margin after", 2970 * ms, told, false},
+		{"busy or just answered (idle 0)", 0, told, false},
+		{"born after the snapshot (-1)", -ms, told, false},
+		{"drain never sent: every parked flow", 300 * ms, time.Time{}, true},
+		{"drain never sent: not yet parked", 150 * ms, time.Time{}, false},
+		{"told long ago, parked only just", ParkedAfter, measured.Add(-10 * time.Second), false},
+		{"drain sent just now: idle a while", 250 * ms, measured.Add(-10 * ms), true},
+		{"drain sent just now: idle less than ParkedAfter", 100 * ms, measured.Add(-10 * ms), false},
+	} {
+		if got := Untold(tc.idle, measured, tc.toldFrom); got != tc.want {
+			t.Errorf("%s: Untold(%v) = %v, want %v", tc.name, tc.idle, got, tc.want)
+		}
+	}
+}
+
+// fakeUntold records the machine's calls: when, with what, and what the
+// published State said then.
+type fakeUntold struct {
+	m     **Machine
+	res   UntoldClosed
+	calls []untoldCall
+}
+
+type untoldCall struct {
+	at, toldFrom time.Time
+	published    Phase
+}
+
+func (f *fakeUntold) CloseUntold(toldFrom time.Time) UntoldClosed {
+	f.calls = append(f.calls, untoldCall{time.Now(), toldFrom, (*f.m).State().Phase})
+	return f.res
+}
+
+// TestUntoldClosedAsMinDrainEnds: the machine closes the untold
+// keep-alives once, as the min-drain ends, before it publishes Gating
+// (which ends the app's out-of-rotation wait), with toldFrom the moment
+// drain_listeners succeeded; what failed is a warning.
+func TestUntoldClosedAsMinDrainEnds(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		res   UntoldClosed
+		lines int
+		level string
+	}{
+		{"none found: no line", UntoldClosed{}, 0, ""},
+		{"two closed", UntoldClosed{Found: 2, Closed: 2}, 1, "info"},
+		{"one refused", UntoldClosed{Found: 2, Closed: 1, Err: errors.New("no access")}, 1, "warn"},
+	} {
+		t.Run(tc.name, inBubble(func(t *testing.T) {
+			var m *Machine
+			fu := &fakeUntold{m: &m, res: tc.res}
+			r := newRig(t, func(r *rig, c *Config) { r.untold = fu; c.MinDrain = 2 * time.Second })
+			m = r.m
+			r.waitPhase(Ready)
+			r.m.Trigger(CauseSignal)
+			r.waitPhase(Draining)
+			start := time.Now()
+			r.waitFor("drain_listeners", func() bool { s, _ := r.m.DrainListeners(); return s == DrainListenersDone })
+			r.notDone(time.Second)
+			if len(fu.calls) != 0 {
+				t.Fatalf("called during the min-drain: %+v", fu.calls)
+			}
+			r.apps.exit()
+			r.wantResult(r.result(), 0, true, "drained")
+			if len(fu.calls) != 1 {
+				t.Fatalf("%d calls, want 1; log:\n%s", len(fu.calls), r.log())
+			}
+			c := fu.calls[0]
+			if c.at.Sub(start) != 2*time.Second || c.published != Draining || c.toldFrom.IsZero() || c.toldFrom.After(c.at) {
+				t.Errorf("call %+v: want at the min-drain's end (%s), Gating not yet published, told from drain_listeners' success", c, start.Add(2*time.Second))
+			}
+			lines := r.lines(logevent.UntoldClosed).All()
+			if len(lines) != tc.lines || tc.lines == 1 && lines[0].Level.String() != tc.level {
+				t.Errorf("untold_closed lines %v, want %d at %s", lines, tc.lines, tc.level)
+			}
+		}))
+	}
+}
