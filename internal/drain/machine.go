@@ -246,6 +246,8 @@ type Machine struct {
 	drainNS atomic.Int64 // from the trigger to the stop, once stopping
 	// The adaptive wait's end (--min-drain auto), once over.
 	rotation atomic.Pointer[RotationEnd]
+	// untoldRes is what closing the untold keep-alives did, once done.
+	untoldRes atomic.Pointer[UntoldClosed]
 	// state is the last State published (State, Watch), with the channel
 	// closed when a newer one is.
 	state atomic.Pointer[published]
@@ -435,6 +437,15 @@ func (m *Machine) Rotation() (RotationEnd, bool) {
 	return RotationEnd{}, false
 }
 
+// Untold is what closing the untold keep-alives did (false before it ran,
+// or when it does not: UntoldCloser).
+func (m *Machine) Untold() (UntoldClosed, bool) {
+	if r := m.untoldRes.Load(); r != nil {
+		return *r, true
+	}
+	return UntoldClosed{}, false
+}
+
 // Run runs the machine until the proxy is stopped (prestop: until the app
 // is done or the deadline). Cancelling ctx stops the proxy at once.
 func (m *Machine) Run(ctx context.Context) Result {
@@ -554,6 +565,7 @@ func (m *Machine) closeUntold() {
 	}
 	start := time.Now()
 	r := m.untold.CloseUntold(toldFrom)
+	m.untoldRes.Store(&r)
 	if r.Found == 0 && r.Err == nil {
 		return
 	}

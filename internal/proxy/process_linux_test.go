@@ -25,6 +25,8 @@ func TestMain(m *testing.M) {
 		os.Exit(draindRole())
 	case "holder", "holder-parent":
 		os.Exit(holderRole(os.Getenv(roleEnv)))
+	case "shutter":
+		os.Exit(shutterRole())
 	case "proxy":
 		s, err := privs.Current()
 		if err != nil {

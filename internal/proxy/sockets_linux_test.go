@@ -119,3 +119,77 @@ func TestSocketInode(t *testing.T) {
 		}
 	}
 }
+
+// shutterRole is draind without ptrace access to its proxy: as root it
+// starts the holder as uid 1337, becomes uid 1000 itself (which clears
+// every capability), connects, and prints what ShutdownSockets said.
+func shutterRole() int {
+	r, w, err := os.Pipe()
+	if err != nil {
+		fmt.Println("error", err)
+		return 0
+	}
+	env := []string{roleEnv + "=holder"} // the first of two wins: replace draind's role
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, roleEnv+"=") {
+			env = append(env, kv)
+		}
+	}
+	p, err := Start([]string{os.Getenv("PROXY_TEST_BIN")}, Options{Stdout: w, Env: env, Credential: &syscall.Credential{Uid: 1337, Gid: 1337}})
+	w.Close()
+	if err != nil {
+		fmt.Println("error", err)
+		return 0
+	}
+	defer func() { p.Signal(syscall.SIGKILL); <-p.Exited() }()
+	lines := bufio.NewScanner(r)
+	lines.Scan()
+	port, _ := strings.CutPrefix(lines.Text(), "listening ")
+	c, err := net.Dial("tcp", "127.0.0.1:"+port)
+	if err != nil {
+		fmt.Println("error", err)
+		return 0
+	}
+	defer c.Close()
+	lines.Scan()
+	ino, _ := strconv.ParseUint(strings.TrimPrefix(lines.Text(), "inode "), 10, 32)
+	if err := syscall.Setresuid(1000, 1000, 1000); err != nil {
+		fmt.Println("error", err)
+		return 0
+	}
+	n, err := p.ShutdownSockets(map[uint32]bool{uint32(ino): true})
+	fmt.Printf("shut %d, no access %v: %v\n", n, errors.Is(err, ErrNoAccess), err)
+	return 0
+}
+
+// TestShutdownSocketsNoAccess: a draind that may not ptrace its proxy
+// (another uid, no capability) shuts nothing and says why (ErrNoAccess).
+func TestShutdownSocketsNoAccess(t *testing.T) {
+	testutil.RequireRoot(t)
+	if !testutil.KernelAtLeast(t, 5, 6) {
+		t.Skip("pidfd_getfd needs Linux 5.6")
+	}
+	// The holder runs as 1337: the binary must be where 1337 may run it.
+	dir, err := os.MkdirTemp("", "draind-proxy-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	bin := dir + "/proxy.test"
+	data, err := os.ReadFile("/proc/self/exe")
+	if err == nil {
+		err = os.WriteFile(bin, data, 0o755)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), roleEnv+"=shutter", "PROXY_TEST_BIN="+bin)
+	out, err := cmd.CombinedOutput()
+	if got := strings.TrimSpace(string(out)); err != nil || !strings.HasPrefix(got, "shut 0, no access true:") {
+		t.Fatalf("%v: %s; want shut 0, no access true", err, got)
+	}
+	t.Log(strings.TrimSpace(string(out)))
+}
