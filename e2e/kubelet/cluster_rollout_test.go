@@ -484,7 +484,7 @@ type loadFailure struct {
 // drainedLagMax or past their grace period. Failed calls are logged with
 // their steps.
 func terminationSummary(t *testing.T, st rolloutStrategy, pods []*podLife, t0 time.Time) string {
-	var callsOK, callsFailed int
+	var callsOK, callsFailed, untoldFound, untoldClosed int
 	// own: draind's part, from the later of the app's exit and the
 	// min-drain's end to draind's last line (its exit); kubelet: the rest,
 	// from there to the pod gone.
@@ -520,6 +520,8 @@ func terminationSummary(t *testing.T, st rolloutStrategy, pods []*podLife, t0 ti
 		if !st.draind {
 			continue
 		}
+		f, c := p.untold()
+		untoldFound, untoldClosed = untoldFound+f, untoldClosed+c
 		from := p.appExit()
 		if from.IsZero() {
 			late = append(late, p.name+" (no app exit in its log)")
@@ -543,8 +545,8 @@ func terminationSummary(t *testing.T, st rolloutStrategy, pods []*podLife, t0 ti
 	}
 	s := fmt.Sprintf("calls %d ok %d failed; terminating %s", callsOK, callsFailed, durStats(terms))
 	if st.draind {
-		s += fmt.Sprintf("; gone after max(app exit, min-drain end) %s (draind exited after it %s, then the kubelet %s), over %s: %d %v",
-			durStats(lags), durStats(own), durStats(kubelet), fmtDur(drainedLagMax), len(late), late)
+		s += fmt.Sprintf("; gone after max(app exit, min-drain end) %s (draind exited after it %s, then the kubelet %s), over %s: %d %v; untold keep-alives closed %d of %d found",
+			durStats(lags), durStats(own), durStats(kubelet), fmtDur(drainedLagMax), len(late), late, untoldClosed, untoldFound)
 	}
 	codes := make([]string, 0, len(exits))
 	for c, n := range exits {
@@ -803,6 +805,19 @@ func (p *podLife) minDrainEnd() time.Time {
 		}
 	}
 	return time.Time{}
+}
+
+// untold sums draind's untold_closed lines: the keep-alives it found idle
+// since before Envoy's drain began, and those it closed.
+func (p *podLife) untold() (found, closed int) {
+	for _, r := range p.draindLog() {
+		if r[logevent.Key] == string(logevent.UntoldClosed) {
+			f, _ := r["found"].(float64)
+			c, _ := r["closed"].(float64)
+			found, closed = found+int(f), closed+int(c)
+		}
+	}
+	return found, closed
 }
 
 // stopping is draind's phase stopping (zero: none).

@@ -267,7 +267,8 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		parts.Apps = appView{a.procs}
 	}
 	if cfg.CloseIdleKeepalives {
-		parts.Untold = untoldCloser{fv: fv, proxy: a.proxy}
+		// pilot-agent starts Envoy with --drain-strategy immediate.
+		parts.Untold = untoldCloser{fv: fv, proxy: a.proxy, gradual: !cfg.pilotAgent() && !envoy.DrainTellsAtOnce(cfg.Command[1:])}
 	}
 	if events != nil {
 		parts.Reporter = events

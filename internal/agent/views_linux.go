@@ -168,13 +168,19 @@ func (v *flowView) untold(toldFrom time.Time) map[uint32]bool {
 
 // untoldCloser is drain.UntoldCloser: the flows' view picks the
 // connections, the proxy's process group gives them up (a FIN to each
-// client; Envoy reads its end closed).
+// client; Envoy reads its end closed). Under Envoy's gradual drain a
+// response after the drain began told its client nothing for sure
+// (envoy.DrainTellsAtOnce): every parked connection is untold then.
 type untoldCloser struct {
-	fv    *flowView
-	proxy *proxy.Process
+	fv      *flowView
+	proxy   *proxy.Process
+	gradual bool
 }
 
 func (u untoldCloser) CloseUntold(toldFrom time.Time) drain.UntoldClosed {
+	if u.gradual {
+		toldFrom = time.Time{}
+	}
 	// Idle times are only measured by a snapshot: a fresh one.
 	if err := u.fv.Refresh(); err != nil {
 		return drain.UntoldClosed{Err: fmt.Errorf("re-read the flows: %w", err)}

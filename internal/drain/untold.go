@@ -31,7 +31,8 @@ const UntoldMargin = 20 * time.Millisecond
 // in the request/response sense (flows.Idle: a request awaiting its
 // response is never idle), since before toldFrom: the moment Envoy
 // began telling clients to go (drain_listeners succeeded; the zero time
-// when it never did, which leaves every parked flow untold). idle is the
+// when it never did, or when Envoy's gradual drain strategy tells only
+// some, which leaves every parked flow untold). idle is the
 // flow's idle time when measured (-1: born after that snapshot, so
 // neither idle nor untold). A flow idle less than ParkedAfter is never
 // untold: a response and the next request can be that close.
