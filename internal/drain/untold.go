@@ -8,7 +8,7 @@ import "time"
 // close` on HTTP/1.1, GOAWAY on HTTP/2. A pooled connection idle since
 // before the drain got no response since, so its client still holds it
 // as good (Envoy closes an idle HTTP/1.1 keep-alive only at its
-// idle_timeout, 1 h: ../shared notes, "What envoysim must still learn").
+// idle_timeout, 1 h by default; an idle HTTP/2 connection gets no GOAWAY).
 // Once out of rotation the app is told to stop (its preStop hook, the
 // out-of-rotation wait, returns and the kubelet sends SIGTERM); the
 // client's next request on that connection then reaches an app that no

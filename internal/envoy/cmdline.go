@@ -7,8 +7,8 @@ import "strings"
 // with its first response once a drain begins: --drain-strategy
 // immediate (Istio's pilot-agent passes it, as the deploy/ manifests do),
 // or --drain-time-s 0. Envoy's default strategy, gradual, tells only a
-// share growing over the drain time (drain_manager_impl.cc: drainClose
-// is true with probability elapsed/drain time), so a response after the
+// share growing over the drain time (its drain manager closes a
+// connection with probability elapsed/drain time), so a response after the
 // drain began proves nothing then. Flags are read as Envoy's parser takes
 // them: "--flag value" or "--flag=value", the last one standing.
 func DrainTellsAtOnce(args []string) bool {
