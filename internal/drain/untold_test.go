@@ -2,6 +2,7 @@ package drain
 
 import (
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,8 +41,10 @@ func TestUntold(t *testing.T) {
 // fakeUntold records the machine's calls: when, with what, and what the
 // published State said then.
 type fakeUntold struct {
-	m     **Machine
-	res   UntoldClosed
+	m   **Machine
+	res UntoldClosed
+
+	mu    sync.Mutex // calls: written by the machine's goroutine, read by the test's
 	calls []untoldCall
 }
 
@@ -51,8 +54,17 @@ type untoldCall struct {
 }
 
 func (f *fakeUntold) CloseUntold(toldFrom time.Time) UntoldClosed {
-	f.calls = append(f.calls, untoldCall{time.Now(), toldFrom, (*f.m).State().Phase})
+	c := untoldCall{time.Now(), toldFrom, (*f.m).State().Phase}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, c)
 	return f.res
+}
+
+func (f *fakeUntold) recorded() []untoldCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]untoldCall(nil), f.calls...)
 }
 
 // TestUntoldClosedAsMinDrainEnds: the machine closes the untold
@@ -81,15 +93,16 @@ func TestUntoldClosedAsMinDrainEnds(t *testing.T) {
 			start := time.Now()
 			r.waitFor("drain_listeners", func() bool { s, _ := r.m.DrainListeners(); return s == DrainListenersDone })
 			r.notDone(time.Second)
-			if len(fu.calls) != 0 {
-				t.Fatalf("called during the min-drain: %+v", fu.calls)
+			if calls := fu.recorded(); len(calls) != 0 {
+				t.Fatalf("called during the min-drain: %+v", calls)
 			}
 			r.apps.exit()
 			r.wantResult(r.result(), 0, true, "drained")
-			if len(fu.calls) != 1 {
-				t.Fatalf("%d calls, want 1; log:\n%s", len(fu.calls), r.log())
+			calls := fu.recorded()
+			if len(calls) != 1 {
+				t.Fatalf("%d calls, want 1; log:\n%s", len(calls), r.log())
 			}
-			c := fu.calls[0]
+			c := calls[0]
 			if c.at.Sub(start) != 2*time.Second || c.published != Draining || c.toldFrom.IsZero() || c.toldFrom.After(c.at) {
 				t.Errorf("call %+v: want at the min-drain's end (%s), Gating not yet published, told from drain_listeners' success", c, start.Add(2*time.Second))
 			}

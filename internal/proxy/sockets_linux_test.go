@@ -47,8 +47,10 @@ func holderRole(role string) int {
 	syscall.Fstat(int(f.Fd()), &st)
 	f.Close()
 	fmt.Printf("inode %d\n", st.Ino)
-	// Read until the peer closes: ShutdownSockets ends this read.
+	// Read until the peer closes: ShutdownSockets ends this read. Closed
+	// before the line, so a second ShutdownSockets finds it gone.
 	io.Copy(io.Discard, c)
+	c.Close()
 	fmt.Println("peer closed")
 	return 0
 }
