@@ -86,23 +86,8 @@ func (c Config) Snapshot() Inventory {
 		}
 	}
 	for _, bin := range []string{"iptables-save", "ip6tables-save"} {
-		out, err := exec.Command(bin).Output()
-		if err != nil {
-			continue
-		}
-		table := ""
-		sc := bufio.NewScanner(bytes.NewReader(out))
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			switch {
-			case strings.HasPrefix(line, "*"):
-				table = line[1:]
-			case strings.HasPrefix(line, ":"):
-				inv.Rules = append(inv.Rules, fmt.Sprintf("%s %s chain %s", bin, table, strings.Fields(line[1:])[0]))
-			case strings.HasPrefix(line, "-A "):
-				inv.Rules = append(inv.Rules, fmt.Sprintf("%s %s %s", bin, table, line))
-			}
+		if out, err := exec.Command(bin).Output(); err == nil {
+			inv.Rules = append(inv.Rules, iptablesRules(bin, out)...)
 		}
 	}
 	for _, p := range c.places() {
@@ -179,4 +164,36 @@ func (c Config) RSS() map[string]int64 {
 		}
 	}
 	return out
+}
+
+// iptablesRules lists what iptables-save printed that someone made: each
+// rule, each chain of one's own, and a built-in chain only where its
+// policy is not ACCEPT. A built-in chain at ACCEPT is the table's own: the
+// kernel makes the table, with them, the first time anything reads it,
+// and no Down can take it back (the cluster's first iptables-save on a
+// machine just booted would read as leaving the tables behind).
+func iptablesRules(bin string, out []byte) []string {
+	var rules []string
+	table := ""
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "*"):
+			table = line[1:]
+		case strings.HasPrefix(line, ":"):
+			f := strings.Fields(line[1:])
+			switch {
+			case len(f) < 2:
+			case f[1] == "-":
+				rules = append(rules, fmt.Sprintf("%s %s chain %s", bin, table, f[0]))
+			case f[1] != "ACCEPT":
+				rules = append(rules, fmt.Sprintf("%s %s chain %s policy %s", bin, table, f[0], f[1]))
+			}
+		case strings.HasPrefix(line, "-A "):
+			rules = append(rules, fmt.Sprintf("%s %s %s", bin, table, line))
+		}
+	}
+	return rules
 }
