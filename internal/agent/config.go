@@ -91,6 +91,10 @@ type Config struct {
 	// downstream keep-alives idle since before its drain began
 	// (drain.Untold; --close-idle-keepalives, on by default).
 	CloseIdleKeepalives bool
+	// DrainBeginWait: how long the app's out-of-rotation wait waits for a
+	// drain that has not begun (--drain-begin-wait;
+	// drain.DefaultDrainBeginWait).
+	DrainBeginWait time.Duration
 	// ServiceAccountDir holds the service account's token, ca.crt and
 	// namespace ("": kubeevents.ServiceAccountDir, where the kubelet
 	// mounts them).
@@ -164,6 +168,7 @@ func DefaultConfig() Config {
 		Events:       EventsAuto,
 
 		CloseIdleKeepalives: true,
+		DrainBeginWait:      drain.DefaultDrainBeginWait,
 	}
 }
 
@@ -186,6 +191,9 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Drain.Validate(); err != nil {
 		return err
+	}
+	if c.DrainBeginWait <= 0 {
+		return configErr("--drain-begin-wait %s: must be positive (how long the app's out-of-rotation wait waits for the drain to begin)", c.DrainBeginWait)
 	}
 	if err := mustBeOneOf("--proxy", c.ProxyKind, ProxyKinds); err != nil {
 		return err

@@ -33,9 +33,11 @@ func TestWaitOutOfRotation(t *testing.T) {
 			b := &fakeBackend{}
 			b.setState(drain.State{Phase: drain.Ready})
 			start := time.Now()
-			rec := <-callWait(newServer(b, defaultStatusLimits))
-			if took := time.Since(start); took != drain.DrainBeginWait {
-				t.Errorf("answered after %s, want %s", took, drain.DrainBeginWait)
+			lim := defaultStatusLimits
+			lim.DrainBeginWait = 4 * time.Second // --drain-begin-wait
+			rec := <-callWait(newServer(b, lim))
+			if took := time.Since(start); took != lim.DrainBeginWait {
+				t.Errorf("answered after %s, want %s", took, lim.DrainBeginWait)
 			}
 			if rec.Code != 200 || rec.Header().Get("Draind-Outcome") != "no-drain" {
 				t.Errorf("%d %q %q", rec.Code, rec.Header().Get("Draind-Outcome"), rec.Body)
@@ -52,7 +54,7 @@ func TestWaitOutOfRotation(t *testing.T) {
 			answer := callWait(newServer(b, defaultStatusLimits))
 			time.Sleep(300 * time.Millisecond) // the kubelet signals draind a moment later
 			b.setState(drain.State{Phase: drain.Draining, Cause: drain.CauseSignal})
-			time.Sleep(5 * time.Second) // longer than the begin wait: the drain began
+			time.Sleep(drain.DefaultDrainBeginWait + time.Second) // longer than the begin wait: the drain began
 			synctest.Wait()
 			select {
 			case rec := <-answer:

@@ -170,7 +170,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	// a drain asked for meanwhile waits in a.early for the machine.
 	// Owned goroutines: these two, then the tracker and the app process
 	// source. All end before Run returns, before the closers run.
-	status := newStatusServer(a, ln)
+	status := newStatusServer(a, ln, cfg.DrainBeginWait)
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() {

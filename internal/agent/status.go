@@ -36,6 +36,7 @@ type statusServer struct {
 	// rotationWaiters bounds the callers waiting in GET
 	// /wait/out-of-rotation (a token each).
 	rotationWaiters chan struct{}
+	drainBeginWait  time.Duration
 }
 
 // statusBackend is what the status server reads and drives: the agent (or
@@ -67,6 +68,9 @@ type statusLimits struct {
 	// bounds the callers of GET /wait/out-of-rotation (one more gets 429).
 	MaxConns        int
 	RotationWaiters int
+	// DrainBeginWait: how long a caller of /wait/out-of-rotation waits
+	// for a drain that has not begun (--drain-begin-wait).
+	DrainBeginWait time.Duration
 }
 
 // defaultStatusLimits: probes, scrapes and hooks send small requests and
@@ -87,17 +91,20 @@ var defaultStatusLimits = statusLimits{
 	// one caller per app container.
 	MaxConns:        128,
 	RotationWaiters: 64,
+	DrainBeginWait:  drain.DefaultDrainBeginWait,
 }
 
-func newStatusServer(b statusBackend, ln net.Listener) *statusServer {
-	return newStatusServerLimits(b, ln, defaultStatusLimits)
+func newStatusServer(b statusBackend, ln net.Listener, drainBeginWait time.Duration) *statusServer {
+	lim := defaultStatusLimits
+	lim.DrainBeginWait = drainBeginWait
+	return newStatusServerLimits(b, ln, lim)
 }
 
 func newStatusServerLimits(b statusBackend, ln net.Listener, lim statusLimits) *statusServer {
 	if lim.MaxConns > 0 {
 		ln = netutil.LimitListener(ln, lim.MaxConns)
 	}
-	s := &statusServer{b: b, ln: ln, rotationWaiters: make(chan struct{}, max(lim.RotationWaiters, 1))}
+	s := &statusServer{b: b, ln: ln, rotationWaiters: make(chan struct{}, max(lim.RotationWaiters, 1)), drainBeginWait: lim.DrainBeginWait}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz/ready", s.ready)
 	mux.HandleFunc("GET /healthz/live", s.live)
@@ -170,7 +177,7 @@ const RotationWaitPath = "/wait/out-of-rotation"
 // (the min-drain is over: fixed, or --min-drain auto's rule), for the
 // app's preStop hook, which the kubelet calls through the pod IP: so it is
 // not loopback-only, and it only reads. It never starts a drain; a call
-// before the drain waits drain.DrainBeginWait for one, then answers that
+// before the drain waits --drain-begin-wait for one, then answers that
 // none began. Its wait is the machine's: Draining ends by the min-drain,
 // its ceiling or the deadline. Callers are bounded (429 past
 // RotationWaiters): each waits on one channel, no polling.
@@ -190,7 +197,7 @@ func (s *statusServer) waitOutOfRotation(w http.ResponseWriter, r *http.Request)
 			st = drain.State{Phase: drain.Starting}
 			changed = nil
 		}
-		v := drain.RotationWait(st, since, time.Now())
+		v := drain.RotationWait(st, since, time.Now(), s.drainBeginWait)
 		if v.Done {
 			w.Header().Set("Draind-Outcome", v.Outcome.String())
 			w.Write([]byte(v.Outcome.String() + ": " + v.Account + "\n"))

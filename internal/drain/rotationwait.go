@@ -5,19 +5,24 @@ import (
 	"time"
 )
 
-// DrainBeginWait is how long a caller of the out-of-rotation wait (the
-// app's preStop hook) waits for a drain that has not begun: the kubelet
-// runs the app's preStop and signals the proxy's container at the same
-// moment, so a drain that is coming begins within milliseconds. Longer
-// means the pod is not leaving rotation (the app alone is restarted, or a
-// caller that is not the kubelet).
-const DrainBeginWait = 2 * time.Second
+// DefaultDrainBeginWait is how long a caller of the out-of-rotation wait
+// (the app's preStop hook) waits for a drain that has not begun
+// (--drain-begin-wait). The kubelet runs every container's preStop at the
+// pod's deletion at once, and signals a classic proxy's container then:
+// that drain begins within milliseconds. A native sidecar's drain begins
+// with its own preStop, an exec (`draind drain`), which the runtime can
+// start seconds late: 2–3 s after the app's hook with 40 pods deleted at
+// once on a 2-CPU node (make bench-rollout), when a 2 s wait let apps stop
+// accepting still in rotation. Past the wait, the pod is taken as not
+// leaving rotation (the app alone restarted, or a caller that is not the
+// kubelet): only that case pays it, in the restarted app's preStop.
+const DefaultDrainBeginWait = 10 * time.Second
 
 // RotationWaitVerdict is what a caller waiting for the pod to leave
 // rotation is told.
 type RotationWaitVerdict struct {
 	// Done: answer now, with Outcome; otherwise wait for the next State,
-	// or until Until when it is not zero (the end of DrainBeginWait).
+	// or until Until when it is not zero (the end of the begin wait).
 	Done    bool
 	Outcome RotationWaitOutcome
 	Account string
@@ -34,7 +39,7 @@ const (
 	// WaitNoRotation: the drain has no rotation to leave (the app's
 	// completion, a prestop-only drain): nothing to wait for.
 	WaitNoRotation
-	// WaitNoDrain: no drain began within DrainBeginWait.
+	// WaitNoDrain: no drain began within the begin wait.
 	WaitNoDrain
 )
 
@@ -51,20 +56,21 @@ func (o RotationWaitOutcome) String() string {
 }
 
 // RotationWait decides the out-of-rotation wait (GET /wait/out-of-rotation)
-// from the published State: asked at since, now is now. It never changes
+// from the published State: asked at since, now is now, waiting at most
+// beginWait for a drain to begin. It never changes
 // the drain: it only reads. The wait is bounded by the machine's own: a
 // Draining machine leaves Draining by the min-drain, its ceiling or the
 // deadline.
-func RotationWait(st State, since, now time.Time) RotationWaitVerdict {
+func RotationWait(st State, since, now time.Time, beginWait time.Duration) RotationWaitVerdict {
 	switch {
 	case st.Cause == CauseNone && st.End != nil:
 		return RotationWaitVerdict{Done: true, Outcome: WaitNoDrain, Account: "the proxy stopped without a drain"}
 	case st.Cause == CauseNone:
-		if end := since.Add(DrainBeginWait); now.Before(end) {
+		if end := since.Add(beginWait); now.Before(end) {
 			return RotationWaitVerdict{Until: end}
 		}
 		return RotationWaitVerdict{Done: true, Outcome: WaitNoDrain,
-			Account: fmt.Sprintf("no drain began within %s: the pod is not leaving rotation", DrainBeginWait)}
+			Account: fmt.Sprintf("no drain began within %s: the pod is not leaving rotation", beginWait)}
 	case st.Phase == Draining:
 		return RotationWaitVerdict{}
 	case st.Cause == CauseAppDone || st.Shape == ShapePrestop:

@@ -8,6 +8,7 @@ import (
 func TestRotationWait(t *testing.T) {
 	t0 := time.Unix(5000, 0)
 	asked := t0
+	const wait = 3 * time.Second // not the default: the caller's wait decides
 	for _, tc := range []struct {
 		name    string
 		st      State
@@ -16,9 +17,9 @@ func TestRotationWait(t *testing.T) {
 		outcome RotationWaitOutcome
 		until   time.Time
 	}{
-		{"ready, just asked: wait for the drain", State{Phase: Ready}, t0.Add(10 * time.Millisecond), false, 0, asked.Add(DrainBeginWait)},
-		{"starting, just asked", State{Phase: Starting}, t0, false, 0, asked.Add(DrainBeginWait)},
-		{"ready past the begin wait: no drain", State{Phase: Ready}, asked.Add(DrainBeginWait), true, WaitNoDrain, time.Time{}},
+		{"ready, just asked: wait for the drain", State{Phase: Ready}, t0.Add(10 * time.Millisecond), false, 0, asked.Add(wait)},
+		{"starting, just asked", State{Phase: Starting}, t0, false, 0, asked.Add(wait)},
+		{"ready past the begin wait: no drain", State{Phase: Ready}, asked.Add(wait), true, WaitNoDrain, time.Time{}},
 		{"stopped without a drain (a quit)", State{Phase: Exited, End: &StateEnd{Why: "POST /quitquitquit"}}, t0, true, WaitNoDrain, time.Time{}},
 		{"draining: wait for the min-drain's end", State{Phase: Draining, Cause: CauseSignal}, t0.Add(time.Hour), false, 0, time.Time{}},
 		{"gating after auto", State{Phase: Gating, Cause: CauseSignal, Rotation: &RotationEnd{Took: 1200 * time.Millisecond, Why: RotationQuiet, Account: "quiet for 1s after 3 new connections"}},
@@ -29,7 +30,7 @@ func TestRotationWait(t *testing.T) {
 		{"a native sidecar drained from its preStop", State{Phase: Gating, Cause: CausePreStop, Shape: ShapeNativeSidecar, Held: []HeldFor{{HoldMinDrain, time.Second}}}, t0, true, WaitOutOfRotation, time.Time{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v := RotationWait(tc.st, asked, tc.now)
+			v := RotationWait(tc.st, asked, tc.now, wait)
 			if v.Done != tc.done || v.Outcome != tc.outcome || !v.Until.Equal(tc.until) {
 				t.Errorf("got %+v, want done %v outcome %s until %v", v, tc.done, tc.outcome, tc.until)
 			}
