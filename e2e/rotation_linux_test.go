@@ -398,7 +398,7 @@ func procStatusKB(pid int, field string) int64 {
 func TestRotationClosesUntoldKeepAlives(t *testing.T) {
 	p := newPod(t)
 	p.startApp("--on-term", "graceful")
-	p.startDraind(nil)
+	p.startDraind([]string{"--close-idle-keepalives"})
 	base := "http://" + podIP + ":15006"
 
 	idle, err := p.remote.Dialer()(t.Context(), "tcp", podIP+":15006")

@@ -89,7 +89,8 @@ type Config struct {
 	Events EventsMode
 	// CloseIdleKeepalives: as the min-drain ends, close Envoy's
 	// downstream keep-alives idle since before its drain began
-	// (drain.Untold; --close-idle-keepalives, on by default).
+	// (drain.Untold; --close-idle-keepalives, off by default: the FIN
+	// races a client that sends on the connection at that moment).
 	CloseIdleKeepalives bool
 	// DrainBeginWait: how long the app's out-of-rotation wait waits for a
 	// drain that has not begun (--drain-begin-wait;
@@ -167,8 +168,7 @@ func DefaultConfig() Config {
 		HostNetwork:  HostNetworkAuto,
 		Events:       EventsAuto,
 
-		CloseIdleKeepalives: true,
-		DrainBeginWait:      drain.DefaultDrainBeginWait,
+		DrainBeginWait: drain.DefaultDrainBeginWait,
 	}
 }
 

@@ -189,6 +189,10 @@ func (s *statusServer) waitOutOfRotation(w http.ResponseWriter, r *http.Request)
 		http.Error(w, "too many callers waiting", http.StatusTooManyRequests)
 		return
 	}
+	// The wait outlasts the server's WriteTimeout (the min-drain's
+	// ceiling is 15 s, the begin wait 10 s): the answer is one line, so
+	// no write deadline; the waiters are bounded above.
+	http.NewResponseController(w).SetWriteDeadline(time.Time{})
 	since := time.Now()
 	for {
 		st, changed, ok := s.b.watchState()

@@ -128,7 +128,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	fs.durationVar(&d.StopTimeout, "stop-timeout", d.StopTimeout, "time the proxy gets after /quitquitquit, then after SIGTERM, before SIGKILL")
 	fs.BoolVar(&d.Gateway, "gateway", false, "drain every listener, and wait for no app")
 	fs.durationVar(&cfg.DrainBeginWait, "drain-begin-wait", cfg.DrainBeginWait, "how long the app's out-of-rotation wait (its preStop) waits for a drain that has not begun: past it the pod is taken as not leaving rotation (the app alone restarted); a native sidecar's drain begins with its own preStop, an exec the runtime can start seconds late on a busy node")
-	fs.BoolVar(&cfg.CloseIdleKeepalives, "close-idle-keepalives", cfg.CloseIdleKeepalives, "as the min-drain ends (the pod out of rotation), before the app's out-of-rotation wait returns: close (FIN) Envoy's downstream connections idle since before its drain began, whose clients no response told to go (their next request could reach an app that stopped accepting)")
+	fs.BoolVar(&cfg.CloseIdleKeepalives, "close-idle-keepalives", cfg.CloseIdleKeepalives, "as the min-drain ends (the pod out of rotation), before the app's out-of-rotation wait returns: close (FIN) Envoy's downstream connections idle since before its drain began, whose clients no response told to go (their next request could reach an app that stopped accepting); off by default: a client that sends on the connection as it closes gets an error")
 	tracker := trackerFlag(fs)
 	exitWithApp := newOneOf(drain.ExitWithAppOff, drain.ExitWithApps)
 	exitWithApp.alias = map[string]drain.ExitWithApp{"true": drain.ExitWithAppSuccess, "false": drain.ExitWithAppOff}
