@@ -87,21 +87,7 @@ func TestProxyGetsOnlyItsCaps(t *testing.T) {
 	if err := privs.Supported(); err != nil {
 		t.Skipf("this test binary links cgo (-race does): %v", err)
 	}
-	// The proxy runs as 1337: the binary must be where 1337 may run it.
-	dir, err := os.MkdirTemp("", "draind-proxy-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o755)
-	bin := dir + "/proxy.test"
-	data, err := os.ReadFile("/proc/self/exe")
-	if err == nil {
-		err = os.WriteFile(bin, data, 0o755)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, bin := selfCopy(t) // the proxy runs as 1337
 	na := privs.SetOf(privs.CapNetAdmin).Hex()
 	for _, tc := range []struct {
 		caps, uid string
@@ -121,4 +107,25 @@ func TestProxyGetsOnlyItsCaps(t *testing.T) {
 			t.Errorf("caps %q, uid %q: %v\n%s\nwant %s", tc.caps, tc.uid, err, got, tc.want)
 		}
 	}
+}
+
+// selfCopy copies the test binary into a directory of its own that uid
+// 1337 may enter and run it from.
+func selfCopy(t *testing.T) (dir, bin string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "draind-proxy-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	bin = dir + "/proxy.test"
+	data, err := os.ReadFile("/proc/self/exe")
+	if err == nil {
+		err = os.WriteFile(bin, data, 0o755)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, bin
 }

@@ -171,21 +171,7 @@ func TestShutdownSocketsNoAccess(t *testing.T) {
 	if !testutil.KernelAtLeast(t, 5, 6) {
 		t.Skip("pidfd_getfd needs Linux 5.6")
 	}
-	// The holder runs as 1337: the binary must be where 1337 may run it.
-	dir, err := os.MkdirTemp("", "draind-proxy-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o755)
-	bin := dir + "/proxy.test"
-	data, err := os.ReadFile("/proc/self/exe")
-	if err == nil {
-		err = os.WriteFile(bin, data, 0o755)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, bin := selfCopy(t) // the holder runs as 1337
 	cmd := exec.Command(bin)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), roleEnv+"=shutter", "PROXY_TEST_BIN="+bin)
