@@ -353,6 +353,14 @@ func (r *rig) waitPhase(p Phase) {
 	r.waitFor("phase "+p.String(), func() bool { return r.m.Phase() == p })
 }
 
+// waitPublished waits for a State in phase p: enter changes the phase
+// before it publishes the State that follows, so a test that reads State
+// waits on State, not on Phase.
+func (r *rig) waitPublished(p Phase) {
+	r.t.Helper()
+	r.waitFor("state "+p.String()+" published", func() bool { return r.m.State().Phase == p })
+}
+
 func (r *rig) result() Result {
 	r.t.Helper()
 	select {

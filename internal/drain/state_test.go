@@ -72,7 +72,7 @@ func TestStatePublished(t *testing.T) {
 	t.Run("a clean drain held by the app", inBubble(func(t *testing.T) {
 		rep := &recordingReporter{}
 		r := newRig(t, withReporter(rep))
-		r.waitPhase(Ready)
+		r.waitPublished(Ready)
 		if st := r.m.State(); st.Phase != Ready || st.Cause != CauseNone || !st.Triggered.IsZero() || st.End != nil {
 			t.Fatalf("ready: %+v", st)
 		}
