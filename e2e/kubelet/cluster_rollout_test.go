@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/netip"
 	"os"
 	"regexp"
 	"slices"
@@ -320,6 +321,11 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	waitPodsReady(t, ns, "app=web", 5*time.Minute)
 	lives := watchLives(t, ctx, ns, "app=web", []string{"app", st.proxy})
 	defer lives.stop()
+	flows, err := watchServiceFlows(r.webIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer flows.stopWatch()
 	var loads []string
 	for _, shape := range rolloutShapes {
 		name := "load-" + ev + "-" + shape
@@ -375,7 +381,8 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	time.Sleep(3 * time.Second)
 	// Each load client ends with its summary on /stop; its pod completes
 	// and keeps its log.
-	logs := stopLoads(t, ns, loads)
+	logs, clients := stopLoads(t, ns, loads)
+	flows.stopWatch()
 	lives.stop()
 	pods := lives.ended() // the old pods' logs whole, before any step is read
 	if ev == "burst" {
@@ -394,8 +401,18 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 		}
 		byStep := map[string]int{}
 		for _, f := range fails {
-			t.Logf("  %s %s %s failure at +%s: %s %s; %s", st.name, ev, shape, fmtDur(f.at.Sub(t0)), f.class, f.err, lives.stepsAt(f.at, t0))
-			byStep[f.class+" at "+lives.stepsKey(f.at)]++
+			// The pod the failed connection went to (the node's
+			// conntrack), else every pod terminating then.
+			where, key := lives.stepsAt(f.at, t0), lives.stepsKey(f.at)
+			if ip, ok := flows.podFor(clients[i], f.local, f.at); ok {
+				where, key = lives.podStepAt(ip, f.at)
+				key = "on " + key
+			} else {
+				key = "at " + key
+			}
+			t.Logf("  %s %s %s failure at +%s: %s %s (reached %s, local %s); %s", st.name, ev, shape, fmtDur(f.at.Sub(t0)), f.class, f.err,
+				f.reached, f.local, where)
+			byStep[f.class+" "+key]++
 		}
 		line := fmt.Sprintf("sync %-4s round %d %-24s %-7s %-9s app %-8s sent %5d failed %4d success %.4f %v",
 			fmtDur(theCluster.Config.ProxySyncPeriod), r.round, st.name, ev, shape, st.appHook, sum.Sent, sum.Failed, success, sum.ByClass)
@@ -408,6 +425,7 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	line := fmt.Sprintf("sync %-4s round %d %-24s %-7s took %s; %s; %s", fmtDur(theCluster.Config.ProxySyncPeriod), r.round, st.name, ev, fmtDur(took),
 		terminationSummary(t, st, pods, t0), load)
 	t.Log(line)
+	t.Logf("  failures pinned by %s", flows)
 	table = append(table, line)
 	return table
 }
@@ -416,8 +434,8 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 const loadStopPort = 8081
 
 // stopLoads ends the load clients (pods in ns), reads their logs and
-// deletes them.
-func stopLoads(t *testing.T, ns string, pods []string) []string {
+// deletes them; clients are their pods' addresses.
+func stopLoads(t *testing.T, ns string, pods []string) (logs []string, clients []netip.Addr) {
 	t.Helper()
 	completed := func(name string) bool {
 		p, err := kube.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
@@ -428,6 +446,8 @@ func stopLoads(t *testing.T, ns string, pods []string) []string {
 		if err != nil {
 			t.Fatal(err)
 		}
+		ip, _ := netip.ParseAddr(p.Status.PodIP)
+		clients = append(clients, ip)
 		url := fmt.Sprintf("http://%s:%d/stop", p.Status.PodIP, loadStopPort)
 		// Taken once it answers, or once the client is gone: its answer
 		// may be cut by its exit, and a retry then finds nothing.
@@ -440,13 +460,12 @@ func stopLoads(t *testing.T, ns string, pods []string) []string {
 			return completed(name)
 		})
 	}
-	var logs []string
 	for _, name := range pods {
 		waitUntil(t, time.Minute, "the load client "+name+" to complete", func() bool { return completed(name) })
 		logs = append(logs, kubectl(t, nil, "-n", ns, "logs", name))
 	}
 	kubectl(t, nil, "-n", ns, "delete", "pods", "-l", "role=load", "--wait=false")
-	return logs
+	return logs, clients
 }
 
 // parseLoad reads a load client's log: its failures and its summary.
@@ -461,11 +480,11 @@ func parseLoad(log string) (sum loadSummary, fails []loadFailure, err error) {
 			break
 		}
 		var f struct {
-			T          int64
-			Class, Err string
+			T                          int64
+			Class, Err, Local, Reached string
 		}
 		if json.Unmarshal([]byte(body), &f) == nil && f.T != 0 {
-			fails = append(fails, loadFailure{at: time.Unix(0, f.T), class: f.Class, err: f.Err})
+			fails = append(fails, loadFailure{at: time.Unix(0, f.T), class: f.Class, err: f.Err, local: f.Local, reached: f.Reached})
 		}
 	}
 	return sum, fails, nil
@@ -479,6 +498,9 @@ type loadSummary struct {
 type loadFailure struct {
 	at         time.Time
 	class, err string
+	// local is the client's end ("IP:PORT", "*:PORT" for a failed dial),
+	// reached the request's last step (loadclient's).
+	local, reached string
 }
 
 // terminationSummary is an event's old pods' end: the app's outbound
@@ -743,6 +765,7 @@ func splitTimestamp(line string) (time.Time, string) {
 // logs show it.
 type podLife struct {
 	name, proxy string
+	ip          netip.Addr // the pod's address, once the watch saw it
 	grace       time.Duration
 	// Moments the watch saw (zero: not seen).
 	ready, notReady, deleting, gone time.Time
@@ -967,6 +990,9 @@ func (pl *podLives) see(typ watch.EventType, p *corev1.Pod) {
 	isReady := slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
 		return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
 	})
+	if ip, err := netip.ParseAddr(p.Status.PodIP); err == nil {
+		life.ip = ip
+	}
 	if isReady && life.ready.IsZero() {
 		life.ready = now
 	}
@@ -1042,6 +1068,25 @@ func (pl *podLives) stepsAt(at, t0 time.Time) string {
 	}
 	sort.Strings(s)
 	return "terminating: " + strings.Join(s, "; ")
+}
+
+// podStepAt is the step at at of the pod at ip (the one not yet gone by
+// at, of those that had it), for a failure pinned to it: the log's
+// "name: step 1.2s before" and the table's key.
+func (pl *podLives) podStepAt(ip netip.Addr, at time.Time) (where, key string) {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	for _, l := range pl.pods {
+		if l.ip != ip || (!l.gone.IsZero() && l.gone.Before(at)) {
+			continue
+		}
+		if !l.terminatingAt(at) {
+			return "on " + l.name + ", not terminating", "a pod not terminating"
+		}
+		step, _ := l.lastStep(at)
+		return "on " + l.stepAt(at), "its pod at " + step
+	}
+	return "on " + ip.String() + ", no pod of the Service", ip.String() + ", no pod of the Service"
 }
 
 // stepsKey is a failure's steps for the table: the step each pod
