@@ -321,7 +321,7 @@ func TestRotationWaitAbuse(t *testing.T) {
 		}
 	})
 	before := vmRSSKB(pid)
-	var ok, tooMany, failed atomic.Int64
+	var ok, tooMany, failed, cut atomic.Int64
 	var firstErr atomic.Value
 	var callers sync.WaitGroup
 	tr := &http.Transport{DialContext: p.remote.Dialer(), DisableKeepAlives: true, MaxConnsPerHost: 0}
@@ -330,6 +330,19 @@ func TestRotationWaitAbuse(t *testing.T) {
 		callers.Go(func() {
 			resp, err := hc.Get("http://" + podIP + ":15020" + agent.RotationWaitPath)
 			if err != nil {
+				// The status server closes a connection whose request it
+				// has not read within agent.StatusReadHeaderTimeout of the
+				// accept (a slowloris). On a starved node 10,000 callers
+				// in one process do not all write their request that soon
+				// after connecting: the client reads EOF, or "server
+				// closed idle connection" when it had not written yet
+				// (under three busy loops on 2 CPUs: 0 to 215 of 10,000,
+				// one 4.85 s after its connect). Shed, not failed; bounded
+				// below.
+				if errors.Is(err, io.EOF) || strings.Contains(err.Error(), "server closed idle connection") {
+					cut.Add(1)
+					return
+				}
 				failed.Add(1)
 				firstErr.CompareAndSwap(nil, err.Error())
 				return
@@ -351,10 +364,13 @@ func TestRotationWaitAbuse(t *testing.T) {
 	sampler.Wait()
 	// draind here is the test binary (SelfCopy): its text, resident as
 	// RssFile, is larger than the product's.
-	t.Logf("10,000 calls: %d answered (no drain), %d 429, %d failed (first: %v); draind VmRSS %d KB before, peak %d KB (RssAnon now %d KB, RssFile %d KB)",
-		ok.Load(), tooMany.Load(), failed.Load(), firstErr.Load(), before, peakKB.Load(), procStatusKB(pid, "RssAnon"), procStatusKB(pid, "RssFile"))
+	t.Logf("10,000 calls: %d answered (no drain), %d 429, %d closed unread (header timeout), %d failed (first: %v); draind VmRSS %d KB before, peak %d KB (RssAnon now %d KB, RssFile %d KB)",
+		ok.Load(), tooMany.Load(), cut.Load(), failed.Load(), firstErr.Load(), before, peakKB.Load(), procStatusKB(pid, "RssAnon"), procStatusKB(pid, "RssFile"))
 	if failed.Load() != 0 {
 		t.Errorf("%d calls failed (first: %v)", failed.Load(), firstErr.Load())
+	}
+	if cut.Load() > 500 {
+		t.Errorf("%d of 10,000 connections closed unanswered: more than a starved node's header timeouts", cut.Load())
 	}
 	if peakKB.Load() >= 40<<10 {
 		t.Errorf("draind's RSS reached %d KB, want < 40 MB", peakKB.Load())

@@ -73,12 +73,17 @@ type statusLimits struct {
 	DrainBeginWait time.Duration
 }
 
+// StatusReadHeaderTimeout is how long the status server waits for a
+// request's header after accepting its connection; then it closes the
+// connection unanswered (a slowloris costs a slot that long).
+const StatusReadHeaderTimeout = 5 * time.Second
+
 // defaultStatusLimits: probes, scrapes and hooks send small requests and
 // get their answer within the admin call's 1 s timeout; /metrics and
 // /debug/flows at 100k flows write a few MB over loopback or the pod
 // network.
 var defaultStatusLimits = statusLimits{
-	ReadHeader:     5 * time.Second,
+	ReadHeader:     StatusReadHeaderTimeout,
 	Read:           10 * time.Second,
 	Write:          10 * time.Second,
 	Idle:           60 * time.Second,

@@ -351,3 +351,19 @@ func TestStatusLimits(t *testing.T) {
 		})
 	}
 }
+
+// The app's preStop wait outlasts the server's read and write timeouts
+// (the begin wait is 10 s, the min-drain's ceiling 15 s, both 10 s):
+// it gets its answer, not an EOF when a deadline expires under it.
+func TestStatusRotationWaitOutlastsTimeouts(t *testing.T) {
+	lim := defaultStatusLimits
+	lim.ReadHeader, lim.Read, lim.Write = 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond
+	lim.DrainBeginWait = 1500 * time.Millisecond
+	sp := newStatusPod(t, lim)
+	sp.b.setState(drain.State{Phase: drain.Ready})
+	start := time.Now()
+	code, body := sp.do(t, "outside", "192.0.2.1:15020", "GET", RotationWaitPath)
+	if took := time.Since(start); code != http.StatusOK || !strings.HasPrefix(body, "no-drain") || took < lim.DrainBeginWait {
+		t.Errorf("after %s: %d %q, want 200 no-drain after the %s begin wait", took, code, body, lim.DrainBeginWait)
+	}
+}
