@@ -149,21 +149,23 @@ func (v *flowView) Holding() []drain.OpenFlow {
 // the pod that drain.Untold picks with toldFrom, as of the last snapshot.
 // A hop from inside the pod (the app's outbound calls through Envoy,
 // loopback) is left alone: Envoy's outbound listeners keep serving it.
-func (v *flowView) untold(toldFrom time.Time) map[uint32]bool {
+func (v *flowView) untold(toldFrom time.Time) (map[uint32]bool, []string) {
 	snapAt := v.tr.LastSnapshot()
 	out := map[uint32]bool{}
+	var picked []string
 	v.tr.Each(func(f *flows.TrackedFlow) bool {
 		remote := f.Remote.Addr().Unmap()
 		if f.State != tcpstate.Established || f.Inode == 0 || !v.downstream(&f.Flow) ||
 			!remote.IsValid() || remote.IsLoopback() || remote == f.Local.Addr().Unmap() {
 			return true
 		}
-		if drain.Untold(time.Duration(f.IdleMS)*time.Millisecond, snapAt, toldFrom) {
+		if idle := time.Duration(f.IdleMS) * time.Millisecond; drain.Untold(idle, snapAt, toldFrom) {
 			out[f.Inode] = true
+			picked = append(picked, fmt.Sprintf("client %s idle %s (sent %s ago, received %s ago)", f.Remote, idle, f.LastDataSent, f.LastDataRecv))
 		}
 		return true
 	})
-	return out
+	return out, picked
 }
 
 // untoldCloser is drain.UntoldCloser: the flows' view picks the
@@ -185,9 +187,9 @@ func (u untoldCloser) CloseUntold(toldFrom time.Time) drain.UntoldClosed {
 	if err := u.fv.Refresh(); err != nil {
 		return drain.UntoldClosed{Err: fmt.Errorf("re-read the flows: %w", err)}
 	}
-	inodes := u.fv.untold(toldFrom)
+	inodes, picked := u.fv.untold(toldFrom)
 	n, err := u.proxy.ShutdownSockets(inodes)
-	return drain.UntoldClosed{Found: len(inodes), Closed: n, Err: err}
+	return drain.UntoldClosed{Found: len(inodes), Closed: n, Picked: picked, Err: err}
 }
 
 // appView is drain.Apps over an app process source.

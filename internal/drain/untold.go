@@ -56,6 +56,9 @@ type UntoldClosed struct {
 	// Found: the flows Untold picked; Closed of them were shut
 	// (a FIN sent to their client).
 	Found, Closed int
+	// Picked describes each flow picked ("client ADDR idle 1.2s"), for
+	// the log: which clients were told to go.
+	Picked []string
 	// Err says why the others were not (nil when none failed).
 	Err error
 }
