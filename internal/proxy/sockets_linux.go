@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -119,6 +120,9 @@ func shutdownIn(pid int, left map[uint32]bool) (int, error) {
 			return 0, nil
 		}
 		if errors.Is(err, os.ErrPermission) {
+			if exiting(pidfd) {
+				return 0, nil // its sockets go with it
+			}
 			return 0, fmt.Errorf("process %d: %w: %w", pid, ErrNoAccess, err)
 		}
 		return 0, fmt.Errorf("process %d: %w", pid, err)
@@ -140,6 +144,9 @@ func shutdownIn(pid int, left map[uint32]bool) (int, error) {
 			delete(left, ino) // closed since the listing
 			continue
 		case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
+			if exiting(pidfd) {
+				return shut, nil
+			}
 			return shut, fmt.Errorf("process %d: %w: %w", pid, ErrNoAccess, err)
 		case err != nil:
 			return shut, fmt.Errorf("pidfd_getfd %d/%d: %w", pid, fd, err)
@@ -159,6 +166,20 @@ func shutdownIn(pid int, left map[uint32]bool) (int, error) {
 		}
 	}
 	return shut, nil
+}
+
+// exitWait is how long a process refusing access gets to show it is
+// exiting rather than out of reach.
+const exitWait = 50 * time.Millisecond
+
+// exiting reports whether the process behind pidfd exits now: an exiting
+// process refuses another uid its /proc/PID/fd and its descriptors (its
+// memory is gone, so the ptrace access check fails) a moment before its
+// pidfd reads exited. A process out of reach costs exitWait.
+func exiting(pidfd int) bool {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, int(exitWait.Milliseconds()))
+	return err == nil && n == 1 && fds[0].Revents&unix.POLLIN != 0
 }
 
 // socketInode parses a /proc/PID/fd link to a socket: "socket:[12345]".
