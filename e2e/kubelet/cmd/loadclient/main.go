@@ -11,8 +11,8 @@
 // "local": "IP:PORT", "reached": dial|connected|sent|headers} on stdout
 // (local: the client's end of the connection, bound before connect so a
 // dial that times out has one too: the node's conntrack maps it to the
-// pod kube-proxy chose; reached: the request's last step), and the last line a summary {"sent", "ok", "failed",
-// "by_class"}. SIGTERM ends the run early, with its summary; so does a
+// pod kube-proxy chose; reached: the request's last step), and the last
+// line a summary {"sent", "ok", "failed", "by_class"}. SIGTERM ends the run early, with its summary; so does a
 // request to /stop on --stop-addr, after which the pod completes and
 // keeps its log for `kubectl logs` (a deleted pod's log stream may end
 // before its last line).
