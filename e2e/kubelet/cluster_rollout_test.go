@@ -403,12 +403,12 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 		for _, f := range fails {
 			// The pod the failed connection went to (the node's
 			// conntrack), else every pod terminating then.
-			where, key := lives.stepsAt(f.at, t0), lives.stepsKey(f.at)
+			var where, key string
 			if ip, ok := flows.podFor(clients[i], f.local, f.at); ok {
 				where, key = lives.podStepAt(ip, f.at)
 				key = "on " + key
 			} else {
-				key = "at " + key
+				where, key = lives.stepsAt(f.at, t0), "at "+lives.stepsKey(f.at)
 			}
 			t.Logf("  %s %s %s failure at +%s: %s %s (reached %s, local %s); %s", st.name, ev, shape, fmtDur(f.at.Sub(t0)), f.class, f.err,
 				f.reached, f.local, where)
