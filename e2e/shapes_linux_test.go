@@ -86,6 +86,41 @@ func TestNativeSidecar(t *testing.T) {
 	}
 }
 
+// A native sidecar whose app still calls out at the gate deadline (the
+// late stop, internal/drain/late_stop.go): --drain-deadline 14s with
+// --stop-timeout 4s puts the gate deadline at 4.5 s and the late one at
+// 12.5 s; the app, SIGTERMed with the hook, lingers 1 s and makes 10 calls
+// out 600 ms apart (7 s at least). The proxy stays for every call, and
+// draind, seeing the app gone, stops it cleanly: no deadline line.
+func TestNativeSidecarPastGateDeadline(t *testing.T) {
+	p := newPod(t)
+	p.startApp("--on-term", "graceful", "--linger", "1s", "--outbound-count", "10", "--outbound-pause", "600ms")
+	p.startDraind([]string{"--min-drain", "1s", "--drain-deadline", "14s", "--stop-timeout", "4s", "--tracker", "ebpf", "--app-procs", "ebpf"})
+	p.wantSources("ebpf", "ebpf")
+
+	hookAt := time.Now()
+	p.app.Signal(syscall.SIGTERM)
+	if code, out := p.nativeHook(); code != 0 {
+		t.Fatalf("draind drain: exit %d (%s)", code, out)
+	}
+	if !p.app.wait(20 * time.Second) {
+		t.Fatal("the app did not exit")
+	}
+	p.drainedAt = p.app.exitedAt
+	exit, took := p.exitsBeforeSidecarTurn()
+	ok, closed, fail, appExit := p.appCalls()
+	late := p.waitLog(time.Second, logevent.GateDeadlineLate, nil)
+	quit := p.phaseTime("stopping")
+	t.Logf("native sidecar past its gate deadline: late hold at +%v (to %v); %d calls ok, %d failed; app exited +%s; quitquitquit %s after it; draind exit %d %s after it",
+		late["after"], late["late_gate_deadline"], ok, fail, appExit.Sub(hookAt), quit.Sub(appExit), exit, took)
+	if ok != 10 || closed != 0 || fail != 0 {
+		t.Errorf("outbound calls: %d ok, %d told to close, %d failed; want 10, 0, 0", ok, closed, fail)
+	}
+	if quit.Before(appExit) || exit != 0 || len(p.logLines(logevent.DeadlineReached)) != 0 {
+		t.Errorf("quit at %s, the app's exit at %s; exit %d; log:\n%s", quit, appExit, exit, p.draindLog.String())
+	}
+}
+
 // A Job with a classic sidecar and --exit-with-app: the app works 2 s and
 // exits; no app change, no quitquitquit call from it.
 func TestJobExitWithApp(t *testing.T) {

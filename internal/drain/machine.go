@@ -274,6 +274,10 @@ type Machine struct {
 	holdsLog holdsLog
 	// cut is what the deadline left open (State's end).
 	cut *StateEnd
+	// late: the gate deadline came before a native sidecar's SIGTERM and
+	// the gate held on to the late one (internal/drain/late_stop.go): the
+	// stop skips SIGTERM after a quit that worked.
+	late bool
 	// before is what arrived before the trigger (--min-drain auto).
 	before   ArrivalsBefore
 	backoff  time.Duration
@@ -408,7 +412,7 @@ func (m *Machine) publish(holds []Hold, end *StateEnd) {
 		Holds: slices.Clone(holds), Held: m.held.result(), Since: now, End: end}
 	if c := m.Cause(); c != CauseNone {
 		st.Shape = m.shape(c)
-		st.Triggered, st.Deadline = m.started, m.started.Add(m.cfg.GateDeadline())
+		st.Triggered, st.Deadline = m.started, m.started.Add(m.gateDeadline())
 	}
 	if r, ok := m.Rotation(); ok {
 		st.Rotation = &r
@@ -519,6 +523,9 @@ func (m *Machine) Run(ctx context.Context) Result {
 			}
 		case <-chanOf(m.timers.deadline):
 			m.timers.deadline = nil
+			if m.holdPastGateDeadline() {
+				break
+			}
 			return m.deadline()
 		case <-chanOf(m.timers.wake):
 			m.timers.wake = nil
@@ -1143,6 +1150,40 @@ func (m *Machine) baseInput() (GateInput, FlowView) {
 	return in, fv
 }
 
+// gateDeadline is when, after the trigger, the gate stops waiting: the
+// late gate deadline once the gate held on to it.
+func (m *Machine) gateDeadline() time.Duration {
+	if m.late {
+		return m.cfg.LateGateDeadline()
+	}
+	return m.cfg.GateDeadline()
+}
+
+// holdPastGateDeadline: at the gate deadline, a native sidecar still
+// awaiting its SIGTERM (PastGateDeadline) holds on to the late gate
+// deadline; once.
+func (m *Machine) holdPastGateDeadline() bool {
+	if m.late || m.cfg.Prestop {
+		return false
+	}
+	in, _ := m.baseInput()
+	left := m.cfg.LateGateDeadline() - time.Since(m.started)
+	if !PastGateDeadline(in) || left <= 0 {
+		return false
+	}
+	m.late = true
+	m.timers.deadline = time.NewTimer(left)
+	fields := []zap.Field{logevent.GateDeadlineLate.Field(), zap.Duration("after", time.Since(m.started)),
+		zap.Duration("late_gate_deadline", m.cfg.LateGateDeadline())}
+	if m.apps != nil {
+		fields = append(fields, zap.Int("app_processes", in.AppProcs), zap.Bool("app_processes_complete", in.ProcView == ProcsComplete))
+	}
+	m.log.Info("gate deadline reached before the kubelet's SIGTERM (native sidecar: the app still runs): the proxy stays for the app's calls until the late gate deadline; the stop then skips SIGTERM after a quit that works",
+		fields...)
+	m.publish(m.curHolds, nil) // the State's deadline moved
+	return true
+}
+
 // deadline stops the proxy anyway, naming every flow that still held.
 func (m *Machine) deadline() Result {
 	open := m.flows.Holding()
@@ -1191,7 +1232,8 @@ func (m *Machine) proxyDied() Result {
 }
 
 // stop: /quitquitquit, then SIGTERM, then SIGKILL, each given
-// --stop-timeout. clean says whether the gate opened.
+// --stop-timeout (late: no SIGTERM after a quit that worked). clean says
+// whether the gate opened.
 func (m *Machine) stop(why string, clean bool) Result {
 	m.stopDrainListeners()
 	t0 := time.Now()
@@ -1204,18 +1246,21 @@ func (m *Machine) stop(why string, clean bool) Result {
 		m.finish(StateEnd{Why: why, Clean: clean, Took: t0.Sub(m.started)})
 		return Result{Reason: why, Clean: clean}
 	}
-	m.enter(Stopping, zap.String("why", why), zap.Duration("drain", t0.Sub(m.started)),
+	m.enter(Stopping, zap.String("why", why), zap.Duration("drain", t0.Sub(m.started)), zap.Bool("late", m.late),
 		zap.Int64("quit_sent_unix_ns", t0.UnixNano()), zap.Any("flows", m.flows.Observe()))
 	m.publish(nil, m.ended(StateEnd{Why: why, Clean: clean, Took: t0.Sub(m.started)}))
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.quitTimeout())
 	err := m.admin.Quit(ctx)
 	cancel()
 	steps := []syscall.Signal{0, syscall.SIGTERM, syscall.SIGKILL}
+	if m.late {
+		steps = []syscall.Signal{0, syscall.SIGKILL} // LateStopReserve
+	}
 	if err != nil {
 		// Envoy did not take the quit: SIGTERM (the same to Envoy) now,
 		// not after a wait for an exit that was never asked.
 		m.log.Warn("quitquitquit failed: signalling at once", zap.Error(err))
-		steps = steps[1:]
+		steps = []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}
 	}
 	killed := false
 	for _, sig := range steps {
@@ -1227,8 +1272,14 @@ func (m *Machine) stop(why string, clean bool) Result {
 			killed = sig == syscall.SIGKILL
 		}
 		wait := m.cfg.StopTimeout
-		if sig == syscall.SIGKILL {
+		switch {
+		case sig == syscall.SIGKILL:
 			wait = KillWait
+		case m.late:
+			// Up to the deadline's SIGKILL step: the quit's unused part
+			// too (under pilot-agent the proxy's exit is pilot-agent's,
+			// after Envoy's).
+			wait = max(wait, time.Until(m.started.Add(m.cfg.Deadline-KillWait)))
 		}
 		t := time.NewTimer(wait)
 		select {

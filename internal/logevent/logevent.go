@@ -55,6 +55,11 @@ const (
 	AppTracking Event = "app_tracking"
 	// TrackingFailed: the live views did not start.
 	TrackingFailed Event = "tracking_failed"
+	// GateDeadlineLate: the gate deadline came before a native sidecar's
+	// SIGTERM (its app still runs); the gate holds on to the late gate
+	// deadline (fields after, late_gate_deadline; app_processes and
+	// app_processes_complete with a process view).
+	GateDeadlineLate Event = "gate_deadline_late"
 	// DrainListenersSent: POST /drain_listeners succeeded.
 	DrainListenersSent Event = "drain_listeners_sent"
 	// DrainListenersFailed: an attempt failed (logged once per error).

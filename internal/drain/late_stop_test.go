@@ -1,0 +1,130 @@
+package drain
+
+import (
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/draind/draind/internal/logevent"
+)
+
+func TestPastGateDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   GateInput
+		want bool
+	}{
+		{"a native sidecar awaiting its SIGTERM", GateInput{AwaitSignal: true, ProcView: ProcsComplete, AppProcs: 2}, true},
+		{"awaiting it, no process view", GateInput{AwaitSignal: true, ProcView: ProcsUnseen}, true},
+		{"its SIGTERM came (the app gone)", GateInput{ProcView: ProcsComplete}, false},
+		{"a classic sidecar, the app still running", GateInput{ProcView: ProcsComplete, AppProcs: 2}, false},
+		{"no proxy to keep (prestop)", GateInput{AwaitSignal: true, NoProxy: true, ProcView: ProcsComplete, AppProcs: 1}, false},
+	} {
+		if got := PastGateDeadline(tc.in); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestLateStopReserveFits(t *testing.T) {
+	c := DefaultConfig()
+	if c.LateGateDeadline() <= c.GateDeadline() || c.LateGateDeadline()+c.LateStopReserve() != c.Deadline {
+		t.Errorf("late gate deadline %s (reserve %s), gate deadline %s, deadline %s", c.LateGateDeadline(), c.LateStopReserve(), c.GateDeadline(), c.Deadline)
+	}
+	// The kubelet grants a native sidecar 2 s after its SIGTERM at least:
+	// the late stop's own steps fit in it.
+	if c.LateStopReserve() > 2*time.Second {
+		t.Errorf("late stop reserve %s, more than the kubelet's 2 s", c.LateStopReserve())
+	}
+	c.Prestop = true
+	if c.LateStopReserve() != 0 {
+		t.Errorf("prestop late reserve %s", c.LateStopReserve())
+	}
+}
+
+func TestLateStop(t *testing.T) {
+	deadline := func(c *Config) { c.Deadline = 2 * time.Second }
+	t.Run("a native sidecar keeps its proxy for the app past the gate deadline", inBubble(func(t *testing.T) {
+		r := newRig(t, withConfig(deadline))
+		r.waitPhase(Ready)
+		start := time.Now()
+		r.m.Trigger(CausePreStop)
+		r.waitPhase(Gating)
+		cfg := r.m.Config()
+		time.Sleep(cfg.GateDeadline() + 10*time.Millisecond)
+		r.notDone(0)
+		if r.count(logevent.GateDeadlineLate) != 1 {
+			t.Fatalf("no late gate deadline line; log:\n%s", r.log())
+		}
+		if st := r.m.State(); !st.Deadline.Equal(start.Add(cfg.LateGateDeadline())) {
+			t.Errorf("State's deadline %s after the trigger, want the late %s", st.Deadline.Sub(start), cfg.LateGateDeadline())
+		}
+		r.apps.exit()
+		r.wantResult(r.result(), 0, true, "drained")
+		if s := r.proxy.sent(); len(s) != 0 {
+			t.Errorf("signals %v: the quit alone stops a proxy that takes it", s)
+		}
+	}))
+	t.Run("the kubelet's SIGTERM during the late hold", inBubble(func(t *testing.T) {
+		// No process view: the SIGTERM alone says the app is gone.
+		r := newRig(t, withoutApps(), withConfig(deadline))
+		r.waitPhase(Ready)
+		r.m.Trigger(CausePreStop)
+		r.waitPhase(Gating)
+		time.Sleep(r.m.Config().GateDeadline() + 10*time.Millisecond)
+		r.notDone(0)
+		if r.count(logevent.GateDeadlineLate) != 1 {
+			t.Fatalf("no late gate deadline line; log:\n%s", r.log())
+		}
+		r.m.Trigger(CauseSignal)
+		r.wantResult(r.result(), 0, true, "drained")
+	}))
+	t.Run("the late stop fits the deadline without SIGTERM", inBubble(func(t *testing.T) {
+		// The app never exits; the proxy takes the quit but does not exit.
+		r := newRig(t, withConfig(deadline), setup(func(r *rig) { r.proxy.noExitOn = true }))
+		r.waitPhase(Ready)
+		start := time.Now()
+		r.m.Trigger(CausePreStop)
+		res := r.result()
+		took := time.Since(start)
+		r.wantResult(res, 137, false, "deadline")
+		if s := r.proxy.sent(); !slices.Equal(s, []syscall.Signal{syscall.SIGKILL}) {
+			t.Errorf("signals %v, want SIGKILL alone after the quit", s)
+		}
+		if cfg := r.m.Config(); took > cfg.Deadline || took < cfg.LateGateDeadline() {
+			t.Errorf("ended %s after the trigger: want between the late gate deadline %s and the deadline %s", took, cfg.LateGateDeadline(), cfg.Deadline)
+		}
+	}))
+	t.Run("a failed quit still gets SIGTERM", inBubble(func(t *testing.T) {
+		r := newRig(t, withConfig(deadline), setup(func(r *rig) { r.proxy.ignore[syscall.SIGTERM] = true }))
+		r.waitPhase(Ready)
+		r.admin.hang.Store(true)
+		start := time.Now()
+		r.m.Trigger(CausePreStop)
+		res := r.result()
+		r.wantResult(res, 137, false, "deadline")
+		if s := r.proxy.sent(); !slices.Equal(s, []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}) {
+			t.Errorf("signals %v, want SIGTERM then SIGKILL", s)
+		}
+		if took := time.Since(start); took > r.m.Config().Deadline {
+			t.Errorf("ended %s after the trigger, past the deadline", took)
+		}
+	}))
+	t.Run("a classic sidecar: the gate deadline stands", inBubble(func(t *testing.T) {
+		// The kubelet signalled the app and the proxy together and kills
+		// both at the end of the grace period: the app still running is no
+		// reason to spend the stop reserve.
+		r := newRig(t, withConfig(deadline))
+		r.waitPhase(Ready)
+		start := time.Now()
+		r.m.Trigger(CauseSignal)
+		r.wantResult(r.result(), 0, false, "deadline")
+		if r.count(logevent.GateDeadlineLate) != 0 {
+			t.Errorf("held late in a classic sidecar; log:\n%s", r.log())
+		}
+		if took := time.Since(start); took > r.m.Config().GateDeadline()+r.m.Config().StopTimeout {
+			t.Errorf("ended %s after the trigger, want the gate deadline %s", took, r.m.Config().GateDeadline())
+		}
+	}))
+}
