@@ -84,6 +84,11 @@ peers: ## build the test peers the tests use (Istio's pilot-agent and istioctl; 
 bench: ## run the benchmarks (see docs/benchmarks.md)
 	bash tools/bench/bench.sh
 
+KEEPALIVE_DRAINS ?= 5
+bench-keepalive: ## what --close-idle-keepalives costs and saves Go, Python requests and Node clients, as root (KEEPALIVE_DRAINS per client)
+	bash tools/deps.sh bench
+	$(GO) test -count=1 -run '^$$' -bench 'UntoldKeepAliveClients' -benchtime $(KEEPALIVE_DRAINS)x -timeout 30m ./e2e | grep -E '^(Benchmark|goos|cpu|\s+keepalive_clients)'
+
 NODEARGS ?=
 bench-node: ## a node full of idle draind pods: its neighbours' TCP and fork rates, as root (NODEARGS="--pods 10,40")
 	bash tools/bench/node.sh $(NODEARGS)

@@ -9,6 +9,8 @@
 #   bash tools/deps.sh packages   # the packages alone
 #   bash tools/deps.sh node       # a node's alone: containerd, runc, CNI, iptables
 #                                 # (make e2e-kubelet and make cluster)
+#   bash tools/deps.sh bench      # the benchmarks' real clients: Python's requests,
+#                                 # Node (make bench-keepalive)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/go/bin:/usr/sbin:/sbin
@@ -27,6 +29,9 @@ pkgs=(
 # the init-wrapper image, iptables and conntrack for kube-proxy; busybox and
 # netstat for the proxy image's shell, the recipe's preStop loop).
 node=(containerd runc containernetworking-plugins iproute2 iptables tini conntrack busybox-static net-tools)
+# The keep-alive clients of make bench-keepalive, beside Go's.
+bench=(python3-requests:/usr/lib/python3/dist-packages/requests/__init__.py nodejs:/usr/bin/node)
+[[ ${1:-} == bench ]] && pkgs=("${bench[@]}")
 need=()
 for p in "${pkgs[@]}"; do
 	if [[ ${1:-} == node && ! " ${node[*]} " =~ " ${p%%:*} " ]]; then
@@ -43,6 +48,6 @@ if ((${#need[@]})); then
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-[[ ${1:-} == packages || ${1:-} == node ]] && exit 0
+[[ ${1:-} == packages || ${1:-} == node || ${1:-} == bench ]] && exit 0
 bash tools/peers/pilot-agent.sh >/dev/null
 bash tools/peers/istioctl.sh >/dev/null

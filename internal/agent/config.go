@@ -89,8 +89,10 @@ type Config struct {
 	Events EventsMode
 	// CloseIdleKeepalives: as the min-drain ends, close Envoy's
 	// downstream keep-alives idle since before its drain began
-	// (drain.Untold; --close-idle-keepalives, off by default: the FIN
-	// races a client that sends on the connection at that moment).
+	// (drain.Untold; --close-idle-keepalives, on by default: a client
+	// sees the FIN before its next request and dials again, where
+	// without it that request meets an app that stopped accepting;
+	// docs/benchmarks.md, make bench-keepalive).
 	CloseIdleKeepalives bool
 	// DrainBeginWait: how long the app's out-of-rotation wait waits for a
 	// drain that has not begun (--drain-begin-wait;
@@ -168,7 +170,8 @@ func DefaultConfig() Config {
 		HostNetwork:  HostNetworkAuto,
 		Events:       EventsAuto,
 
-		DrainBeginWait: drain.DefaultDrainBeginWait,
+		DrainBeginWait:      drain.DefaultDrainBeginWait,
+		CloseIdleKeepalives: true,
 	}
 }
 
