@@ -89,9 +89,10 @@ func TestNativeSidecar(t *testing.T) {
 // A native sidecar whose app still calls out at the gate deadline (the
 // late stop, internal/drain/late_stop.go): --drain-deadline 14s with
 // --stop-timeout 4s puts the gate deadline at 4.5 s and the late one at
-// 12.5 s; the app, SIGTERMed with the hook, lingers 1 s and makes 10 calls
-// out 600 ms apart (7 s at least). The proxy stays for every call, and
-// draind, seeing the app gone, stops it cleanly: no deadline line.
+// 17.5 s (the grace period the deadline implies, 19 s, less 1.5 s); the
+// app, SIGTERMed with the hook, lingers 1 s and makes 10 calls out 600 ms
+// apart (7 s at least). The proxy stays for every call, and draind, seeing
+// the app gone, stops it cleanly: no deadline line.
 func TestNativeSidecarPastGateDeadline(t *testing.T) {
 	p := newPod(t)
 	p.startApp("--on-term", "graceful", "--linger", "1s", "--outbound-count", "10", "--outbound-pause", "600ms")

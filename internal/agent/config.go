@@ -340,6 +340,7 @@ func (c *Config) resolveIstio() (istioResolved, error) {
 	default:
 		r.deadlineFrom = "default"
 	}
+	c.Drain.Grace = c.GracePeriod
 	if v, ok := lookup(ExitOnZeroEnv); ok {
 		r.exitOnZero, _ = strconv.ParseBool(v) // as Istio reads it; a bad value is Istio's to refuse
 	}

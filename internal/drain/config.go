@@ -33,6 +33,10 @@ type Config struct {
 	// Deadline bounds the whole drain, the stop steps included, counted
 	// from the trigger (--drain-deadline).
 	Deadline time.Duration
+	// Grace is the pod's grace period when known (--grace-period; 0:
+	// the one the deadline implies, Deadline + GraceMargin): a native
+	// sidecar's app may run to its end (late_stop.go).
+	Grace time.Duration
 	// StopTimeout is what the proxy gets after /quitquitquit, then after
 	// SIGTERM, before SIGKILL.
 	StopTimeout time.Duration

@@ -29,8 +29,21 @@ func TestPastGateDeadline(t *testing.T) {
 
 func TestLateStopReserveFits(t *testing.T) {
 	c := DefaultConfig()
-	if c.LateGateDeadline() <= c.GateDeadline() || c.LateGateDeadline()+c.LateStopReserve() != c.Deadline {
-		t.Errorf("late gate deadline %s (reserve %s), gate deadline %s, deadline %s", c.LateGateDeadline(), c.LateStopReserve(), c.GateDeadline(), c.Deadline)
+	if c.LateGateDeadline() <= c.GateDeadline() || c.LateGateDeadline()+c.LateStopReserve() != GracePeriod {
+		t.Errorf("late gate deadline %s (reserve %s), gate deadline %s: want the grace period %s less the reserve", c.LateGateDeadline(), c.LateStopReserve(), c.GateDeadline(), GracePeriod)
+	}
+	for _, tc := range []struct {
+		grace, deadline, lateEnd time.Duration
+	}{
+		{60 * time.Second, DeadlineForGrace(60 * time.Second), 60 * time.Second}, // --grace-period 60
+		{0, 40 * time.Second, 45 * time.Second},                                  // --drain-deadline 40s alone
+		{20 * time.Second, 25 * time.Second, 25 * time.Second},                   // a deadline past the grace period: never before it
+	} {
+		c := DefaultConfig()
+		c.Grace, c.Deadline = tc.grace, tc.deadline
+		if got := c.LateGateDeadline() + c.LateStopReserve(); got != tc.lateEnd {
+			t.Errorf("grace %s, deadline %s: the late stop ends at %s, want %s", tc.grace, tc.deadline, got, tc.lateEnd)
+		}
 	}
 	// The kubelet grants a native sidecar 2 s after its SIGTERM at least:
 	// the late stop's own steps fit in it.
@@ -80,7 +93,26 @@ func TestLateStop(t *testing.T) {
 		r.m.Trigger(CauseSignal)
 		r.wantResult(r.result(), 0, true, "drained")
 	}))
-	t.Run("the late stop fits the deadline without SIGTERM", inBubble(func(t *testing.T) {
+	t.Run("past the gate deadline only the app holds", inBubble(func(t *testing.T) {
+		// No process view: the SIGTERM says the app is gone. Envoy still
+		// counts a connection, which held the gate to its deadline: the
+		// proxy stops at once.
+		r := newRig(t, withoutApps(), withConfig(deadline))
+		r.waitPhase(Ready)
+		start := time.Now()
+		r.m.Trigger(CausePreStop)
+		r.waitPhase(Gating)
+		r.flows.set(func(v *FlowView) { v.Downstream = 1 })
+		time.Sleep(r.m.Config().GateDeadline() + 10*time.Millisecond)
+		r.notDone(time.Second)
+		goneAt := time.Since(start)
+		r.m.Trigger(CauseSignal)
+		r.wantResult(r.result(), 0, false, "deadline")
+		if took := time.Since(start); took != goneAt {
+			t.Errorf("stopped %s after the SIGTERM, want at once", took-goneAt)
+		}
+	}))
+	t.Run("the late stop fits the grace period without SIGTERM", inBubble(func(t *testing.T) {
 		// The app never exits; the proxy takes the quit but does not exit.
 		r := newRig(t, withConfig(deadline), setup(func(r *rig) { r.proxy.noExitOn = true }))
 		r.waitPhase(Ready)
@@ -92,8 +124,8 @@ func TestLateStop(t *testing.T) {
 		if s := r.proxy.sent(); !slices.Equal(s, []syscall.Signal{syscall.SIGKILL}) {
 			t.Errorf("signals %v, want SIGKILL alone after the quit", s)
 		}
-		if cfg := r.m.Config(); took > cfg.Deadline || took < cfg.LateGateDeadline() {
-			t.Errorf("ended %s after the trigger: want between the late gate deadline %s and the deadline %s", took, cfg.LateGateDeadline(), cfg.Deadline)
+		if cfg := r.m.Config(); took > cfg.lateEnd() || took < cfg.LateGateDeadline() {
+			t.Errorf("ended %s after the trigger: want between the late gate deadline %s and the grace period %s", took, cfg.LateGateDeadline(), cfg.lateEnd())
 		}
 	}))
 	t.Run("a failed quit still gets SIGTERM", inBubble(func(t *testing.T) {
@@ -107,8 +139,8 @@ func TestLateStop(t *testing.T) {
 		if s := r.proxy.sent(); !slices.Equal(s, []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}) {
 			t.Errorf("signals %v, want SIGTERM then SIGKILL", s)
 		}
-		if took := time.Since(start); took > r.m.Config().Deadline {
-			t.Errorf("ended %s after the trigger, past the deadline", took)
+		if took := time.Since(start); took > r.m.Config().lateEnd() {
+			t.Errorf("ended %s after the trigger, past the grace period", took)
 		}
 	}))
 	t.Run("a classic sidecar: the gate deadline stands", inBubble(func(t *testing.T) {

@@ -488,6 +488,11 @@ func (m *Machine) Run(ctx context.Context) Result {
 			if res, done := m.evaluate(ctx); done {
 				return res
 			}
+			if m.late && !m.awaitSignal {
+				// Past the gate deadline only the app held
+				// (late_stop.go): it is gone, and the gate is not open.
+				return m.deadline()
+			}
 			fc, ac = flowsChanged, appsChanged
 		case p == Ready && watchApp:
 			m.watchAppDone()
@@ -1276,10 +1281,10 @@ func (m *Machine) stop(why string, clean bool) Result {
 		case sig == syscall.SIGKILL:
 			wait = KillWait
 		case m.late:
-			// Up to the deadline's SIGKILL step: the quit's unused part
-			// too (under pilot-agent the proxy's exit is pilot-agent's,
-			// after Envoy's).
-			wait = max(wait, time.Until(m.started.Add(m.cfg.Deadline-KillWait)))
+			// Up to the late stop's SIGKILL step (late_stop.go), the
+			// quit's unused part included (under pilot-agent the
+			// proxy's exit is pilot-agent's, after Envoy's).
+			wait = max(0, time.Until(m.started.Add(m.cfg.lateEnd()-KillWait)))
 		}
 		t := time.NewTimer(wait)
 		select {
