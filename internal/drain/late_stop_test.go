@@ -65,6 +65,11 @@ func TestLateStop(t *testing.T) {
 		r.m.Trigger(CausePreStop)
 		r.waitPhase(Gating)
 		cfg := r.m.Config()
+		// The State (and the DrainStarted Event) say how long the app may
+		// work: to the late gate deadline from the start.
+		if st := r.m.State(); !st.Deadline.Equal(start.Add(cfg.LateGateDeadline())) {
+			t.Errorf("State's deadline %s after the trigger, want the late %s", st.Deadline.Sub(start), cfg.LateGateDeadline())
+		}
 		time.Sleep(cfg.GateDeadline() + 10*time.Millisecond)
 		r.notDone(0)
 		if r.count(logevent.GateDeadlineLate) != 1 {
@@ -151,6 +156,10 @@ func TestLateStop(t *testing.T) {
 		r.waitPhase(Ready)
 		start := time.Now()
 		r.m.Trigger(CauseSignal)
+		r.waitPublished(Gating)
+		if st := r.m.State(); !st.Deadline.Equal(start.Add(r.m.Config().GateDeadline())) {
+			t.Errorf("State's deadline %s after the trigger, want the gate deadline %s", st.Deadline.Sub(start), r.m.Config().GateDeadline())
+		}
 		r.wantResult(r.result(), 0, false, "deadline")
 		if r.count(logevent.GateDeadlineLate) != 0 {
 			t.Errorf("held late in a classic sidecar; log:\n%s", r.log())

@@ -1155,10 +1155,11 @@ func (m *Machine) baseInput() (GateInput, FlowView) {
 	return in, fv
 }
 
-// gateDeadline is when, after the trigger, the gate stops waiting: the
-// late gate deadline once the gate held on to it.
+// gateDeadline is when, after the trigger, the gate stops waiting for the
+// app: the late gate deadline once the gate held on to it, or while a
+// native sidecar awaits its SIGTERM (PastGateDeadline would hold it).
 func (m *Machine) gateDeadline() time.Duration {
-	if m.late {
+	if m.late || (m.awaitSignal && !m.cfg.Prestop) {
 		return m.cfg.LateGateDeadline()
 	}
 	return m.cfg.GateDeadline()
