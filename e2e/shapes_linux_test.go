@@ -93,7 +93,7 @@ func TestNativeSidecar(t *testing.T) {
 // app, SIGTERMed with the hook, lingers 1 s and makes 10 calls out 600 ms
 // apart (7 s at least). The proxy stays for every call, and draind, seeing
 // the app gone, stops it cleanly: no deadline line.
-func TestNativeSidecarPastGateDeadline(t *testing.T) {
+func TestLateStopNativeSidecar(t *testing.T) {
 	p := newPod(t)
 	p.startApp("--on-term", "graceful", "--linger", "1s", "--outbound-count", "10", "--outbound-pause", "600ms")
 	p.startDraind([]string{"--min-drain", "1s", "--drain-deadline", "14s", "--stop-timeout", "4s", "--tracker", "ebpf", "--app-procs", "ebpf"})
