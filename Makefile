@@ -87,7 +87,7 @@ bench: ## run the benchmarks (see docs/benchmarks.md)
 KEEPALIVE_DRAINS ?= 5
 bench-keepalive: ## what --close-idle-keepalives costs and saves Go, Python requests and Node clients, as root (KEEPALIVE_DRAINS per client)
 	bash tools/deps.sh bench
-	$(GO) test -count=1 -run '^$$' -bench 'UntoldKeepAliveClients' -benchtime $(KEEPALIVE_DRAINS)x -timeout 30m ./e2e | grep -E '^(Benchmark|goos|cpu|\s+keepalive_clients)'
+	bash -o pipefail -c "$(GO) test -count=1 -run '^\$$' -bench UntoldKeepAliveClients -benchtime $(KEEPALIVE_DRAINS)x -timeout 30m ./e2e | grep -E '^(Benchmark|goos|cpu|\s+keepalive_clients|--- FAIL|FAIL|panic)'"
 
 NODEARGS ?=
 bench-node: ## a node full of idle draind pods: its neighbours' TCP and fork rates, as root (NODEARGS="--pods 10,40")

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -60,6 +62,10 @@ func BenchmarkUntoldKeepAliveClients(b *testing.B) {
 					svc := newServiceRule(b, p)
 					var res clientCounts
 					done := make(chan struct{})
+					// The load ends by itself (run, each request's 5 s
+					// timeout); a failed step below waits for it too,
+					// before the pod's namespaces go.
+					defer func() { <-done }()
 					go func() {
 						defer close(done)
 						switch client {
@@ -151,17 +157,23 @@ type clientCounts struct {
 	Errors  []string       `json:"errors"`
 }
 
-// remoteTool runs a client script in the remote namespace.
+// remoteTool runs a client script in the remote namespace, killed 15 s
+// past its run.
 func (p *pod) remoteTool(b testing.TB, tool, script string, conns int, period, run time.Duration) clientCounts {
+	ctx, cancel := context.WithTimeout(context.Background(), run+15*time.Second)
+	defer cancel()
 	ns := fmt.Sprintf("--net=/proc/%d/fd/%d", os.Getpid(), int(p.remote.Handle))
-	out, err := exec.Command("nsenter", ns, tool, script, "http://"+serviceAddr+"/", strconv.Itoa(conns),
-		strconv.FormatInt(period.Milliseconds(), 10), strconv.FormatInt(run.Milliseconds(), 10)).Output()
+	cmd := exec.CommandContext(ctx, "nsenter", ns, tool, script, "http://"+serviceAddr+"/", strconv.Itoa(conns),
+		strconv.FormatInt(period.Milliseconds(), 10), strconv.FormatInt(run.Milliseconds(), 10))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	var c clientCounts
 	if err == nil {
 		err = json.Unmarshal(out, &c)
 	}
 	if err != nil {
-		b.Errorf("%s %s: %v: %s", tool, script, err, out)
+		b.Errorf("%s %s: %v: %s %s", tool, script, err, out, stderr.Bytes())
 	}
 	return c
 }

@@ -302,7 +302,9 @@ func TestReliabilityChurn(t *testing.T) {
 	n := pick(2000, 20000)
 	p := newPod(t)
 	p.startApp("--on-term", "exit")
-	p.startDraind([]string{"--min-drain", "200ms", "--tracker", "ebpf", "--app-procs", "ebpf", "--drain-deadline", "60s"})
+	// The keep-alive stays open (no closer as the min-drain ends): the
+	// gate's rule for it is the subject.
+	p.startDraind([]string{"--min-drain", "200ms", "--tracker", "ebpf", "--app-procs", "ebpf", "--drain-deadline", "60s", "--close-idle-keepalives=false"})
 	proxy := p.watchProxy()
 	draindDone, _ := p.watchDraind()
 	held := keepAlive(t, p)

@@ -231,7 +231,9 @@ func TestIdleKeepAlive(t *testing.T) {
 func TestParkedKeepAliveAfterAppExit(t *testing.T) {
 	p := newPod(t)
 	p.startApp("--on-term", "graceful")
-	p.startDraind([]string{"--min-drain", "200ms", "--drain-deadline", "20s"})
+	// The keep-alive stays open (no closer as the min-drain ends): the
+	// gate's rule for it is the subject.
+	p.startDraind([]string{"--min-drain", "200ms", "--drain-deadline", "20s", "--close-idle-keepalives=false"})
 	dial := func() net.Conn {
 		c, err := p.remote.Dialer()(t.Context(), "tcp4", podIP+":15006")
 		if err != nil {

@@ -315,12 +315,13 @@ func (a *agent) startEvents() *kubeevents.Reporter {
 
 // flushEvents gives the drain's last Event a short wait once the proxy
 // has stopped: at most kubeevents.EndWait, and never past the drain's
-// deadline. What is still queued after it is said by the reporter's
+// end (drain.Config.End: a native sidecar's late stop ends after the
+// deadline). What is still queued after it is said by the reporter's
 // Close (the cleanup line).
 func (a *agent) flushEvents(r *kubeevents.Reporter) {
 	wait := kubeevents.EndWait
 	if st := a.machine.State(); st.Cause != drain.CauseNone {
-		wait = min(wait, time.Until(st.Triggered.Add(a.cfg.Drain.Deadline)))
+		wait = min(wait, time.Until(st.Triggered.Add(a.cfg.Drain.End(st))))
 	}
 	t0 := time.Now()
 	all := r.Flush(wait)

@@ -31,7 +31,8 @@ type Config struct {
 	AppExit AppExit
 	Gateway bool
 	// Deadline bounds the whole drain, the stop steps included, counted
-	// from the trigger (--drain-deadline).
+	// from the trigger (--drain-deadline); a native sidecar's late stop
+	// alone runs past it, to Grace (late_stop.go).
 	Deadline time.Duration
 	// Grace is the pod's grace period when known (--grace-period; 0:
 	// the one the deadline implies, Deadline + GraceMargin): a native

@@ -27,11 +27,24 @@ import "time"
 // (PastGateDeadline) holds for its app to LateGateDeadline: the pod's
 // grace period less the quit call and the kernel's part after SIGKILL
 // (LateStopReserve). Past the gate deadline only the app holds: once the
-// SIGTERM comes or the app is seen gone, the gate is judged once more,
-// and if Envoy's flows still hold it the proxy stops as at the deadline,
-// inside the kubelet's 2 s. The stop after a held gate skips SIGTERM after
-// a quit that worked (Envoy takes both alike) and waits for the proxy's
-// exit up to the grace period's SIGKILL step.
+// SIGTERM comes or the app is seen gone, the gate has LateAppGoneWait to
+// open, then the proxy stops as at the deadline, inside the kubelet's
+// 2 s. The stop after a held gate skips SIGTERM after a quit that worked
+// (Envoy takes both alike) and waits for the proxy's exit up to the
+// grace period's SIGKILL step, and no later than the kubelet's own after
+// its SIGTERM.
+
+// KubeletSidecarGrace is the least the kubelet grants a native sidecar
+// after its SIGTERM (kuberuntime's minimumGracePeriodInSeconds): a late
+// stop after that SIGTERM ends inside it.
+const KubeletSidecarGrace = 2 * time.Second
+
+// LateAppGoneWait is what the gate gets to open once the app goes past
+// the gate deadline (the SIGTERM, or the app seen gone): a fresh read of
+// its last flows (parked keep-alives), --settle's start. Still held, the
+// proxy stops as at the deadline. With LateStopReserve it fits
+// KubeletSidecarGrace.
+const LateAppGoneWait = 500 * time.Millisecond
 
 // PastGateDeadline reports whether the gate deadline, reached with in,
 // moves to the late one: a native sidecar whose SIGTERM has not come,
@@ -55,6 +68,17 @@ func (c Config) LateStopReserve() time.Duration {
 // LateGateDeadline is when, after the trigger, a gate held past its
 // deadline for the app (PastGateDeadline) stops waiting.
 func (c Config) LateGateDeadline() time.Duration { return c.lateEnd() - c.LateStopReserve() }
+
+// End is when, after the trigger, the drain whose State is st ends at the
+// latest, its stop steps included: the deadline, or the late stop's end
+// when the State's deadline is past the gate deadline (a native sidecar
+// that held, or could hold, for its app).
+func (c Config) End(st State) time.Duration {
+	if st.Deadline.Sub(st.Triggered) > c.GateDeadline() {
+		return c.lateEnd()
+	}
+	return c.Deadline
+}
 
 // lateEnd is when, after the trigger, a late stop ends: the pod's grace
 // period (Grace, else the one the deadline implies), never before the

@@ -44,6 +44,15 @@ func TestLateStopReserveFits(t *testing.T) {
 		if got := c.LateGateDeadline() + c.LateStopReserve(); got != tc.lateEnd {
 			t.Errorf("grace %s, deadline %s: the late stop ends at %s, want %s", tc.grace, tc.deadline, got, tc.lateEnd)
 		}
+		// End: a State whose deadline is the late one ends then; one
+		// whose deadline is the gate deadline, at the deadline.
+		at := time.Unix(1000, 0)
+		if got := c.End(State{Triggered: at, Deadline: at.Add(c.LateGateDeadline())}); got != max(tc.lateEnd, c.Deadline) && c.LateGateDeadline() > c.GateDeadline() {
+			t.Errorf("grace %s, deadline %s: a late State ends at %s, want %s", tc.grace, tc.deadline, got, tc.lateEnd)
+		}
+		if got := c.End(State{Triggered: at, Deadline: at.Add(c.GateDeadline())}); got != c.Deadline {
+			t.Errorf("grace %s, deadline %s: a State at the gate deadline ends at %s, want the deadline", tc.grace, tc.deadline, got)
+		}
 	}
 	// The kubelet grants a native sidecar 2 s after its SIGTERM at least:
 	// the late stop's own steps fit in it.
@@ -101,8 +110,9 @@ func TestLateStop(t *testing.T) {
 	t.Run("past the gate deadline only the app holds", inBubble(func(t *testing.T) {
 		// No process view: the SIGTERM says the app is gone. Envoy still
 		// counts a connection, which held the gate to its deadline: the
-		// proxy stops at once.
-		r := newRig(t, withoutApps(), withConfig(deadline))
+		// proxy stops LateAppGoneWait after, killed inside the kubelet's
+		// 2 s when it ignores the quit.
+		r := newRig(t, withoutApps(), withConfig(deadline), setup(func(r *rig) { r.proxy.noExitOn = true }))
 		r.waitPhase(Ready)
 		start := time.Now()
 		r.m.Trigger(CausePreStop)
@@ -112,10 +122,23 @@ func TestLateStop(t *testing.T) {
 		r.notDone(time.Second)
 		goneAt := time.Since(start)
 		r.m.Trigger(CauseSignal)
-		r.wantResult(r.result(), 0, false, "deadline")
-		if took := time.Since(start); took != goneAt {
-			t.Errorf("stopped %s after the SIGTERM, want at once", took-goneAt)
+		r.wantResult(r.result(), 137, false, "deadline")
+		if st := r.m.State(); st.End == nil || st.End.Took != goneAt+LateAppGoneWait {
+			t.Errorf("stopping began %v after the trigger, want %s after the SIGTERM (%s)", st.End, LateAppGoneWait, goneAt)
 		}
+		if took := time.Since(start) - goneAt; took > KubeletSidecarGrace {
+			t.Errorf("ended %s after the SIGTERM, past the kubelet's %s", took, KubeletSidecarGrace)
+		}
+	}))
+	t.Run("past the gate deadline the app gone, the gate opens within the wait", inBubble(func(t *testing.T) {
+		r := newRig(t, withoutApps(), withConfig(func(c *Config) { deadline(c); c.Settle = 100 * time.Millisecond }))
+		r.waitPhase(Ready)
+		r.m.Trigger(CausePreStop)
+		r.waitPhase(Gating)
+		time.Sleep(r.m.Config().GateDeadline() + 10*time.Millisecond)
+		r.notDone(time.Second)
+		r.m.Trigger(CauseSignal)
+		r.wantResult(r.result(), 0, true, "drained")
 	}))
 	t.Run("the late stop fits the grace period without SIGTERM", inBubble(func(t *testing.T) {
 		// The app never exits; the proxy takes the quit but does not exit.

@@ -278,6 +278,11 @@ type Machine struct {
 	// the gate held on to the late one (internal/drain/late_stop.go): the
 	// stop skips SIGTERM after a quit that worked.
 	late bool
+	// lateGone: past the gate deadline the app went (the SIGTERM, or
+	// seen gone); the gate has LateAppGoneWait to open. signalAt is when
+	// a native sidecar's SIGTERM came.
+	lateGone bool
+	signalAt time.Time
 	// before is what arrived before the trigger (--min-drain auto).
 	before   ArrivalsBefore
 	backoff  time.Duration
@@ -488,10 +493,13 @@ func (m *Machine) Run(ctx context.Context) Result {
 			if res, done := m.evaluate(ctx); done {
 				return res
 			}
-			if m.late && !m.awaitSignal {
+			if m.late && !m.awaitSignal && !m.lateGone {
 				// Past the gate deadline only the app held
-				// (late_stop.go): it is gone, and the gate is not open.
-				return m.deadline()
+				// (late_stop.go): it is gone and the gate is not open
+				// yet; it gets LateAppGoneWait, then the deadline's stop.
+				m.lateGone = true
+				m.timers.deadline.Stop()
+				m.timers.deadline = time.NewTimer(max(0, min(LateAppGoneWait, m.cfg.LateGateDeadline()-time.Since(m.started))))
 			}
 			fc, ac = flowsChanged, appsChanged
 		case p == Ready && watchApp:
@@ -757,6 +765,7 @@ func (m *Machine) onTrigger(c Cause) {
 			// ran alongside the app's shutdown. Finish now: only Envoy's
 			// last flows remain for the gate.
 			m.awaitSignal = false
+			m.signalAt = time.Now()
 			if p == Draining && m.appGone() {
 				m.endMinDrain()
 				m.log.Info("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now", logevent.SigtermEndsMinDrain.Field())
@@ -1284,8 +1293,13 @@ func (m *Machine) stop(why string, clean bool) Result {
 		case m.late:
 			// Up to the late stop's SIGKILL step (late_stop.go), the
 			// quit's unused part included (under pilot-agent the
-			// proxy's exit is pilot-agent's, after Envoy's).
-			wait = max(0, time.Until(m.started.Add(m.cfg.lateEnd()-KillWait)))
+			// proxy's exit is pilot-agent's, after Envoy's), and inside
+			// what the kubelet grants after its SIGTERM.
+			end := m.started.Add(m.cfg.lateEnd() - KillWait)
+			if k := m.signalAt.Add(KubeletSidecarGrace - KillWait); !m.signalAt.IsZero() && k.Before(end) {
+				end = k
+			}
+			wait = max(0, time.Until(end))
 		}
 		t := time.NewTimer(wait)
 		select {

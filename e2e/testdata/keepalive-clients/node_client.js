@@ -33,13 +33,22 @@ for (let i = 0; i < conns; i++) {
       if (--running === 0) console.log(JSON.stringify(counts));
       return;
     }
+    // A request ends once: a reset mid-response fires both the
+    // response's and the request's error.
+    let ended = false;
+    const finish = (cls, detail) => {
+      if (ended) return;
+      ended = true;
+      record(cls, detail);
+      schedule();
+    };
     const req = http.get(url, { agent, timeout: 5000 }, (res) => {
       res.resume();
-      res.on('end', () => { record(res.statusCode === 200 ? 'ok' : `status ${res.statusCode}`, res.statusCode); schedule(); });
-      res.on('error', (e) => { record(e.code || 'error', e.message); schedule(); });
+      res.on('end', () => finish(res.statusCode === 200 ? 'ok' : `status ${res.statusCode}`, res.statusCode));
+      res.on('error', (e) => finish(e.code || 'error', e.message));
     });
     req.on('timeout', () => req.destroy(new Error('timeout')));
-    req.on('error', (e) => { record(e.message === 'timeout' ? 'timeout' : (e.code || 'error'), e.message); schedule(); });
+    req.on('error', (e) => finish(e.message === 'timeout' ? 'timeout' : (e.code || 'error'), e.message));
   };
   const schedule = () => { next += period; setTimeout(tick, Math.max(0, next - Date.now())); };
   setTimeout(tick, Math.max(0, next - Date.now()));
