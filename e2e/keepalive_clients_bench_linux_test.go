@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/logevent"
 )
 
@@ -81,7 +80,7 @@ func BenchmarkUntoldKeepAliveClients(b *testing.B) {
 					svc.moveTo(remoteIP + ":" + otherPodPort)
 					p.drainedAt = time.Now()
 					p.draind.Signal(syscall.SIGTERM)
-					rotationWait(b, p)
+					callRotationWait(b, p)
 					p.app.Signal(syscall.SIGTERM) // the kubelet, once the hook returned
 					<-done
 					if code, _ := p.waitExit(30 * time.Second); code != 0 {
@@ -120,7 +119,7 @@ const (
 // serviceRule is a kube-proxy's DNAT rule in the remote namespace.
 type serviceRule struct {
 	b  testing.TB
-	ns string
+	ns string // nsenter's option (remoteNSArg)
 }
 
 // newServiceRule points serviceAddr at the pod's inbound listener and
@@ -131,7 +130,7 @@ func newServiceRule(b testing.TB, p *pod) *serviceRule {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "other pod\n") })}
 	go srv.Serve(other)
 	b.Cleanup(func() { srv.Close() })
-	s := &serviceRule{b: b, ns: fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), int(p.remote.Handle))}
+	s := &serviceRule{b: b, ns: p.remoteNSArg()}
 	s.iptables("-A", "OUTPUT", "-d", "192.0.2.100", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", podIP+":15006")
 	return s
 }
@@ -144,7 +143,7 @@ func (s *serviceRule) moveTo(addr string) {
 
 func (s *serviceRule) iptables(args ...string) {
 	s.b.Helper()
-	if out, err := exec.Command("nsenter", append([]string{"--net=" + s.ns, "iptables", "-w", "-t", "nat"}, args...)...).CombinedOutput(); err != nil {
+	if out, err := exec.Command("nsenter", append([]string{s.ns, "iptables", "-w", "-t", "nat"}, args...)...).CombinedOutput(); err != nil {
 		s.b.Fatalf("iptables %v: %v %s", args, err, out)
 	}
 }
@@ -157,13 +156,18 @@ type clientCounts struct {
 	Errors  []string       `json:"errors"`
 }
 
+// remoteNSArg is nsenter's option for the remote namespace, the test's
+// handle on it seen from a child.
+func (p *pod) remoteNSArg() string {
+	return fmt.Sprintf("--net=/proc/%d/fd/%d", os.Getpid(), int(p.remote.Handle))
+}
+
 // remoteTool runs a client script in the remote namespace, killed 15 s
 // past its run.
 func (p *pod) remoteTool(b testing.TB, tool, script string, conns int, period, run time.Duration) clientCounts {
 	ctx, cancel := context.WithTimeout(context.Background(), run+15*time.Second)
 	defer cancel()
-	ns := fmt.Sprintf("--net=/proc/%d/fd/%d", os.Getpid(), int(p.remote.Handle))
-	cmd := exec.CommandContext(ctx, "nsenter", ns, tool, script, "http://"+serviceAddr+"/", strconv.Itoa(conns),
+	cmd := exec.CommandContext(ctx, "nsenter", p.remoteNSArg(), tool, script, "http://"+serviceAddr+"/", strconv.Itoa(conns),
 		strconv.FormatInt(period.Milliseconds(), 10), strconv.FormatInt(run.Milliseconds(), 10))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -223,18 +227,6 @@ func goKeepAliveLoad(p *pod, url string, conns int, period, run time.Duration) c
 	}
 	wg.Wait()
 	return c
-}
-
-// rotationWait is the app's preStop: GET /wait/out-of-rotation.
-func rotationWait(b testing.TB, p *pod) {
-	b.Helper()
-	hc := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer(), DisableKeepAlives: true}, Timeout: 30 * time.Second}
-	resp, err := hc.Get("http://" + podIP + ":15020" + agent.RotationWaitPath)
-	if err != nil {
-		b.Fatalf("the app's preStop call: %v", err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
 }
 
 func lookTool(b testing.TB, name string) string {

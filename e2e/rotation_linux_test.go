@@ -177,7 +177,7 @@ func TestRotationLowRate(t *testing.T) {
 // callRotationWait is the app's preStop hook as the kubelet runs it: GET
 // /wait/out-of-rotation through the pod IP, from outside the pod. It
 // returns the answer's body and outcome, and when it came.
-func callRotationWait(t *testing.T, p *pod) (body, outcome string, at time.Time) {
+func callRotationWait(t testing.TB, p *pod) (body, outcome string, at time.Time) {
 	hc := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer(), DisableKeepAlives: true}, Timeout: 30 * time.Second}
 	resp, err := hc.Get("http://" + podIP + ":15020" + agent.RotationWaitPath)
 	if err != nil {

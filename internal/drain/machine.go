@@ -1165,10 +1165,10 @@ func (m *Machine) baseInput() (GateInput, FlowView) {
 }
 
 // gateDeadline is when, after the trigger, the gate stops waiting for the
-// app: the late gate deadline once the gate held on to it, or while a
-// native sidecar awaits its SIGTERM (PastGateDeadline would hold it).
+// app: the late gate deadline once the gate held on to it, or while
+// PastGateDeadline would hold it (a native sidecar awaiting its SIGTERM).
 func (m *Machine) gateDeadline() time.Duration {
-	if m.late || (m.awaitSignal && !m.cfg.Prestop) {
+	if m.late || PastGateDeadline(GateInput{AwaitSignal: m.awaitSignal, NoProxy: m.cfg.Prestop}) {
 		return m.cfg.LateGateDeadline()
 	}
 	return m.cfg.GateDeadline()
@@ -1178,7 +1178,7 @@ func (m *Machine) gateDeadline() time.Duration {
 // awaiting its SIGTERM (PastGateDeadline) holds on to the late gate
 // deadline; once.
 func (m *Machine) holdPastGateDeadline() bool {
-	if m.late || m.cfg.Prestop {
+	if m.late {
 		return false
 	}
 	in, _ := m.baseInput()
