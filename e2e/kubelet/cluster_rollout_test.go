@@ -79,8 +79,17 @@ const (
 	// drainedLagMax is acceptance 1's bound on a draind pod's time from
 	// the later of its app's exit and its min-drain's end to gone.
 	drainedLagMax = 200 * time.Millisecond
+	// standInCPU is the CPU request of the pods that stand for other
+	// nodes' (the load clients, the Service the app calls): a Burstable
+	// pod's cpu.shares follow its request, a BestEffort one's are 2, so
+	// without it the injected strategies' web pods (10m each, 45 of
+	// them) outweighed the clients about 200 to 1 while 40 pods stopped
+	// at once, and a client read its answers late.
+	standInCPU = "100m"
 	// rolloutQPS is each load client's rate.
 	rolloutQPS = 20.0
+	// loadTimeout is a request's timeout (the load client's default).
+	loadTimeout = 5 * time.Second
 )
 
 var rolloutEvents = []string{"restart", "scale", "burst"}
@@ -241,6 +250,7 @@ spec:
         # once) must not take up out of its Service: the calls measure the
         # proxy, not the fixture (a burst lost 155 calls to REJECT so).
         readinessProbe: {httpGet: {path: /readyz, port: 8080}, periodSeconds: 1, timeoutSeconds: 5, failureThreshold: 60}
+        resources: {requests: {cpu: `+standInCPU+`}}
 ---
 apiVersion: v1
 kind: Service
@@ -330,7 +340,8 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	for _, shape := range rolloutShapes {
 		name := "load-" + ev + "-" + shape
 		kubectl(t, nil, "-n", ns, "run", name, "--image", images.LoadClient, "--restart=Never", "--labels", "role=load,sidecar.istio.io/inject=false",
-			"--", "--url", "http://"+r.webIP+"/", "--qps", fmt.Sprint(rolloutQPS), "--duration", "30m", "--mode", shape, "--stop-addr", fmt.Sprintf(":%d", loadStopPort))
+			"--override-type=strategic", "--overrides", fmt.Sprintf(`{"spec":{"containers":[{"name":%q,"resources":{"requests":{"cpu":%q}}}]}}`, name, standInCPU),
+			"--", "--url", "http://"+r.webIP+"/", "--qps", fmt.Sprint(rolloutQPS), "--timeout", loadTimeout.String(), "--duration", "30m", "--mode", shape, "--stop-addr", fmt.Sprintf(":%d", loadStopPort))
 		loads = append(loads, name)
 	}
 	waitPodsReady(t, ns, "role=load", time.Minute)
@@ -372,6 +383,12 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	if ev == "scale" {
 		remain = 1
 	}
+	defer func() {
+		if t.Failed() {
+			names, resumed := lives.terminating()
+			t.Logf("%s %s: still terminating in the pods' watch: %v (resumed %d)", st.name, ev, names, resumed)
+		}
+	}()
 	waitUntil(t, 5*time.Minute, st.name+" "+ev+": the old pods' end", func() bool { return lives.settled(old, remain) })
 	if ev == "restart" {
 		kubectlWithin(t, 11*time.Minute, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=600s")
@@ -407,6 +424,15 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 			if ip, ok := flows.podFor(clients[i], f.local, f.at); ok {
 				where, key = lives.podStepAt(ip, f.at)
 				key = "on " + key
+				if f.class == "timeout" {
+					// Sent at one step, unanswered until another: the
+					// pod's step when the client gave up too.
+					endWhere, endKey := lives.podStepAt(ip, f.at.Add(loadTimeout))
+					where += "; at its timeout " + strings.TrimPrefix(endWhere, "on ")
+					if "on "+endKey != key {
+						key += ", timed out at " + strings.TrimPrefix(endKey, "its pod at ")
+					}
+				}
 			} else {
 				where, key = lives.stepsAt(f.at, t0), "at "+lives.stepsKey(f.at)
 			}
@@ -424,6 +450,10 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	}
 	line := fmt.Sprintf("sync %-4s round %d %-24s %-7s took %s; %s; %s", fmtDur(theCluster.Config.ProxySyncPeriod), r.round, st.name, ev, fmtDur(took),
 		terminationSummary(t, st, pods, t0), load)
+	if lives.resumed > 0 {
+		// Read after stop. A pod seen gone by a list has its end late.
+		line += fmt.Sprintf("; the pods' watch resumed %d (%d from a list)", lives.resumed, lives.relisted)
+	}
 	t.Log(line)
 	t.Logf("  failures pinned by %s", flows)
 	table = append(table, line)
@@ -945,34 +975,101 @@ type podEvent struct {
 // containers' start once its deletion is seen: the old pods' alone, not
 // the dozens a burst starts).
 type podLives struct {
-	w          watch.Interface
 	done       chan struct{}
-	ctx        context.Context
+	ctx        context.Context    // the log streams'
+	cancel     context.CancelFunc // the watch's
 	ns         string
+	selector   string
 	containers []string
 	mu         sync.Mutex
 	pods       map[string]*podLife
-	stopOnce   sync.Once
+	// resumed counts the watches the API server ended before stop, and
+	// relisted those resumed from a list (the pods missing from it gone
+	// at the list's time, late by up to the gap).
+	resumed, relisted int
+	stopOnce          sync.Once
 }
 
 // watchLives follows the pods of selector in ns; containers are the app's
 // and then the proxy's.
 func watchLives(t *testing.T, ctx context.Context, ns, selector string, containers []string) *podLives {
 	t.Helper()
-	w, err := kube.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: selector})
+	wctx, cancel := context.WithCancel(ctx)
+	w, err := kube.CoreV1().Pods(ns).Watch(wctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
-	pl := &podLives{w: w, done: make(chan struct{}), ctx: ctx, ns: ns, containers: containers, pods: map[string]*podLife{}}
-	go func() {
-		defer close(pl.done)
+	pl := &podLives{done: make(chan struct{}), ctx: ctx, cancel: cancel, ns: ns, selector: selector, containers: containers, pods: map[string]*podLife{}}
+	go pl.follow(wctx, w)
+	return pl
+}
+
+// follow feeds see from w until wctx ends. The API server ends a watch
+// whose reader falls behind (a burst's 40 pods on a saturated node: once,
+// every pod went at 30 s and the watch saw none of it for 5 min), so an
+// ended watch is resumed from the last resource version seen, or, once
+// that is too old, from a fresh list.
+func (pl *podLives) follow(wctx context.Context, w watch.Interface) {
+	defer close(pl.done)
+	rv := ""
+	for {
 		for ev := range w.ResultChan() {
-			if p, ok := ev.Object.(*corev1.Pod); ok {
-				pl.see(ev.Type, p)
+			switch o := ev.Object.(type) {
+			case *corev1.Pod:
+				pl.see(ev.Type, o)
+				rv = o.ResourceVersion
+			case *metav1.Status:
+				rv = "" // 410 Gone: the version was compacted away
 			}
 		}
-	}()
-	return pl
+		w.Stop()
+		if wctx.Err() != nil {
+			return
+		}
+		pl.mu.Lock()
+		pl.resumed++
+		pl.mu.Unlock()
+		for w = nil; w == nil; {
+			var err error
+			if rv == "" {
+				var list *corev1.PodList
+				if list, err = kube.CoreV1().Pods(pl.ns).List(wctx, metav1.ListOptions{LabelSelector: pl.selector}); err == nil {
+					pl.relist(list.Items)
+					rv = list.ResourceVersion
+				}
+			}
+			if err == nil {
+				w, err = kube.CoreV1().Pods(pl.ns).Watch(wctx, metav1.ListOptions{LabelSelector: pl.selector, ResourceVersion: rv})
+			}
+			if err != nil {
+				select {
+				case <-wctx.Done():
+					return
+				case <-time.After(time.Second):
+				}
+			}
+		}
+	}
+}
+
+// relist sees each listed pod and marks gone the pods followed but not
+// listed.
+func (pl *podLives) relist(pods []corev1.Pod) {
+	listed := map[string]bool{}
+	for i := range pods {
+		listed[pods[i].Name] = true
+		pl.see(watch.Modified, &pods[i])
+	}
+	now := time.Now()
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	pl.relisted++
+	for name, l := range pl.pods {
+		if !listed[name] && l.gone.IsZero() {
+			l.gone = now
+		}
+	}
 }
 
 func (pl *podLives) see(typ watch.EventType, p *corev1.Pod) {
@@ -1031,6 +1128,20 @@ func (pl *podLives) settled(pods []corev1.Pod, remain int) bool {
 		}
 	}
 	return left == remain
+}
+
+// terminating names the pods seen deleting and not yet gone, and how
+// often the watch was resumed so far.
+func (pl *podLives) terminating() (names []string, resumed int) {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	for _, l := range pl.pods {
+		if !l.deleting.IsZero() && l.gone.IsZero() {
+			names = append(names, l.name)
+		}
+	}
+	sort.Strings(names)
+	return names, pl.resumed
 }
 
 // ended is the lives of the pods that went, in the order of their
@@ -1134,7 +1245,7 @@ const stepsKeyPods = 5
 // event's context. Safe twice.
 func (pl *podLives) stop() {
 	pl.stopOnce.Do(func() {
-		pl.w.Stop()
+		pl.cancel()
 		<-pl.done
 	})
 }
