@@ -214,6 +214,9 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		}
 		c.phase("istiod and its webhook", t0)
 	}
+	if err := cfg.placeDaemons(); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
