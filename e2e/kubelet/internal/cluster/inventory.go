@@ -141,25 +141,33 @@ func (now Inventory) Leftovers(before Inventory) []string {
 	return out
 }
 
+// daemonPIDs is the PID Up recorded for each daemon, by name: the control
+// plane's in StateDir, the node's (containerd, the kubelet) in its own.
+func (c Config) daemonPIDs() map[string]string {
+	out := map[string]string{}
+	for _, name := range daemonNames {
+		for _, dir := range []string{c.StateDir, c.Node.StateDir} {
+			if b, err := os.ReadFile(filepath.Join(dir, name+".pid")); err == nil {
+				out[name] = strings.TrimSpace(string(b))
+			}
+		}
+	}
+	return out
+}
+
 // RSS is each running component's resident memory in bytes, by name,
 // read from the PIDs Up recorded.
 func (c Config) RSS() map[string]int64 {
 	out := map[string]int64{}
-	for _, name := range daemonNames {
-		for _, dir := range []string{c.StateDir, c.Node.StateDir} {
-			b, err := os.ReadFile(filepath.Join(dir, name+".pid"))
-			if err != nil {
-				continue
-			}
-			st, err := os.ReadFile(filepath.Join("/proc", strings.TrimSpace(string(b)), "status"))
-			if err != nil {
-				continue
-			}
-			for line := range strings.SplitSeq(string(st), "\n") {
-				if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-					kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-					out[name] = kb << 10
-				}
+	for name, pid := range c.daemonPIDs() {
+		st, err := os.ReadFile(filepath.Join("/proc", pid, "status"))
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(st), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				out[name] = kb << 10
 			}
 		}
 	}

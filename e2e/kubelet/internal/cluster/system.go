@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -43,15 +42,9 @@ func (c Config) placeDaemons() error {
 	if err := os.WriteFile(filepath.Join(dir, "cpu.shares"), []byte(strconv.Itoa(systemShares)), 0o644); err != nil {
 		return fmt.Errorf("the daemons' cgroup: %w", err)
 	}
-	for _, name := range daemonNames {
-		for _, sd := range []string{c.StateDir, c.Node.StateDir} {
-			pid, err := os.ReadFile(filepath.Join(sd, name+".pid"))
-			if err != nil {
-				continue
-			}
-			if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), bytes.TrimSpace(pid), 0o644); err != nil {
-				return fmt.Errorf("move %s into %s: %w", name, dir, err)
-			}
+	for name, pid := range c.daemonPIDs() {
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(pid), 0o644); err != nil {
+			return fmt.Errorf("move %s into %s: %w", name, dir, err)
 		}
 	}
 	return nil
