@@ -227,15 +227,15 @@ func TestReliabilityLoad(t *testing.T) {
 		stopped: fmt.Sprintf("%s; /quitquitquit %.1f ms and proxy exit %.1f ms after the later of the app's exit and the last busy connection's close (app exit %s, that close %s); the %d idle ones closed by the stop",
 			rel(proxy.at), float64(quit.Sub(last).Microseconds())/1000, float64(proxy.at.Sub(last).Microseconds())/1000, rel(appExit), rel(stats.lastDrain), stats.byStop),
 		exit: code,
-		limit: fmt.Sprintf("%s: quit after the last busy connection and the app (%s); within 2 s of it; proxy %d fds, draind %d fds at peak (limit 20000)",
-			yesNo(!quit.Before(last) && quit.Sub(last) < 2*time.Second), yesNo(!quit.Before(last)), proxyFDs, draindFDs)})
+		limit: fmt.Sprintf("%s: quit after the last busy connection and the app (%s); within %s of it; proxy %d fds, draind %d fds at peak (limit 20000)",
+			yesNo(!quit.Before(last) && quit.Sub(last) < stopFollowsWithin), yesNo(!quit.Before(last)), stopFollowsWithin, proxyFDs, draindFDs)})
 	if stats.failed > 0 || code != 0 {
 		t.Errorf("%d requests failed, draind exit %d; log:\n%s", stats.failed, code, p.draindLog.String())
 	}
 	if stats.byDrain != conns {
 		t.Errorf("%d of %d connections were closed by Envoy's drain (Connection: close)", stats.byDrain, conns)
 	}
-	if quit.IsZero() || quit.Before(last) || quit.Sub(last) > 2*time.Second {
+	if quit.IsZero() || quit.Before(last) || quit.Sub(last) > stopFollowsWithin {
 		t.Errorf("/quitquitquit at %s, the last busy connection closed at %s and the app exited at %s", quit, stats.lastDrain, appExit)
 	}
 	if stats.byStop != idleConns {

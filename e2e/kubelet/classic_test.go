@@ -293,8 +293,13 @@ func TestClassicSidecarUnderLoad(t *testing.T) {
 			if o.trigger != "signal" {
 				t.Errorf("drain trigger %q, want signal", o.trigger)
 			}
-			if d := o.draindTerm.Sub(o.appTerm); o.appTerm.IsZero() || o.draindTerm.IsZero() || d < -100*time.Millisecond || d > 100*time.Millisecond {
-				t.Errorf("the kubelet SIGTERMed the app at %s and draind at %s: want both at once (a classic sidecar)", o.rel(o.appTerm), o.rel(o.draindTerm))
+			// Both at once, as a classic sidecar: each SIGTERM before the
+			// app's exit (its graceful shutdown lasts seconds), not
+			// draind's after it as in a native sidecar. Not a bound on
+			// time: the kubelet's goroutines are scheduled as the node
+			// allows.
+			if o.appTerm.IsZero() || o.draindTerm.IsZero() || o.appExit.IsZero() || !o.draindTerm.Before(o.appExit) {
+				t.Errorf("the kubelet SIGTERMed the app at %s and draind at %s, the app exited at %s: want both before the app's exit (a classic sidecar)", o.rel(o.appTerm), o.rel(o.draindTerm), o.rel(o.appExit))
 			}
 		})
 	}
