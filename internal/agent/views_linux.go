@@ -185,11 +185,11 @@ func (u untoldCloser) CloseUntold(toldFrom time.Time) drain.UntoldClosed {
 	}
 	// Idle times are only measured by a snapshot: a fresh one.
 	if err := u.fv.Refresh(); err != nil {
-		return drain.UntoldClosed{Err: fmt.Errorf("re-read the flows: %w", err)}
+		return drain.UntoldClosed{ToldFrom: toldFrom, Err: fmt.Errorf("re-read the flows: %w", err)}
 	}
 	inodes, picked := u.fv.untold(toldFrom)
 	n, err := u.proxy.ShutdownSockets(inodes)
-	return drain.UntoldClosed{Found: len(inodes), Closed: n, Picked: picked, Err: err}
+	return drain.UntoldClosed{ToldFrom: toldFrom, Found: len(inodes), Closed: n, Picked: picked, Err: err}
 }
 
 // appView is drain.Apps over an app process source.

@@ -591,7 +591,8 @@ func (m *Machine) closeUntold() {
 	}
 	took := time.Since(start)
 	fields := []zap.Field{logevent.UntoldClosed.Field(), zap.Int("found", r.Found), zap.Int("closed", r.Closed), zap.Strings("picked", r.Picked),
-		zap.Bool("drain_listeners_done", !toldFrom.IsZero()), zap.Float64("took_ms", float64(took.Microseconds())/1e3)}
+		zap.Bool("drain_listeners_done", !toldFrom.IsZero()), zap.String("rule", UntoldRule(!toldFrom.IsZero(), r.ToldFrom)),
+		zap.Float64("took_ms", float64(took.Microseconds())/1e3)}
 	if r.Err != nil {
 		m.log.Warn("some idle keep-alives Envoy's drain never told could not be closed: their clients may send one more request after the app stops accepting",
 			append(fields, zap.Error(r.Err))...)

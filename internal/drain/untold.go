@@ -51,8 +51,26 @@ func Untold(idle time.Duration, measured, toldFrom time.Time) bool {
 	return measured.Add(-idle).Before(toldFrom.Add(UntoldMargin))
 }
 
+// UntoldRule names, for the log, the rule the untold connections were
+// picked by: the toldFrom CloseUntold handed Untold (zero: every parked
+// flow) and whether drain_listeners had succeeded (dlDone), which tells a
+// gradual drain's zero from a drain never sent. A stream paused
+// ParkedAfter is cut by the last two.
+func UntoldRule(dlDone bool, toldFrom time.Time) string {
+	switch {
+	case !toldFrom.IsZero():
+		return "idle since before drain_listeners succeeded"
+	case dlDone:
+		return "every parked flow: Envoy's gradual drain tells no client for sure"
+	}
+	return "every parked flow: drain_listeners never succeeded"
+}
+
 // UntoldClosed is what closing the untold connections did.
 type UntoldClosed struct {
+	// ToldFrom is the toldFrom Untold was given (zero: every parked
+	// flow was picked), for UntoldRule.
+	ToldFrom time.Time
 	// Found: the flows Untold picked; Closed of them were shut
 	// (a FIN sent to their client).
 	Found, Closed int

@@ -38,6 +38,23 @@ func TestUntold(t *testing.T) {
 	}
 }
 
+func TestUntoldRule(t *testing.T) {
+	told := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		dlDone   bool
+		toldFrom time.Time
+		want     string
+	}{
+		{true, told, "idle since before drain_listeners succeeded"},
+		{true, time.Time{}, "every parked flow: Envoy's gradual drain tells no client for sure"},
+		{false, time.Time{}, "every parked flow: drain_listeners never succeeded"},
+	} {
+		if got := UntoldRule(tc.dlDone, tc.toldFrom); got != tc.want {
+			t.Errorf("UntoldRule(%t, %v) = %q, want %q", tc.dlDone, tc.toldFrom, got, tc.want)
+		}
+	}
+}
+
 // fakeUntold records the machine's calls: when, with what, and what the
 // published State said then.
 type fakeUntold struct {
@@ -58,7 +75,9 @@ func (f *fakeUntold) CloseUntold(toldFrom time.Time) UntoldClosed {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, c)
-	return f.res
+	r := f.res
+	r.ToldFrom = toldFrom // as the agent's closer under an immediate drain
+	return r
 }
 
 func (f *fakeUntold) recorded() []untoldCall {
@@ -109,6 +128,9 @@ func TestUntoldClosedAsMinDrainEnds(t *testing.T) {
 			lines := r.lines(logevent.UntoldClosed).All()
 			if len(lines) != tc.lines || tc.lines == 1 && lines[0].Level.String() != tc.level {
 				t.Errorf("untold_closed lines %v, want %d at %s", lines, tc.lines, tc.level)
+			}
+			if want := UntoldRule(true, c.toldFrom); tc.lines == 1 && lines[0].ContextMap()["rule"] != want {
+				t.Errorf("untold_closed rule %v, want %q", lines[0].ContextMap()["rule"], want)
 			}
 		}))
 	}
