@@ -497,6 +497,7 @@ func TestStatsCallsPerDrain(t *testing.T) {
 			p.startApp("--on-term", "graceful", "--linger", "1s")
 			p.startDraind([]string{"--min-drain", "200ms", "--tracker", "ebpf", "--app-procs", "ebpf"})
 			p.wantSources("ebpf", "ebpf")
+			p.waitLiveWork() // its GET /stats is the gauge check's, not a probe's
 			probesFrom := len(p.draindLog.String())
 			for range 5 { // the kubelet's readiness probes while Ready
 				if got := p.readyStatus(); got != 200 {

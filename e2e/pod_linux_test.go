@@ -627,6 +627,21 @@ func (p *pod) wantSources(tracker, liveness string) {
 	}
 }
 
+// waitLiveWork waits until draind's admin calls at Envoy's LIVE are
+// done: the listeners' discovery, then the gauge check, after which
+// draind_envoy_listener_gauges leaves "unknown". What is counted after it
+// is the probes' own. A check that timed out stays unknown until the drain
+// asks again: then the wait gives up after 5 s, failing nothing.
+func (p *pod) waitLiveWork() {
+	p.t.Helper()
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if p.metric(`draind_envoy_listener_gauges{state="unknown"}`) == 0 {
+			return
+		}
+	}
+	p.t.Logf("the gauge check at LIVE did not answer within 5 s (a loaded machine): the drain asks again")
+}
+
 // metric reads one sample of draind's /metrics (name with its labels, as
 // exposed), or fails.
 func (p *pod) metric(series string) float64 {
