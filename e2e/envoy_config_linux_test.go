@@ -113,10 +113,11 @@ func (p *pod) keepAlive(addr string) net.Conn {
 // by name, by its listener name or by its stat_prefix, on Istio's 15090
 // or on a port the defaults do not exclude, the kernel's and the admin
 // API's views both leave it out: the proxy stops right after the app's
-// exit, the gate open (stopFollowsWithin). Not excluded, it counts: on 15091 it holds the drain until it is
-// parked, the app gone (drain.EnvoyDrained); on 15090, which the kernel's
-// view leaves out by port, only the admin API counts it, and it holds to
-// the deadline (no kernel flow to find parked).
+// exit, the gate open (stopFollowsWithin). Not excluded, it counts: on
+// 15091 it holds the drain until it is parked, the app gone
+// (drain.EnvoyDrained); on 15090, which the kernel's view leaves out by
+// port, only the admin API counts it, and it holds to the deadline (no
+// kernel flow to find parked).
 func TestExcludeListenerByName(t *testing.T) {
 	for _, tc := range []struct {
 		name, addr, exclude string

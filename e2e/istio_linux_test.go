@@ -324,8 +324,8 @@ func (p *istioPod) report(t *testing.T, a answer, code int, took time.Duration, 
 	if ok != 12 || fail != 0 {
 		t.Errorf("calls: %d ok, %d failed; want 12 and 0", ok, fail)
 	}
-	if d, why := quit.Sub(last), p.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "stopping"})["why"]; d < 0 || d > stopFollowsWithin || why != "drained" {
-		t.Errorf("quitquitquit %s after the later of the app's exit, the request and min-drain, why %v; want after it, within %s, the gate open (drained)", d, why, stopFollowsWithin)
+	if d := quit.Sub(last); d < 0 || d > stopFollowsWithin || exited["why"] != "drained" {
+		t.Errorf("quitquitquit %s after the later of the app's exit, the request and min-drain, why %v; want after it, within %s, the gate open (drained)", d, exited["why"], stopFollowsWithin)
 	}
 	if code != 0 || fmt.Sprint(exited["exit_code"]) != "0" {
 		t.Errorf("draind exit %d (logged %v); want 0 (pilot-agent exited 0 after the quit)", code, exited["exit_code"])

@@ -635,7 +635,7 @@ func (p *pod) wantSources(tracker, liveness string) {
 func (p *pod) waitLiveWork() {
 	p.t.Helper()
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		if p.metric(`draind_envoy_listener_gauges{state="unknown"}`) == 0 {
+		if p.metric(fmt.Sprintf("draind_envoy_listener_gauges{state=%q}", drain.GaugesUnknown)) == 0 {
 			return
 		}
 	}
