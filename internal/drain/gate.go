@@ -47,6 +47,11 @@ type GateInput struct {
 	// The kernel's view of the app's sockets.
 	AppListeners int
 	AppHolding   int // app flows holding the drain (idle-expired excluded)
+	// SocketsOnlyUntil: with no process view (ProcsUnseen), an app with no
+	// socket open is not done before then (SocketsOnlyHold after the
+	// trigger): between two of its connections it has none, and nothing
+	// else shows it alive. Zero: no such hold.
+	SocketsOnlyUntil time.Time
 	// NoProxy: there is no Envoy to wait for (prestop).
 	NoProxy bool
 	// EnvoyKnown is set when the admin API answered with listener gauges;
@@ -126,6 +131,12 @@ func (h Hold) String() string {
 	return who + ": " + h.What
 }
 
+// SocketsOnlyHold is how long after the trigger an app seen only by its
+// sockets is held, however few it has open: the recipe's fixed wait, which
+// such an app had before --min-drain auto, and which covered its pauses
+// between connections (docs/design.md, "When is the app done").
+const SocketsOnlyHold = DefaultMinDrain
+
 // AppDone applies "When is the app done?" (docs/design.md).
 func AppDone(in GateInput) (bool, Hold) {
 	sockets := func() (bool, Hold) {
@@ -152,7 +163,19 @@ func AppDone(in GateInput) (bool, Hold) {
 	}
 	// No process view, or one that cannot prove the app gone: zero
 	// processes never overrides live app sockets.
-	return sockets()
+	if ok, h := sockets(); !ok {
+		return false, h
+	}
+	if socketsOnlyHeld(in) {
+		return false, Hold{HoldAppSockets, "no socket open; seen by its sockets alone, held to the fixed wait"}
+	}
+	return true, Hold{}
+}
+
+// socketsOnlyHeld: the app, seen only by its sockets, has none open before
+// SocketsOnlyUntil.
+func socketsOnlyHeld(in GateInput) bool {
+	return in.ProcView == ProcsUnseen && in.Now.Before(in.SocketsOnlyUntil)
 }
 
 // ParkedAfter is how long a downstream connection must have been idle,
@@ -254,6 +277,9 @@ func (g *Gate) Step(in GateInput) Verdict {
 	}
 	if len(v.Holds) > 0 {
 		g.doneSince = time.Time{}
+		if socketsOnlyHeld(in) && in.AppListeners == 0 && in.AppHolding == 0 {
+			v.WakeAt = in.SocketsOnlyUntil // the hold ends then, with no event
+		}
 		return v
 	}
 	if g.doneSince.IsZero() {

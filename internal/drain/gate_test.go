@@ -101,3 +101,32 @@ func TestGateSettle(t *testing.T) {
 		t.Fatalf("no settle: not open: %+v", v)
 	}
 }
+
+// TestGateSocketsOnly: an app seen only by its sockets is not done between
+// two of its connections before the fixed wait; a process view, or its
+// end, lets the gate open on the app's exit alone.
+func TestGateSocketsOnly(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	until := t0.Add(SocketsOnlyHold)
+	tests := []struct {
+		name   string
+		in     GateInput
+		open   bool
+		wakeAt time.Time
+	}{
+		{"between two calls, before the fixed wait", GateInput{AppExit: AppExitWait, EnvoyKnown: true, SocketsOnlyUntil: until, Now: t0.Add(3600 * time.Millisecond)}, false, until},
+		{"a call open: its socket holds, no wake-up needed", GateInput{AppExit: AppExitWait, EnvoyKnown: true, AppHolding: 1, SocketsOnlyUntil: until, Now: t0.Add(time.Second)}, false, time.Time{}},
+		{"at the fixed wait", GateInput{AppExit: AppExitWait, EnvoyKnown: true, SocketsOnlyUntil: until, Now: until}, true, time.Time{}},
+		{"a process view proves the app gone", GateInput{AppExit: AppExitWait, ProcView: ProcsComplete, EnvoyKnown: true, SocketsOnlyUntil: until, Now: t0.Add(time.Second)}, true, time.Time{}},
+		{"no hold set", GateInput{AppExit: AppExitWait, EnvoyKnown: true, Now: t0.Add(time.Second)}, true, time.Time{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := Gate{}
+			v := g.Step(tt.in)
+			if v.Open != tt.open || !v.WakeAt.Equal(tt.wakeAt) {
+				t.Fatalf("open=%v wake=%v holds=%v; want open=%v wake=%v", v.Open, v.WakeAt, v.Holds, tt.open, tt.wakeAt)
+			}
+		})
+	}
+}

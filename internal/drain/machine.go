@@ -283,6 +283,9 @@ type Machine struct {
 	// a native sidecar's SIGTERM came.
 	lateGone bool
 	signalAt time.Time
+	// socketsOnlyUntil: the app is seen by its sockets alone, and held
+	// until then (GateInput.SocketsOnlyUntil).
+	socketsOnlyUntil time.Time
 	// before is what arrived before the trigger (--min-drain auto).
 	before   ArrivalsBefore
 	backoff  time.Duration
@@ -425,17 +428,6 @@ func (m *Machine) publish(holds []Hold, end *StateEnd) {
 	if old := m.state.Swap(&published{st: st, next: make(chan struct{})}); old != nil {
 		close(old.next)
 	}
-}
-
-// RotationEnd is how the adaptive wait ended: when after the trigger, why,
-// and after how many new connections.
-type RotationEnd struct {
-	Took        time.Duration
-	Why         RotationReason
-	Connections int64
-	Window      time.Duration
-	// Account is the rule's one line: why, and how long it was quiet.
-	Account string
 }
 
 // Rotation is how the adaptive wait ended (false before, or without one).
@@ -767,6 +759,7 @@ func (m *Machine) onTrigger(c Cause) {
 			// last flows remain for the gate.
 			m.awaitSignal = false
 			m.signalAt = time.Now()
+			m.socketsOnlyUntil = time.Time{} // every app container has exited
 			if p == Draining && m.appGone() {
 				m.endMinDrain()
 				m.log.Info("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now", logevent.SigtermEndsMinDrain.Field())
@@ -851,6 +844,11 @@ func (m *Machine) begin(c Cause) {
 	m.started = time.Now()
 	m.cause.Store(int32(c))
 	m.awaitSignal = c == CausePreStop && !m.cfg.Prestop
+	if m.apps == nil && m.cfg.MinDrainAuto && c != CauseAppDone && !m.cfg.Prestop && !m.cfg.Gateway && m.cfg.AppExit == AppExitWait {
+		// A fixed min-drain holds the gate that long anyway; auto can end
+		// far sooner, and nothing else shows such an app alive.
+		m.socketsOnlyUntil = m.started.Add(SocketsOnlyHold)
+	}
 	m.timers.deadline = time.NewTimer(m.cfg.GateDeadline())
 	minDrain := m.cfg.MinDrain
 	if c == CauseAppDone || m.cfg.Prestop {
@@ -912,13 +910,17 @@ func (m *Machine) checkRotation() {
 	if m.arrivals != nil {
 		m.arrivals.End()
 	}
-	took := in.Now.Sub(m.started)
-	m.rotation.Store(&RotationEnd{Took: took, Why: v.Why, Connections: in.Since.Count, Window: v.Window, Account: v.Quiet(in)})
-	m.log.Info("out of rotation: "+v.Quiet(in), logevent.OutOfRotation.Field(), zap.Duration("took", took), zap.Stringer("why", v.Why),
-		zap.Int64("connections", in.Since.Count), zap.Duration("quiet", in.Now.Sub(quietFrom(in))), zap.Duration("window", v.Window),
-		zap.Duration("mean_gap", v.Gap), zap.Bool("rate_known", in.Before.Known), zap.Int64("connections_before", in.Before.Count),
-		zap.Duration("before_span", in.Before.Span), zap.Float64("took_ms", float64(took.Microseconds())/1e3))
-	m.enter(Gating, zap.Duration("since_drain", took), zap.Any("flows", m.flows.Observe()))
+	end := NewRotationEnd(in, v)
+	m.rotation.Store(&end)
+	p := in.Since.Peers
+	m.log.Info("out of rotation", logevent.OutOfRotation.Field(), zap.Duration("took", end.Took), zap.Stringer("why", v.Why),
+		zap.String("account", end.Account), zap.Int64("connections", in.Since.Count),
+		zap.Int64("from_pods", p.Pod), zap.Int64("from_node", p.Node), zap.Int64("from_other", p.Other), zap.Int64("from_unknown", p.Unknown),
+		zap.Int64("probes_left_out", p.Probes), zap.Duration("quiet", in.Now.Sub(quietFrom(in))), zap.Duration("window", v.Window),
+		zap.Duration("mean_gap", v.Gap), zap.Bool("rate_known", in.Before.Known), zap.String("rate_source", in.Before.Source),
+		zap.Int64("connections_before", in.Before.Count), zap.Duration("before_span", in.Before.Span),
+		zap.Float64("took_ms", float64(end.Took.Microseconds())/1e3))
+	m.enter(Gating, zap.Duration("since_drain", end.Took), zap.Any("flows", m.flows.Observe()))
 }
 
 // startTracking makes the live views current before the gate first reads
@@ -1156,7 +1158,7 @@ func (m *Machine) baseInput() (GateInput, FlowView) {
 	in := GateInput{
 		Now: time.Now(), AppExit: m.cfg.AppExit, Gateway: m.cfg.Gateway, WaitListeners: m.cfg.WaitListeners,
 		NoProxy: m.cfg.Prestop, IdleTimeout: m.cfg.IdleTimeout, AwaitSignal: m.awaitSignal,
-		AppListeners: fv.AppListeners, AppHolding: fv.AppHolding,
+		AppListeners: fv.AppListeners, AppHolding: fv.AppHolding, SocketsOnlyUntil: m.socketsOnlyUntil,
 		Downstream: fv.Downstream, DownstreamIdle: fv.DownstreamIdle,
 	}
 	if m.apps != nil {

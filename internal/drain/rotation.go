@@ -34,9 +34,19 @@ const (
 	// side and the kernel's event path make shorter silences meaningless.
 	MinQuiet = 250 * time.Millisecond
 	// UnknownQuiet is the window when the pod's rate before the trigger
-	// is unknown (Envoy keeps no listener counters) and nothing arrived
-	// since: Istio's echo server's quiet period.
-	UnknownQuiet = time.Second
+	// is unknown (neither Envoy's listener counters nor the kernel's
+	// count could be read) and nothing arrived since: the recipe's fixed
+	// wait, since a pod whose clients pause longer than a second would
+	// otherwise leave rotation while they still send.
+	UnknownQuiet = QuietCap
+	// RateSamples is how many connections since the trigger it takes to
+	// size the window from their rate alone, when the rate before the
+	// trigger is unknown: a mean gap estimated from n gaps makes a window of
+	// k such gaps pass in silence with probability (1+k/n)^-n for Poisson
+	// arrivals, 11 % for n = 1 and 0.15 % for n = 16 (e^-8 for n → ∞).
+	// Fewer, and the window is UnknownQuiet (docs/design.md, "Out of
+	// rotation", has the simulated figures).
+	RateSamples = 16
 	// QuietCap is the longest window: the fixed wait of the usual recipe
 	// (pilot-agent's MINIMUM_DRAIN_DURATION, the app's `preStop: sleep
 	// 5`). A pod whose rate is too low for silence to prove anything (an
@@ -48,29 +58,95 @@ const (
 )
 
 // ArrivalsBefore is what the pod received before the trigger: Count new
-// connections over Span. Known is false when nothing could be read.
+// connections over Span, read from Source (RateFromEnvoy). Known is false
+// when nothing could be read.
 type ArrivalsBefore struct {
-	Known bool
-	Count int64
-	Span  time.Duration
+	Known  bool
+	Count  int64
+	Span   time.Duration
+	Source string
 }
+
+// RateFromEnvoy is where the rate before the trigger is read: Envoy's
+// listener.*.downstream_cx_total over the traffic listeners.
+const RateFromEnvoy = "envoy"
 
 // ArrivalsSince is what arrived since the trigger: Count new inbound
 // connections from outside the pod, the first and last at First and Last,
 // MaxGap the longest gap between two of them (the trigger counts as the
-// first's predecessor).
+// first's predecessor). Peers splits Count by kind of peer, and counts
+// the probes left out of it.
 type ArrivalsSince struct {
 	Count       int64
 	First, Last time.Time
 	MaxGap      time.Duration
+	Peers       PeerCounts
 }
 
-// Add records n arrivals at t (n > 1: a counter's step, read at t), the
-// trigger at start. An arrival stamped before the one it follows counts at
-// that one's time (events are stamped as read, never before the trigger's
-// reads). Bounded: nothing is kept per connection.
+// PeerKind is the kind of peer a new inbound connection came from.
+type PeerKind uint8
+
+// Kinds of peer. A probe is told by its target (a probe port), not by its
+// source: every other kind counts as traffic.
+const (
+	// PeerPod: an address on the pod's own link (another pod on the node's
+	// bridge).
+	PeerPod PeerKind = iota + 1
+	// PeerNode: the node, by the pod's default gateway or the node's own
+	// address: what the node forwards with masquerade (a NodePort, a
+	// ClusterIP from the node, a hostNetwork pod).
+	PeerNode
+	// PeerOther: any other address: an outside client kept by
+	// externalTrafficPolicy Local, a pod on another node or behind a
+	// routed CNI.
+	PeerOther
+	// PeerProbe: a connection to a probe port (draind's status port,
+	// Istio's ports, --probe-ports): never counted as traffic.
+	PeerProbe
+	// PeerUnknown: a polled counter's step (sock_diag mode), whose
+	// connections' peers were never seen.
+	PeerUnknown
+)
+
+// PeerCounts counts new inbound connections by kind of peer: the traffic
+// the rule counted (Pod, Node, Other) and the probes it left out.
+type PeerCounts struct {
+	Pod, Node, Other, Unknown, Probes int64
+}
+
+// Add counts n connections of kind k.
+func (c *PeerCounts) Add(k PeerKind, n int64) {
+	switch k {
+	case PeerPod:
+		c.Pod += n
+	case PeerNode:
+		c.Node += n
+	case PeerOther:
+		c.Other += n
+	case PeerUnknown:
+		c.Unknown += n
+	case PeerProbe:
+		c.Probes += n
+	}
+}
+
+// Add records n arrivals at t from peers not seen (n > 1: a counter's
+// step, read at t), the trigger at start. An arrival stamped before the
+// one it follows counts at that one's time (events are stamped as read,
+// never before the trigger's reads). Bounded: nothing is kept per
+// connection.
 func (s *ArrivalsSince) Add(start, t time.Time, n int64) {
+	s.AddFrom(start, t, n, PeerUnknown)
+}
+
+// AddFrom is Add for connections from peers of kind k; a probe is counted
+// in Peers and nowhere else.
+func (s *ArrivalsSince) AddFrom(start, t time.Time, n int64, k PeerKind) {
 	if n <= 0 {
+		return
+	}
+	s.Peers.Add(k, n)
+	if k == PeerProbe {
 		return
 	}
 	prev := start
@@ -157,11 +233,15 @@ func quietFrom(in RotationInput) time.Time {
 // rate before the trigger (Span/Count; with no connection, at least Span)
 // and since it (from the trigger to the last arrival, over their count).
 // The larger is the safe one: a pod that slowed down, or whose clients
-// already began to leave, gets the longer window. 0: unknown.
+// already began to leave, gets the longer window. 0: unknown, as it is
+// when the rate before is, until RateSamples connections came since.
 func MeanGap(b ArrivalsBefore, s ArrivalsSince, start time.Time) time.Duration {
 	var g time.Duration
 	if b.Known && b.Span > 0 {
 		g = b.Span / time.Duration(max(b.Count, 1))
+	}
+	if !b.Known && s.Count < RateSamples {
+		return 0
 	}
 	if s.Count > 0 && s.Last.After(start) {
 		g = max(g, s.Last.Sub(start)/time.Duration(s.Count))
@@ -194,4 +274,27 @@ func OutOfRotation(in RotationInput) RotationVerdict {
 	}
 	v.Out = !in.Now.Before(v.At)
 	return v
+}
+
+// RotationEnd is how the adaptive wait ended: when after the trigger, why,
+// what was counted, and what the window was sized from.
+type RotationEnd struct {
+	Took        time.Duration
+	Why         RotationReason
+	Connections int64
+	Window      time.Duration
+	// Account is the rule's one line: why, and how long it was quiet.
+	Account string
+	// Peers splits Connections by kind of peer, with the probes left out.
+	Peers PeerCounts
+	// MeanGap is the gap the window was sized from (0: unknown); Before
+	// the rate before the trigger it came from.
+	MeanGap time.Duration
+	Before  ArrivalsBefore
+}
+
+// NewRotationEnd is the record of the verdict v, which ended the wait, on in.
+func NewRotationEnd(in RotationInput, v RotationVerdict) RotationEnd {
+	return RotationEnd{Took: in.Now.Sub(in.Start), Why: v.Why, Connections: in.Since.Count, Window: v.Window,
+		Account: v.Quiet(in), Peers: in.Since.Peers, MeanGap: v.Gap, Before: in.Before}
 }

@@ -37,8 +37,10 @@ func TestOutOfRotation(t *testing.T) {
 		{"2 s gaps still coming at 12 s: the ceiling", slow, ArrivalsSince{Count: 6, First: at(1000), Last: at(12000), MaxGap: ms(2000)}, 15000, true, 15000, RotationCeiling, QuietCap},
 		{"400 ms gaps: quiet for 3.2 s", ArrivalsBefore{Known: true, Count: 50, Span: 20 * time.Second}, ArrivalsSince{Count: 5, First: at(300), Last: at(2000), MaxGap: ms(450)}, 5200, true, 5200, RotationQuiet, ms(3200)},
 		{"no connection ever: the cap, not the ceiling", ArrivalsBefore{Known: true, Span: time.Hour}, ArrivalsSince{}, 2000, false, 5000, RotationQuiet, QuietCap},
-		{"rate unknown, nothing since: the unknown window", ArrivalsBefore{}, ArrivalsSince{}, 1000, true, 1000, RotationQuiet, UnknownQuiet},
-		{"rate unknown, arrivals since: their rate", ArrivalsBefore{}, ArrivalsSince{Count: 10, First: at(100), Last: at(1000), MaxGap: ms(150)}, 1500, false, 1800, RotationQuiet, ms(800)},
+		{"rate unknown, nothing since: the recipe's 5 s, not 1 s", ArrivalsBefore{}, ArrivalsSince{}, 1000, false, 5000, RotationQuiet, UnknownQuiet},
+		{"rate unknown, clients every 2 s: out 5 s after the last", ArrivalsBefore{}, ArrivalsSince{Count: 3, First: at(900), Last: at(4900), MaxGap: ms(2000)}, 9000, false, 9900, RotationQuiet, QuietCap},
+		{"rate unknown, few arrivals since: too few for a rate", ArrivalsBefore{}, ArrivalsSince{Count: 10, First: at(100), Last: at(1000), MaxGap: ms(150)}, 1500, false, 6000, RotationQuiet, UnknownQuiet},
+		{"rate unknown, enough arrivals since: their rate", ArrivalsBefore{}, ArrivalsSince{Count: RateSamples, First: at(100), Last: at(1600), MaxGap: ms(150)}, 1700, false, 2400, RotationQuiet, ms(800)},
 		{"a ceiling below the floor's window: the ceiling wins", busy, ArrivalsSince{Count: 400, First: at(50), Last: at(14900), MaxGap: ms(60)}, 15000, true, 15000, RotationCeiling, ms(400)},
 		{"a huge gap does not overflow", ArrivalsBefore{Known: true, Count: 0, Span: 1 << 62}, ArrivalsSince{}, 0, false, 5000, RotationQuiet, QuietCap},
 	}

@@ -9,6 +9,13 @@
 // and at the moment each verdict names, a connection that came meanwhile
 // seen then. docs/design.md "Out of rotation" gives its figures: run
 // `go run ./rotationsim` in tools/.
+//
+// The arrivals are traffic alone, from whatever peer: the rule leaves the
+// kubelet's probes out by the port they reach, not by their source, so
+// they are not simulated. A probe that reaches a traffic port is one more
+// arrival to the rule: a longer wait, never a shorter one. -rate-unknown
+// simulates a pod whose rate before the trigger cannot be read (Istio's
+// default stats matcher keeps no listener counter).
 package main
 
 import (
@@ -54,6 +61,7 @@ func run(args []string, out io.Writer) error {
 	propagation := fs.Duration("propagation", 3200*time.Millisecond, "arrivals go on this long after the trigger (the slowest removal measured)")
 	before := fs.Duration("before", time.Minute, "how long the rate before the trigger was counted")
 	seed := fs.Uint64("seed", 1, "random seed")
+	unknown := fs.Bool("rate-unknown", false, "the rate before the trigger is unknown (no listener counter)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -65,14 +73,14 @@ func run(args []string, out io.Writer) error {
 		{"Pareto α 1.5, 2/s", 2, pareto1_5},
 		{"Poisson 0.5/s", 0.5, poisson},
 	}
-	fmt.Fprintf(out, "%d drains each; arrivals until %s after the trigger; floor %s, ceiling %s\n", *drains, *propagation, drain.DefaultRotationFloor, drain.DefaultRotationCeiling)
+	fmt.Fprintf(out, "%d drains each; arrivals until %s after the trigger; floor %s, ceiling %s; rate before known: %t\n", *drains, *propagation, drain.DefaultRotationFloor, drain.DefaultRotationCeiling, !*unknown)
 	fmt.Fprintf(out, "%-22s %8s %14s %14s %8s\n", "arrivals", "early", "out−last p50", "out−last p99", "ceiling")
 	r := rand.New(rand.NewPCG(*seed, 0))
 	for _, p := range procs {
 		var early, ceiling int
 		var after []time.Duration
 		for range *drains {
-			res := simulate(r, p, *propagation, *before)
+			res := simulate(r, p, *propagation, *before, *unknown)
 			if res.early {
 				early++
 			}
@@ -94,7 +102,7 @@ type result struct {
 	why       drain.RotationReason
 }
 
-func simulate(r *rand.Rand, p process, propagation, beforeSpan time.Duration) result {
+func simulate(r *rand.Rand, p process, propagation, beforeSpan time.Duration, unknown bool) result {
 	start := time.Unix(1000, 0)
 	mean := 1 / p.rate
 	// The arrivals after the trigger, until the removal has propagated; the
@@ -118,6 +126,9 @@ func simulate(r *rand.Rand, p process, propagation, beforeSpan time.Duration) re
 		Before:  drain.ArrivalsBefore{Known: true, Count: int64(p.rate * beforeSpan.Seconds()), Span: beforeSpan},
 		Floor:   drain.DefaultRotationFloor,
 		Ceiling: drain.DefaultRotationCeiling,
+	}
+	if unknown {
+		in.Before = drain.ArrivalsBefore{}
 	}
 	next := 0
 	for {
