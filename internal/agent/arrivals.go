@@ -32,10 +32,11 @@ func (c *arrivalCount) reset(start time.Time) {
 	c.mu.Unlock()
 }
 
-// add records n arrivals at t (drain.ArrivalsSince.Add).
-func (c *arrivalCount) add(t time.Time, n int64) {
+// add records n arrivals at t from peers of kind k
+// (drain.ArrivalsSince.AddFrom).
+func (c *arrivalCount) add(t time.Time, n int64, k drain.PeerKind) {
 	c.mu.Lock()
-	c.s.Add(c.start, t, n)
+	c.s.AddFrom(c.start, t, n, k)
 	c.mu.Unlock()
 }
 
@@ -46,30 +47,77 @@ func (c *arrivalCount) since() drain.ArrivalsSince {
 }
 
 // arrivalFilter says which of the tracker's changes are a new connection
-// reaching the pod from outside it.
+// reaching the pod from outside it, and from what kind of peer. A probe is
+// told by its target, never by its source: on a bridge CNI the node's side
+// of the pod's link (its gateway) is also where every connection the node
+// forwards with masquerade comes from (a NodePort, a ClusterIP reached from
+// the node, a hostNetwork pod), and on a routed CNI (a link-local gateway)
+// the kubelet's probes come from the node's own address.
 type arrivalFilter struct {
 	// traffic reports whether an inbound flow is on one of the pod's
 	// inbound ports: Envoy's downstream flows (traffic listeners), and
 	// the app's own accepted flows (its ports, without interception).
 	traffic func(*flows.Flow) bool
-	// probeSources are the addresses the kubelet's probes come from: the
-	// pod's default gateways (the node's side of the pod's link).
-	probeSources []netip.Addr
+	// probePorts are the local ports the kubelet's probes target and no
+	// traffic does: draind's status port, Envoy's admin and Istio's
+	// status ports (PodPolicy.ControlPorts), and --probe-ports.
+	probePorts map[uint16]bool
+	peers      peerKinds
 }
 
-// arrival reports whether c is one: an inbound flow newly established on
-// a traffic port, from a peer that is neither loopback, nor the pod
-// itself, nor a probe source.
-func (f arrivalFilter) arrival(c *flows.Change) bool {
+// peerKinds tells the kind of a traffic peer, for the counts by kind.
+type peerKinds struct {
+	// node are the node's addresses as the pod sees them: its default
+	// gateways and the node's own address (HOST_IP), when known.
+	node []netip.Addr
+	// podNets are the prefixes of the pod's own links (a /32 or /128,
+	// as on a routed CNI, holds no other pod).
+	podNets []netip.Prefix
+}
+
+func (k peerKinds) of(a netip.Addr) drain.PeerKind {
+	if slices.Contains(k.node, a) {
+		return drain.PeerNode
+	}
+	for _, p := range k.podNets {
+		if p.Contains(a) {
+			return drain.PeerPod
+		}
+	}
+	return drain.PeerOther
+}
+
+// arrival reports whether c is a new inbound flow from outside the pod
+// (newly established, from a peer that is neither loopback nor the pod
+// itself) on a traffic or probe port, and from what kind of peer:
+// drain.PeerProbe for a probe port's, whatever its source.
+func (f arrivalFilter) arrival(c *flows.Change) (drain.PeerKind, bool) {
 	if c.NewState != tcpstate.Established || c.OldState == tcpstate.Established || c.Flow.Direction != flows.DirInbound {
-		return false
+		return 0, false
 	}
 	remote := c.Flow.Remote.Addr().Unmap()
 	switch {
-	case !remote.IsValid(), remote.IsLoopback(), remote == c.Flow.Local.Addr().Unmap(), slices.Contains(f.probeSources, remote):
-		return false
+	case !remote.IsValid(), remote.IsLoopback(), remote == c.Flow.Local.Addr().Unmap():
+		return 0, false
+	case f.probePorts[c.Flow.Local.Port()]:
+		return drain.PeerProbe, true
+	case !f.traffic(&c.Flow):
+		return 0, false
 	}
-	return f.traffic(&c.Flow)
+	return f.peers.of(remote), true
+}
+
+// podNets are the prefixes of addrs (the pod's interfaces' addresses)
+// that can hold another address: loopback and host routes left out.
+func podNets(addrs []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range addrs {
+		if p.Addr().IsLoopback() || p.Addr().IsLinkLocalUnicast() || p.Bits() == p.Addr().BitLen() {
+			continue
+		}
+		out = append(out, p.Masked())
+	}
+	return out
 }
 
 // defaultGateways reads the gateways of the default routes from

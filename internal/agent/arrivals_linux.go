@@ -2,7 +2,11 @@ package agent
 
 import (
 	"context"
+	"maps"
+	"net"
+	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -25,12 +29,13 @@ import (
 // filter would leave out (the kubelet's probes, loopback hops): more
 // arrivals, a later end, never an earlier one by a missed connection.
 type arrivals struct {
-	tr     *flows.Tracker
-	fv     *flowView
-	client *envoy.Client
-	log    *zap.Logger
-	filter arrivalFilter
-	poll   time.Duration
+	tr       *flows.Tracker
+	fv       *flowView
+	client   *envoy.Client
+	outbound envoy.ExcludeSet
+	log      *zap.Logger
+	filter   arrivalFilter
+	poll     time.Duration
 
 	mu     sync.Mutex
 	base   uint64
@@ -40,28 +45,74 @@ type arrivals struct {
 	stop   func()
 }
 
-func newArrivals(tr *flows.Tracker, fv *flowView, client *envoy.Client, log *zap.Logger) *arrivals {
-	a := &arrivals{tr: tr, fv: fv, client: client, log: log, poll: flows.DefaultPollPeriod}
+// arrivalsConfig is what the counting knows of the pod.
+type arrivalsConfig struct {
+	// probePorts are the local ports only probes target.
+	probePorts map[uint16]bool
+	// nodeIP is the node's address (zero: unknown; the pod's default
+	// gateways stand for the node either way).
+	nodeIP netip.Addr
+	// outbound are Envoy's listeners that take the app's own calls
+	// (envoy.IstioOutbound under pilot-agent): never arrivals.
+	outbound envoy.ExcludeSet
+}
+
+// newArrivals counts for the out-of-rotation rule.
+func newArrivals(tr *flows.Tracker, fv *flowView, client *envoy.Client, cfg arrivalsConfig, log *zap.Logger) *arrivals {
+	a := &arrivals{tr: tr, fv: fv, client: client, outbound: cfg.outbound, log: log, poll: flows.DefaultPollPeriod}
+	nodeIP, probePorts := cfg.nodeIP, cfg.probePorts
 	r4, _ := os.Open("/proc/net/route")
 	r6, _ := os.Open("/proc/net/ipv6_route")
-	a.filter.probeSources = defaultGateways(r4, r6)
+	a.filter.peers.node = defaultGateways(r4, r6)
 	if r4 != nil {
 		r4.Close()
 	}
 	if r6 != nil {
 		r6.Close()
 	}
+	if nodeIP.IsValid() {
+		a.filter.peers.node = append(a.filter.peers.node, nodeIP.Unmap())
+	}
+	a.filter.peers.podNets = podNets(interfacePrefixes())
+	a.filter.probePorts = probePorts
 	a.filter.traffic = func(f *flows.Flow) bool { return fv.downstream(f) || fv.appFlow(f) }
 	return a
 }
 
-// total reads Envoy's accepted connections; ok is false when it could not,
-// or Envoy keeps no such counter (a stats_matcher: the rate before the
-// trigger is then unknown, not zero).
+// interfacePrefixes are the addresses of the namespace's interfaces, with
+// their prefixes (none when they cannot be read: every peer that is not
+// the node then counts as "other").
+func interfacePrefixes() []netip.Prefix {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	var out []netip.Prefix
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(n.IP)
+		ones, bits := n.Mask.Size()
+		if !ok || bits == 0 {
+			continue
+		}
+		if bits == 32 {
+			ip = ip.Unmap()
+		}
+		out = append(out, netip.PrefixFrom(ip, ones))
+	}
+	return out
+}
+
+// total reads Envoy's accepted connections from outside the pod; ok is
+// false when it could not, or Envoy keeps no such counter (a
+// stats_matcher: the rate before the trigger is then unknown, not zero).
 func (a *arrivals) total(ctx context.Context) (uint64, bool) {
 	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
-	n, counters, err := a.client.DownstreamTotal(ctx)
+	n, counters, err := a.client.ArrivalTotal(ctx, a.outbound)
 	return n, err == nil && counters > 0
 }
 
@@ -83,7 +134,7 @@ func (a *arrivals) Begin(at time.Time) drain.ArrivalsBefore {
 	defer a.mu.Unlock()
 	var before drain.ArrivalsBefore
 	if ok && a.known && now >= a.base {
-		before = drain.ArrivalsBefore{Known: true, Count: int64(now - a.base), Span: at.Sub(a.baseAt)}
+		before = drain.ArrivalsBefore{Known: true, Count: int64(now - a.base), Span: at.Sub(a.baseAt), Source: drain.RateFromEnvoy}
 	}
 	a.count.reset(at)
 	// In sock_diag mode a counter is polled during the wait: Envoy's
@@ -113,8 +164,8 @@ func (a *arrivals) Begin(at time.Time) drain.ArrivalsBefore {
 			case <-ctx.Done():
 				return
 			case c := <-ch:
-				if filter.arrival(&c) {
-					a.count.add(c.Time, 1)
+				if k, ok := filter.arrival(&c); ok {
+					a.count.add(c.Time, 1, k)
 				}
 			}
 		}
@@ -130,14 +181,15 @@ func (a *arrivals) Begin(at time.Time) drain.ArrivalsBefore {
 				case <-tk.C:
 				}
 				if n, ok := counter(ctx); ok && n > last {
-					a.count.add(time.Now(), int64(n-last))
+					a.count.add(time.Now(), int64(n-last), drain.PeerUnknown)
 					last = n
 				}
 			}
 		})
 	}
 	a.stop = func() { cancel(); wg.Wait(); unwatch() }
-	a.log.Debug("counting new connections", zap.String("polled_counter", counterName), zap.Stringers("probe_sources", a.filter.probeSources))
+	a.log.Debug("counting new connections", zap.String("polled_counter", counterName), zap.Stringers("node_addrs", a.filter.peers.node),
+		zap.Stringers("pod_nets", a.filter.peers.podNets), zap.Uint16s("probe_ports", slices.Sorted(maps.Keys(a.filter.probePorts))))
 	return before
 }
 

@@ -2,10 +2,12 @@ package agent
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/tcpstate"
 )
@@ -26,37 +28,76 @@ func TestDefaultGateways(t *testing.T) {
 	}
 }
 
+// TestArrivalFilter: a connection counts by its target, from any peer but
+// loopback and the pod itself; the kubelet's probes are known by the port
+// they reach, whatever their source (the gateway on a bridge CNI, the
+// node's address on a routed one).
 func TestArrivalFilter(t *testing.T) {
 	pod := netip.MustParseAddrPort("10.0.0.5:15006")
-	client := netip.MustParseAddrPort("10.0.1.7:40000")
+	gw := netip.MustParseAddr("10.0.0.1")
+	linkLocalGW := netip.MustParseAddr("169.254.1.1")
+	node := netip.MustParseAddr("192.168.1.10")
 	f := arrivalFilter{
-		traffic:      func(f *flows.Flow) bool { return f.Local.Port() == 15006 },
-		probeSources: []netip.Addr{netip.MustParseAddr("10.0.0.1")},
+		traffic:    func(f *flows.Flow) bool { return f.Local.Port() == 15006 || f.Local.Port() == 8080 },
+		probePorts: map[uint16]bool{15022: true, 15021: true, 8081: true},
+		peers: peerKinds{
+			node:    []netip.Addr{gw, linkLocalGW, node},
+			podNets: podNets([]netip.Prefix{netip.MustParsePrefix("10.0.0.5/24"), netip.MustParsePrefix("127.0.0.1/8"), netip.MustParsePrefix("10.9.9.9/32")}),
+		},
 	}
 	change := func(old, new tcpstate.State, dir flows.Direction, local, remote netip.AddrPort) *flows.Change {
 		c := &flows.Change{OldState: old, NewState: new}
 		c.Flow.Direction, c.Flow.Local, c.Flow.Remote = dir, local, remote
 		return c
 	}
+	from := func(a netip.Addr) netip.AddrPort { return netip.AddrPortFrom(a, 40000) }
+	at := func(port uint16) netip.AddrPort { return netip.AddrPortFrom(pod.Addr(), port) }
 	in, est, syn, closed := flows.DirInbound, tcpstate.Established, tcpstate.SynRecv, tcpstate.Close
+	client := netip.MustParseAddrPort("10.0.0.7:40000")
+	outside := netip.MustParseAddrPort("203.0.113.9:40000")
+	const none drain.PeerKind = 0
 	for _, tt := range []struct {
 		name string
 		c    *flows.Change
-		want bool
+		want drain.PeerKind
 	}{
-		{"a client's passive open (eBPF)", change(syn, est, in, pod, client), true},
-		{"a new flow in a snapshot (sock_diag)", change(closed, est, in, pod, client), true},
-		{"v4-mapped client", change(syn, est, in, pod, netip.AddrPortFrom(netip.MustParseAddr("::ffff:10.0.1.7"), 1)), true},
-		{"closing, not new", change(est, tcpstate.CloseWait, in, pod, client), false},
-		{"outbound", change(tcpstate.SynSent, est, flows.DirOutbound, pod, client), false},
-		{"loopback", change(syn, est, in, pod, netip.MustParseAddrPort("127.0.0.6:5000")), false},
-		{"the pod itself", change(syn, est, in, pod, netip.MustParseAddrPort("10.0.0.5:5000")), false},
-		{"the kubelet's probe", change(syn, est, in, netip.MustParseAddrPort("10.0.0.5:15006"), netip.MustParseAddrPort("10.0.0.1:5000")), false},
-		{"not a traffic port", change(syn, est, in, netip.MustParseAddrPort("10.0.0.5:15020"), client), false},
+		{"a pod on the bridge (eBPF)", change(syn, est, in, pod, client), drain.PeerPod},
+		{"a new flow in a snapshot (sock_diag)", change(closed, est, in, pod, client), drain.PeerPod},
+		{"v4-mapped client", change(syn, est, in, pod, netip.AddrPortFrom(netip.MustParseAddr("::ffff:10.0.0.7"), 1)), drain.PeerPod},
+		{"the node through a ClusterIP, masqueraded to the gateway", change(syn, est, in, pod, from(gw)), drain.PeerNode},
+		{"a NodePort under externalTrafficPolicy Cluster: the gateway", change(syn, est, in, at(8080), from(gw)), drain.PeerNode},
+		{"the node's own address (a routed CNI)", change(syn, est, in, pod, from(node)), drain.PeerNode},
+		{"an outside client kept by externalTrafficPolicy Local", change(syn, est, in, pod, outside), drain.PeerOther},
+		{"the kubelet's probe of draind, from the gateway", change(syn, est, in, at(15022), from(gw)), drain.PeerProbe},
+		{"the kubelet's probe of draind, from the node (link-local gateway)", change(syn, est, in, at(15022), from(node)), drain.PeerProbe},
+		{"the app's probe port (--probe-ports)", change(syn, est, in, at(8081), from(node)), drain.PeerProbe},
+		{"Envoy's readiness listener", change(syn, est, in, at(15021), from(gw)), drain.PeerProbe},
+		{"closing, not new", change(est, tcpstate.CloseWait, in, pod, client), none},
+		{"outbound", change(tcpstate.SynSent, est, flows.DirOutbound, pod, client), none},
+		{"loopback (Istio's inbound passthrough)", change(syn, est, in, pod, netip.MustParseAddrPort("127.0.0.6:5000")), none},
+		{"the pod itself", change(syn, est, in, pod, netip.MustParseAddrPort("10.0.0.5:5000")), none},
+		{"loopback to a probe port", change(syn, est, in, at(15022), netip.MustParseAddrPort("127.0.0.1:5000")), none},
+		{"neither a traffic nor a probe port", change(syn, est, in, at(9999), client), none},
 	} {
-		if got := f.arrival(tt.c); got != tt.want {
-			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		got, ok := f.arrival(tt.c)
+		if ok != (tt.want != none) || got != tt.want {
+			t.Errorf("%s: %v %v, want %v", tt.name, got, ok, tt.want)
 		}
+	}
+}
+
+func TestPodNets(t *testing.T) {
+	got := podNets([]netip.Prefix{
+		netip.MustParsePrefix("10.0.0.5/24"),   // a bridge's pod
+		netip.MustParsePrefix("10.1.2.3/32"),   // a routed CNI's pod: no neighbour
+		netip.MustParsePrefix("127.0.0.1/8"),   // loopback
+		netip.MustParsePrefix("fe80::1/64"),    // link-local
+		netip.MustParsePrefix("fd00::5/64"),    // a dual-stack pod
+		netip.MustParsePrefix("fd00:1::7/128"), // host route
+	})
+	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("fd00::/64")}
+	if !slices.Equal(got, want) {
+		t.Fatalf("pod nets %v, want %v", got, want)
 	}
 }
 
@@ -64,13 +105,17 @@ func TestArrivalCount(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	var c arrivalCount
 	c.reset(t0)
-	c.add(t0.Add(100*time.Millisecond), 1)
-	c.add(t0.Add(150*time.Millisecond), 0) // nothing
-	c.add(t0.Add(400*time.Millisecond), 3) // a counter's step
-	c.add(t0.Add(300*time.Millisecond), 1) // stamped before the last: no negative gap
+	c.add(t0.Add(100*time.Millisecond), 1, drain.PeerPod)
+	c.add(t0.Add(150*time.Millisecond), 0, drain.PeerPod)     // nothing
+	c.add(t0.Add(400*time.Millisecond), 3, drain.PeerUnknown) // a counter's step
+	c.add(t0.Add(300*time.Millisecond), 1, drain.PeerNode)    // stamped before the last: no negative gap
+	c.add(t0.Add(900*time.Millisecond), 1, drain.PeerProbe)   // counted apart, not an arrival
 	s := c.since()
 	if s.Count != 5 || !s.First.Equal(t0.Add(100*time.Millisecond)) || !s.Last.Equal(t0.Add(400*time.Millisecond)) || s.MaxGap != 300*time.Millisecond {
 		t.Fatalf("%+v", s)
+	}
+	if want := (drain.PeerCounts{Pod: 1, Node: 1, Unknown: 3, Probes: 1}); s.Peers != want {
+		t.Fatalf("peers %+v, want %+v", s.Peers, want)
 	}
 }
 

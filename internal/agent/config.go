@@ -55,6 +55,11 @@ type Config struct {
 	ProxyPorts []uint16
 	// AppPorts, when set, must be listened on by the app for readiness.
 	AppPorts []uint16
+	// ProbePorts are the app's ports that only the kubelet's probes reach
+	// (--probe-ports): their connections are never counted as traffic by
+	// the out-of-rotation rule. The status server's and the control ports
+	// are probe ports without being listed.
+	ProbePorts []uint16
 	// ExcludePorts are Envoy listeners that do not carry traffic (status,
 	// metrics): their connections never hold the drain.
 	ExcludePorts []uint16

@@ -32,7 +32,33 @@ type PodState struct {
 	// Holds is what holds the drain now; Held what held it and how long.
 	Holds []PodHold    `json:"holds"`
 	Held  []PodHeldFor `json:"held"`
-	End   *PodEnd      `json:"end,omitempty"`
+	// Rotation is how the wait for the pod to leave rotation ended
+	// (--min-drain auto), once it has.
+	Rotation *PodRotation `json:"rotation,omitempty"`
+	End      *PodEnd      `json:"end,omitempty"`
+}
+
+// PodRotation is how --min-drain auto's wait ended: why (quiet, floor,
+// ceiling), and what the rule counted from the trigger: new connections
+// by kind of peer, and the probes it left out (docs/design.md, "Out of
+// rotation").
+type PodRotation struct {
+	Why         string `json:"why"`
+	TookMS      int64  `json:"took_ms"`
+	WindowMS    int64  `json:"window_ms"`
+	MeanGapMS   int64  `json:"mean_gap_ms"`
+	Connections int64  `json:"connections"`
+	FromPods    int64  `json:"from_pods"`
+	FromNode    int64  `json:"from_node"`
+	FromOther   int64  `json:"from_other"`
+	FromUnknown int64  `json:"from_unknown,omitempty"`
+	Probes      int64  `json:"probes_left_out"`
+	// RateKnown: the rate before the trigger was read (RateSource says
+	// from where), ConnectionsBefore over BeforeMS.
+	RateKnown         bool   `json:"rate_known"`
+	RateSource        string `json:"rate_source,omitempty"`
+	ConnectionsBefore int64  `json:"connections_before"`
+	BeforeMS          int64  `json:"before_ms"`
 }
 
 // PodHold is one thing that holds the drain: its kind (drain.HoldKind's
@@ -75,6 +101,11 @@ func NewPodState(st drain.State, now time.Time) PodState {
 		t, d := st.Triggered, st.Deadline
 		ps.TriggeredAt, ps.Deadline = &t, &d
 		ps.SinceTriggerMS, ps.DeadlineInMS = now.Sub(t).Milliseconds(), d.Sub(now).Milliseconds()
+	}
+	if r := st.Rotation; r != nil {
+		ps.Rotation = &PodRotation{Why: r.Why.String(), TookMS: r.Took.Milliseconds(), WindowMS: r.Window.Milliseconds(), MeanGapMS: r.MeanGap.Milliseconds(),
+			Connections: r.Connections, FromPods: r.Peers.Pod, FromNode: r.Peers.Node, FromOther: r.Peers.Other, FromUnknown: r.Peers.Unknown, Probes: r.Peers.Probes,
+			RateKnown: r.Before.Known, RateSource: r.Before.Source, ConnectionsBefore: r.Before.Count, BeforeMS: r.Before.Span.Milliseconds()}
 	}
 	if e := st.End; e != nil {
 		ps.End = &PodEnd{Why: e.Why, Clean: e.Clean, TookMS: e.Took.Milliseconds(), Cut: e.Cut, OpenFlows: e.OpenFlows, AppProcesses: e.AppProcesses}

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -258,7 +260,11 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	tracking := &liveViews{a: a, ctx: runCtx, wg: &wg}
 	parts := drain.Parts{Flows: fv, Admin: a.admin, Proxy: a.proxy, Log: log, Begun: begun, Tracking: tracking}
 	if cfg.Drain.MinDrainAuto {
-		arr := newArrivals(a.tracker, fv, client, log)
+		ac := arrivalsConfig{probePorts: portSet(append(pod.ControlPorts(), cfg.ProbePorts...)), nodeIP: a.nodeIP()}
+		if cfg.pilotAgent() {
+			ac.outbound = envoy.IstioOutbound()
+		}
+		arr := newArrivals(a.tracker, fv, client, ac, log)
 		shared.arrivals = arr
 		parts.Arrivals = arr
 		defer arr.End()
@@ -286,6 +292,23 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		a.flushEvents(events)
 	}
 	return res, nil
+}
+
+// NodeIPEnv is the node's address as the downward API gives it
+// (status.hostIP): Istio's injected proxy has it, and so do deploy/'s
+// manifests. The out-of-rotation rule counts connections from it as the
+// node's.
+const NodeIPEnv = "HOST_IP"
+
+// nodeIP is NodeIPEnv's address (zero: unset or not an address).
+func (a *agent) nodeIP() netip.Addr {
+	lookup := a.cfg.LookupEnv
+	if lookup == nil {
+		lookup = os.LookupEnv
+	}
+	v, _ := lookup(NodeIPEnv)
+	ip, _ := netip.ParseAddr(strings.TrimSpace(v))
+	return ip
 }
 
 // startEvents starts the reporter of the pod's Kubernetes Events (nil:

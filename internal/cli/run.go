@@ -114,6 +114,8 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	nf.register(fs, false)
 	appPorts := portList{}
 	fs.Var(&appPorts, "app-ports", "ports the app must listen on before the pod is ready (comma-separated)")
+	probePorts := portList{}
+	fs.Var(&probePorts, "probe-ports", "the app's ports that only the kubelet's probes reach (comma-separated): never counted as traffic by --min-drain auto (draind's status port and the control ports never are)")
 	var excludeNames nameList
 	fs.Var(&excludeNames, "exclude-listeners", "Envoy listeners that carry no traffic, by name: a listener's name or its stat_prefix (comma-separated); mapped to their ports once Envoy is LIVE")
 	d := &cfg.Drain
@@ -176,6 +178,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	cfg.StatusAddrSet, cfg.AdminAddrSet = fs.isSet("status-addr"), fs.isSet("admin-addr")
 	cfg.ProxyKind = proxyKind.val
 	cfg.AppPorts = appPorts
+	cfg.ProbePorts = probePorts
 	cfg.ExcludePorts = nf.exclude
 	cfg.ExcludeListeners = excludeNames
 	cfg.Tracker = tracker.val

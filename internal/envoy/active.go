@@ -95,22 +95,38 @@ func (c *Client) DownstreamGauges(ctx context.Context) (present bool, err error)
 	return len(sumActive(stats, c.Exclude()).Listeners) > 0, nil
 }
 
-// totalFilter is DownstreamTotal's /stats filter: every listener-scoped
+// totalFilter is ArrivalTotal's /stats filter: every listener-scoped
 // downstream_cx_total counter.
 const totalFilter = `^listener\..*downstream_cx_total$`
 
-// DownstreamTotal returns the connections Envoy's traffic listeners have
-// accepted since it started: the sum of listener.<name>.downstream_cx_total
-// over the listeners ActiveDownstream sums (without usedonly: a listener
-// that never took one shows 0). Counters is how many were summed: 0 means
-// Envoy keeps none (a stats_matcher drops them), not that none came.
-func (c *Client) DownstreamTotal(ctx context.Context) (total uint64, counters int, err error) {
+// ArrivalTotal returns the connections Envoy's traffic listeners that a
+// connection from outside the pod can reach have accepted since it
+// started: the sum of listener.<name>.downstream_cx_total over the
+// listeners ActiveDownstream sums (without usedonly: a listener that never
+// took one shows 0), less those bound to loopback (an outbound listener
+// the app dials directly) and those outbound names (where interception
+// sends the app's own calls: Istio's 15001, virtualOutbound). Counters is
+// how many traffic listeners' counters exist, those left out included: 0
+// means Envoy keeps none (a stats_matcher drops them), not that none came.
+func (c *Client) ArrivalTotal(ctx context.Context, outbound ExcludeSet) (total uint64, counters int, err error) {
 	stats, err := c.stats(ctx, totalFilter, false)
 	if err != nil {
 		return 0, 0, err
 	}
 	ac := sumListeners(stats, ".downstream_cx_total", c.Exclude())
-	return ac.Total, ac.Gauges, nil
+	for _, l := range ac.Listeners {
+		if l.Addr.IsValid() && l.Addr.Addr().IsLoopback() || outbound.excludes(l) {
+			continue
+		}
+		total += l.Active
+	}
+	return total, len(ac.Listeners), nil
+}
+
+// IstioOutbound is Istio's outbound capture listener: the port its
+// iptables rules send the app's calls to, and the listener's name.
+func IstioOutbound() ExcludeSet {
+	return ExcludeSet{Ports: []uint16{15001}, Names: []string{"virtualOutbound"}}
 }
 
 // sumActive adds up listener.<name>.downstream_cx_active gauges. It skips

@@ -162,9 +162,13 @@ func TestClientFixtures(t *testing.T) {
 	}
 
 	// The accepted connections' counters: admin left out (the fixture
-	// admin filters as Envoy does).
-	if total, n, err := c.DownstreamTotal(ctx); err != nil || total != 1931+77 || n != 2 {
+	// admin filters as Envoy does), and Istio's outbound listener, whose
+	// connections are the app's own calls.
+	if total, n, err := c.ArrivalTotal(ctx, envoy.ExcludeSet{}); err != nil || total != 1931+77 || n != 2 {
 		t.Errorf("total: %d over %d counters, %v; want 2008 over 2", total, n, err)
+	}
+	if total, n, err := c.ArrivalTotal(ctx, envoy.IstioOutbound()); err != nil || total != 1931 || n != 2 {
+		t.Errorf("total without the outbound listener: %d over %d counters, %v; want 1931 over 2", total, n, err)
 	}
 	if m, q := fa.last(); m != "GET /stats" || q != `filter=%5Elistener%5C..%2Adownstream_cx_total%24` {
 		t.Errorf("total: sent %s ?%s", m, q)
