@@ -100,6 +100,12 @@ func (p *pod) runContainer(name string, uid int, out io.Writer, role string, arg
 			cmd.Env = append(os.Environ(), cgroupNSEnv+"=1")
 		}
 	}
+	if len(p.env) > 0 {
+		if cmd.Env == nil {
+			cmd.Env = os.Environ()
+		}
+		cmd.Env = append(cmd.Env, p.env...)
+	}
 	start := cmd.Start
 	if p.sharePID && p.pause != nil {
 		// shareProcessNamespace: every container joins the sandbox's PID

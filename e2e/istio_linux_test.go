@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/testenv/mesh"
 )
@@ -135,9 +136,15 @@ func linkOrCopy(src, dst string) error {
 // pilot-agent's) on draind's own port.
 func (p *istioPod) start() {
 	p.t.Helper()
-	args := []string{"run", "--run-proxy-as", "1337", "--", p.pilotAgent, "proxy", "sidecar", "--templateFile", p.bootstrap}
+	p.startAs(-1, "--run-proxy-as", "1337")
+}
+
+// startAs is start with the container's uid (< 0: root) and draind's flags.
+func (p *istioPod) startAs(uid int, flags ...string) {
+	p.t.Helper()
+	args := append(append([]string{"run"}, flags...), "--", p.pilotAgent, "proxy", "sidecar", "--templateFile", p.bootstrap)
 	p.draindLog = &syncBuffer{}
-	p.draind = p.runContainer("istio-proxy", -1, io.MultiWriter(p.draindLog, testWriter{p.t}), "__draind", args...)
+	p.draind = p.runContainer("istio-proxy", uid, io.MultiWriter(p.draindLog, testWriter{p.t}), "__draind", args...)
 	end := time.Now().Add(30 * time.Second)
 	for p.get(draindStatusPort, "/healthz/ready") != 200 || p.get(draindStatusPort, "/metrics") != 200 {
 		select {
@@ -266,6 +273,43 @@ func TestIstioPilotAgentClassic(t *testing.T) {
 	close(stop)
 	probes, ready, istioReady := appProbes(), readiness(), istioReadiness()
 	p.report(t, a, code, took, probes, ready, istioReady)
+}
+
+// TestIstioPilotAgentClassicSocketsOnly (issue 41, acceptance 5): the same
+// pod as Istio runs it with the `draind` template alone: the container as
+// uid 1337 with no capability, so no eBPF, and the app in a PID namespace
+// of its own: draind sees the app by its sockets alone. Between two of
+// the app's calls it has none open; the gate holds it to the fixed 5 s,
+// and no call is lost.
+func TestIstioPilotAgentClassicSocketsOnly(t *testing.T) {
+	p := newIstioPod(t, nil)
+	p.startApp("--on-term", "graceful", "--linger", "1s", "--outbound-count", "12", "--outbound-pause", "250ms")
+	p.startAs(1337)
+	p.checkStarted()
+	p.wantSources("sockdiag", "sockets")
+
+	slow := p.slowRequest(4000)
+	time.Sleep(300 * time.Millisecond) // in flight
+	stop := make(chan struct{})
+	appProbes := p.poll(istioStatusPort, appProbePath, stop)
+	readiness := p.poll(draindStatusPort, "/healthz/ready", stop)
+	istioReadiness := p.poll(istioStatusPort, "/healthz/ready", stop)
+	p.terminate()
+	a := <-slow
+	code, took := p.waitExit(30 * time.Second)
+	close(stop)
+	probes, ready, istioReady := appProbes(), readiness(), istioReadiness()
+	p.report(t, a, code, took, probes, ready, istioReady)
+	_, _, _, appExit := p.appCalls()
+	quit := p.phaseTime("stopping")
+	held := p.drainedAt.Add(drain.SocketsOnlyHold)
+	if appExit.After(held) {
+		held = appExit
+	}
+	if quit.Before(p.drainedAt.Add(drain.SocketsOnlyHold)) {
+		t.Errorf("quitquitquit %s after SIGTERM, before the fixed %s: the app was seen by its sockets alone", quit.Sub(p.drainedAt), drain.SocketsOnlyHold)
+	}
+	t.Logf("quitquitquit %s after the later of the app's exit and the fixed %s", quit.Sub(held), drain.SocketsOnlyHold)
 }
 
 // report checks what acceptance 1 and 2 share and logs the figures. The

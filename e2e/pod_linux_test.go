@@ -96,8 +96,19 @@ func appRole(args []string) int {
 	runFor := fs.Duration("run-for", 0, "")
 	exitCode := fs.Int("exit-code", 0, "")
 	holdOut := fs.String("hold-outbound", "", "")
+	probeListen := fs.String("probe-listen", "", "")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *probeListen != "" {
+		// A health port of its own, as many apps have for the kubelet's
+		// probes: it lives as long as the app.
+		pln, err := net.Listen("tcp", *probeListen)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "app:", err)
+			return 1
+		}
+		go http.Serve(pln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") }))
 	}
 	sigc := make(chan os.Signal, 2)
 	signal.Notify(sigc, syscall.SIGTERM)
@@ -268,6 +279,9 @@ type pod struct {
 	cgroupNS bool
 	// containers counts the containers started, for unique cgroup names.
 	containers int
+	// env is added to every container's environment (the downward API's
+	// variables).
+	env []string
 }
 
 // podOption shapes a pod before its sandbox (pause) starts.
