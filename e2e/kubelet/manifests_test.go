@@ -292,6 +292,18 @@ func TestDeployManifests(t *testing.T) {
 				}
 			}
 		}
+		// Those whose pod leaves rotation tell the node and the probe
+		// ports (docs/design.md, "Out of rotation").
+		for _, file := range []string{"deploy/classic-sidecar.yaml", "deploy/native-sidecar.yaml"} {
+			c := containerNamed(&findManifest(t, ms, file).pod.Spec, "envoy")
+			i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "HOST_IP" })
+			if i < 0 || c.Env[i].ValueFrom == nil || c.Env[i].ValueFrom.FieldRef == nil || c.Env[i].ValueFrom.FieldRef.FieldPath != "status.hostIP" {
+				t.Errorf("%s: envoy: want HOST_IP from the downward API's status.hostIP", file)
+			}
+			if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "DRAIND_PROBE_PORTS" }) {
+				t.Errorf("%s: envoy: want DRAIND_PROBE_PORTS, the app's probe-only ports", file)
+			}
+		}
 	})
 	// The images the manifests name are the root Dockerfile's: its
 	// ENTRYPOINT is draind run -- envoy, so `args` are Envoy's.

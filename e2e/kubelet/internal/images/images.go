@@ -147,19 +147,7 @@ func EnvoysimConfigOutbound(upstream string) []byte {
 // proxyV2 is ProxyV2Spec with Debian's iptables (nft backend) and the
 // shared libraries and extensions it loads added, for istio-init.
 func proxyV2(pilotAgent string, bin func(string) string) (ociimage.Spec, error) {
-	tmpl, _ := json.Marshal(map[string]any{
-		"admin_address": "127.0.0.1:15000",
-		"xds":           true,
-		"listeners": []map[string]any{
-			{"name": "virtualInbound", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": app},
-			// Outbound calls go where the app sent them (istio-init's
-			// REDIRECT, then the original destination, as Envoy's
-			// PassthroughCluster): the pod's calls out are what the
-			// drain must keep working.
-			{"name": "virtualOutbound", "address": "127.0.0.1:15001", "direction": "outbound", "protocol": "http", "upstream": "original_dst"},
-			{"name": "0.0.0.0_15021", "address": "0.0.0.0:15021", "protocol": "http", "upstream": "127.0.0.1:15020"},
-		},
-	})
+	tmpl := []byte(proxyV2Bootstrap)
 	spec := ProxyV2Spec(ProxyV2, pilotAgent, bin("draind"), bin("envoysim"), tmpl)
 	ipt, err := iptablesFiles()
 	if err != nil {
@@ -175,6 +163,38 @@ func proxyV2(pilotAgent string, bin func(string) string) (ociimage.Spec, error) 
 	spec.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	return spec, nil
 }
+
+// proxyV2Bootstrap is envoysim's config as the image's bootstrap template:
+// pilot-agent renders it as it renders Envoy's (Go's text/template, with
+// the same options), so the stats matcher is the one Istio's bootstrap
+// gives Envoy: its inclusion list, from
+// istio.io/istio/tools/packaging/common/envoy_bootstrap.json, filled from
+// the proxy config, the pod's annotations and
+// EXIT_ON_ZERO_ACTIVE_CONNECTIONS (istio.io/istio/pkg/bootstrap/config.go,
+// getStatsOptions). No listener counter then
+// exists unless the mesh asks for it, as on a real Istio pod.
+//
+// The listeners: inbound to the app, outbound where the app sent its
+// calls (istio-init's REDIRECT, then the original destination, as Envoy's
+// PassthroughCluster: the pod's calls out are what the drain must keep
+// working), and Envoy's readiness listener to pilot-agent.
+const proxyV2Bootstrap = `{
+  "admin_address": "127.0.0.1:15000",
+  "xds": true,
+  "stats_inclusion": {
+    "prefixes": ["reporter="
+      {{- if .metadata_discovery }}, "workload_discovery"{{ end }}
+      {{- range $a, $s := .inclusionPrefix }}, "{{ $s }}"{{ end }}, "component", "istio"],
+    "suffixes": [{{- range $i, $s := .inclusionSuffix }}{{ if $i }}, {{ end }}"{{ $s }}"{{ end }}],
+    "regexes": [{{- range $i, $s := .inclusionRegexps }}{{ if $i }}, {{ end }}"{{ js $s }}"{{ end }}]
+  },
+  "listeners": [
+    {"name": "virtualInbound", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": "` + app + `"},
+    {"name": "virtualOutbound", "address": "127.0.0.1:15001", "direction": "outbound", "protocol": "http", "upstream": "original_dst"},
+    {"name": "0.0.0.0_15021", "address": "0.0.0.0:15021", "protocol": "http", "upstream": "127.0.0.1:15020"}
+  ]
+}
+`
 
 // ProxyV2Spec is Istio's proxyv2 image's layout with draind added (what
 // deploy/istio/Dockerfile.proxyv2 makes): pilot-agent as the entrypoint,
