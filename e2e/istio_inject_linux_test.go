@@ -183,6 +183,11 @@ type injectedWant struct {
 	native, ebpf bool
 }
 
+// inboundTotalRegexp is the statsInclusionRegexps the `draind` template
+// gives a pod: the inbound listener's accepted connections, which Istio's
+// bootstrap stats_matcher drops, for the rate before the drain.
+const inboundTotalRegexp = `listener\..*_15006\.downstream_cx_total`
+
 func TestIstioKubeInject(t *testing.T) {
 	ctl := istioctl(t)
 	root, _ := filepath.Abs("..")
@@ -195,10 +200,11 @@ func TestIstioKubeInject(t *testing.T) {
 		manifest string
 		inputs   []string
 		want     map[string]injectedWant
+		stats    string // the pod's sidecar.istio.io/statsInclusionRegexps
 	}{
-		{"sidecar.yaml", plain, map[string]injectedWant{"web": {ebpf: true}, "web-nocaps": {}}},
-		{"native.yaml", plain, map[string]injectedWant{"web-native": {native: true, ebpf: true}, "web-native-nocaps": {native: true}}},
-		{"templated-app.yaml", templated, map[string]injectedWant{"web-templated": {ebpf: true}, "web-templated-native": {native: true}}},
+		{"sidecar.yaml", plain, map[string]injectedWant{"web": {ebpf: true}, "web-nocaps": {}}, ""},
+		{"native.yaml", plain, map[string]injectedWant{"web-native": {native: true, ebpf: true}, "web-native-nocaps": {native: true}}, ""},
+		{"templated-app.yaml", templated, map[string]injectedWant{"web-templated": {ebpf: true}, "web-templated-native": {native: true}}, inboundTotalRegexp},
 	} {
 		t.Run(tc.manifest, func(t *testing.T) {
 			out := kubeInject(t, ctl, filepath.Join(root, "deploy/istio", tc.manifest), tc.inputs)
@@ -209,6 +215,9 @@ func TestIstioKubeInject(t *testing.T) {
 					t.Fatalf("no %s in the injected output", name)
 				}
 				checkInjected(t, name, d, want)
+				if got := d.str("spec", "template", "metadata", "annotations", "sidecar.istio.io/statsInclusionRegexps"); got != tc.stats {
+					t.Errorf("%s: statsInclusionRegexps %q, want %q", name, got, tc.stats)
+				}
 			}
 			golden := filepath.Join(root, "e2e/kubelet/testdata/istio", strings.TrimSuffix(tc.manifest, ".yaml")+"-injected.yaml")
 			if *updateIstio {

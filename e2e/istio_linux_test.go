@@ -16,6 +16,7 @@ import (
 
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/logevent"
+	"github.com/draind/draind/internal/testenv/envoysim"
 	"github.com/draind/draind/internal/testenv/mesh"
 )
 
@@ -118,6 +119,86 @@ func newIstioPod(t *testing.T, proxyConfig map[string]any) *istioPod {
 	}
 	t.Chdir(p.dir)
 	return p
+}
+
+// useIstioStats makes the stand-in keep only the stats Istio's bootstrap
+// lets Envoy keep (envoysim.IstioStatsTemplate, rendered by pilot-agent),
+// and gives pilot-agent the pod's annotations where the downward API puts
+// them (./etc/istio/pod/annotations, relative to its working directory).
+func (p *istioPod) useIstioStats(annotations map[string]string) {
+	p.t.Helper()
+	b, err := os.ReadFile(p.bootstrap)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	tmpl := "{" + envoysim.IstioStatsTemplate + "," + strings.TrimPrefix(string(b), "{")
+	if err := os.WriteFile(p.bootstrap, []byte(tmpl), 0o644); err != nil {
+		p.t.Fatal(err)
+	}
+	var lines []string
+	for k, v := range annotations {
+		lines = append(lines, fmt.Sprintf("%s=%q", k, v))
+	}
+	dir := filepath.Join(p.dir, "etc/istio/pod")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		p.t.Fatal(err)
+	}
+	// pilot-agent, as the proxy's uid, writes beside it (etc/istio/proxy).
+	for _, d := range []string{"etc", "etc/istio"} {
+		os.Chmod(filepath.Join(p.dir, d), 0o777)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "annotations"), []byte(strings.Join(lines, "\n")), 0o644); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// TestIstioPilotAgentRateBefore (issue 41): under Istio's bootstrap stats
+// matcher no listener counter exists, and the rate before the drain is
+// unknown; the annotation the `draind` template writes keeps the inbound
+// listener's, and pilot-agent's bootstrap passes it to Envoy: the rate is
+// read from it.
+func TestIstioPilotAgentRateBefore(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		annotations map[string]string
+		known       bool
+	}{
+		{"istio-default", nil, false},
+		{"draind-template", map[string]string{"sidecar.istio.io/statsInclusionRegexps": inboundTotalRegexp}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newIstioPod(t, nil)
+			p.useIstioStats(tc.annotations)
+			p.startApp()
+			p.start()
+			p.checkStarted()
+			const requests = 5
+			hc := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer(), DisableKeepAlives: true}, Timeout: 5 * time.Second}
+			for range requests { // a new connection each
+				resp, err := hc.Get("http://" + podIP + ":15006/")
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			p.terminate()
+			if code, _ := p.waitExit(30 * time.Second); code != 0 {
+				t.Fatalf("draind exited %d; log:\n%s", code, p.draindLog.String())
+			}
+			lines := p.logLines(logevent.OutOfRotation)
+			if len(lines) != 1 {
+				t.Fatalf("out_of_rotation lines %v", lines)
+			}
+			out := lines[0]
+			known, _ := out["rate_known"].(bool)
+			n, _ := out["connections_before"].(float64)
+			if known != tc.known || tc.known && (out["rate_source"] != drain.RateFromEnvoy || n < requests) {
+				t.Errorf("rate known %v from %v, %v connections before; want known %v, at least %d", known, out["rate_source"], n, tc.known, requests)
+			}
+			t.Logf("out of rotation %v (%v, window %v); rate known %v: %v connections in %v", out["took"], out["why"], out["window"], known, n, out["before_span"])
+		})
+	}
 }
 
 func linkOrCopy(src, dst string) error {

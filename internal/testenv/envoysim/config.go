@@ -148,6 +148,22 @@ func IstioStatsInclusion(exitOnZeroActiveConnections bool) StatsInclusion {
 	return in
 }
 
+// IstioStatsTemplate is the "stats_inclusion" member of envoysim's config
+// as a bootstrap template that pilot-agent renders (Go's text/template,
+// with the options it renders Envoy's with): the inclusion list of
+// istio.io/istio/tools/packaging/common/envoy_bootstrap.json, filled from
+// the proxy config, the pod's sidecar.istio.io/statsInclusion* annotations
+// and EXIT_ON_ZERO_ACTIVE_CONNECTIONS (istio.io/istio/pkg/bootstrap/config.go,
+// getStatsOptions). A stand-in started by pilot-agent from it keeps the
+// stats Istio's bootstrap lets Envoy keep, no more.
+const IstioStatsTemplate = `"stats_inclusion": {
+    "prefixes": ["reporter="
+      {{- if .metadata_discovery }}, "workload_discovery"{{ end }}
+      {{- range $a, $s := .inclusionPrefix }}, "{{ $s }}"{{ end }}, "component", "istio"],
+    "suffixes": [{{- range $i, $s := .inclusionSuffix }}{{ if $i }}, {{ end }}"{{ $s }}"{{ end }}],
+    "regexes": [{{- range $i, $s := .inclusionRegexps }}{{ if $i }}, {{ end }}"{{ js $s }}"{{ end }}]
+  }`
+
 // ListenerConfig is one listener.
 type ListenerConfig struct {
 	// Name is the listener's name (unique).

@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/draind/draind/e2e/kubelet/internal/ociimage"
+	"github.com/draind/draind/internal/testenv/envoysim"
 )
 
 // The images' names: imported into containerd's k8s.io namespace, never
@@ -165,14 +166,10 @@ func proxyV2(pilotAgent string, bin func(string) string) (ociimage.Spec, error) 
 }
 
 // proxyV2Bootstrap is envoysim's config as the image's bootstrap template:
-// pilot-agent renders it as it renders Envoy's (Go's text/template, with
-// the same options), so the stats matcher is the one Istio's bootstrap
-// gives Envoy: its inclusion list, from
-// istio.io/istio/tools/packaging/common/envoy_bootstrap.json, filled from
-// the proxy config, the pod's annotations and
-// EXIT_ON_ZERO_ACTIVE_CONNECTIONS (istio.io/istio/pkg/bootstrap/config.go,
-// getStatsOptions). No listener counter then
-// exists unless the mesh asks for it, as on a real Istio pod.
+// pilot-agent renders it as it renders Envoy's, so the stats matcher is the
+// one Istio's bootstrap gives Envoy (envoysim.IstioStatsTemplate): no
+// listener counter exists unless the mesh or the pod asks for it, as on a
+// real Istio pod.
 //
 // The listeners: inbound to the app, outbound where the app sent its
 // calls (istio-init's REDIRECT, then the original destination, as Envoy's
@@ -181,13 +178,7 @@ func proxyV2(pilotAgent string, bin func(string) string) (ociimage.Spec, error) 
 const proxyV2Bootstrap = `{
   "admin_address": "127.0.0.1:15000",
   "xds": true,
-  "stats_inclusion": {
-    "prefixes": ["reporter="
-      {{- if .metadata_discovery }}, "workload_discovery"{{ end }}
-      {{- range $a, $s := .inclusionPrefix }}, "{{ $s }}"{{ end }}, "component", "istio"],
-    "suffixes": [{{- range $i, $s := .inclusionSuffix }}{{ if $i }}, {{ end }}"{{ $s }}"{{ end }}],
-    "regexes": [{{- range $i, $s := .inclusionRegexps }}{{ if $i }}, {{ end }}"{{ js $s }}"{{ end }}]
-  },
+  ` + envoysim.IstioStatsTemplate + `,
   "listeners": [
     {"name": "virtualInbound", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": "` + app + `"},
     {"name": "virtualOutbound", "address": "127.0.0.1:15001", "direction": "outbound", "protocol": "http", "upstream": "original_dst"},
