@@ -2,20 +2,25 @@ package kubelet_test
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,6 +35,7 @@ import (
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/logevent"
+	"github.com/draind/draind/internal/testenv/testutil"
 )
 
 // The rollout measurement (make bench-rollout, docs/benchmarks.md): each
@@ -185,7 +191,17 @@ var rolloutStrategies = []rolloutStrategy{
 	{name: "recipe-netstat", injected: true, templates: "sidecar", proxy: "istio-proxy", targetPort: 8080, appHook: hookSleep5, netstatLoop: true},
 }
 
-var rolloutShapes = []string{"newconn", "keepalive", "h2"}
+// rolloutShapes are the load's shapes: pods on the node's bridge through
+// the ClusterIP (a new connection each request, keep-alive, HTTP/2), and
+// two clients the node forwards with masquerade (issue 41): the node
+// itself through the ClusterIP ("node", as a hostNetwork pod or an
+// ingress on the node's network would), and an outside host through a
+// NodePort under externalTrafficPolicy Cluster ("nodeport", as a cloud
+// load balancer in instance mode), a new connection each request.
+var rolloutShapes = []string{"newconn", "keepalive", "h2", "node", "nodeport"}
+
+// hostShape: the shape's client runs on the node, not in a pod.
+func hostShape(shape string) bool { return shape == "node" || shape == "nodeport" }
 
 func TestBenchRollout(t *testing.T) {
 	if os.Getenv(benchRolloutVar) != "1" {
@@ -216,6 +232,10 @@ type rolloutNS struct {
 	ns    string
 	round int
 	webIP string
+	// nodePort is the web-np Service's, reached from outside, the
+	// network namespace routed through the node.
+	nodePort string
+	outside  *testutil.NetNS
 }
 
 // rolloutOne runs st's events once in ns and returns its table lines.
@@ -274,12 +294,23 @@ kind: Service
 metadata: {name: web}
 spec:
   selector: {app: web}
-  ports: [{name: http, port: 80, targetPort: %d}]
+  ports: [{name: http, port: 80, targetPort: %[1]d}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-np}
+spec:
+  type: NodePort
+  externalTrafficPolicy: Cluster
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: %[1]d}]
 `, st.targetPort), "-n", ns, "apply", "-f", "-")
 	waitPodsReady(t, ns, "app=up", 3*time.Minute)
 	waitPodsReady(t, ns, "app=web", 3*time.Minute)
 	kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=180s")
 	r.webIP = strings.TrimSpace(kubectl(t, nil, "-n", ns, "get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"))
+	r.nodePort = strings.TrimSpace(kubectl(t, nil, "-n", ns, "get", "service", "web-np", "-o", "jsonpath={.spec.ports[0].nodePort}"))
+	r.outside = outsideHost(t)
 	r.waitReachable(t, r.webIP)
 	r.waitReachable(t, upIP)
 
@@ -337,7 +368,12 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	}
 	defer flows.stopWatch()
 	var loads []string
+	var hostLoads []*hostLoad
 	for _, shape := range rolloutShapes {
+		if hostShape(shape) {
+			hostLoads = append(hostLoads, r.startHostLoad(t, shape))
+			continue
+		}
 		name := "load-" + ev + "-" + shape
 		kubectl(t, nil, "-n", ns, "run", name, "--image", images.LoadClient, "--restart=Never", "--labels", "role=load,sidecar.istio.io/inject=false",
 			"--override-type=strategic", "--overrides", fmt.Sprintf(`{"spec":{"containers":[{"name":%q,"resources":{"requests":{"cpu":%q}}}]}}`, name, standInCPU),
@@ -398,7 +434,19 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	time.Sleep(3 * time.Second)
 	// Each load client ends with its summary on /stop; its pod completes
 	// and keeps its log.
-	logs, clients := stopLoads(t, ns, loads)
+	podLogs, podClients := stopLoads(t, ns, loads)
+	var logs []string
+	var clients []netip.Addr
+	for _, shape := range rolloutShapes {
+		if hostShape(shape) {
+			h := hostLoads[0]
+			hostLoads = hostLoads[1:]
+			logs, clients = append(logs, h.stop(t)), append(clients, h.client)
+			continue
+		}
+		logs, clients = append(logs, podLogs[0]), append(clients, podClients[0])
+		podLogs, podClients = podLogs[1:], podClients[1:]
+	}
 	flows.stopWatch()
 	lives.stop()
 	pods := lives.ended() // the old pods' logs whole, before any step is read
@@ -458,6 +506,65 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	t.Logf("  failures pinned by %s", flows)
 	table = append(table, line)
 	return table
+}
+
+// hostLoad is a load client run on the node: the node itself, or the
+// outside host (its network namespace), standing for clients the node
+// forwards with masquerade.
+type hostLoad struct {
+	shape  string
+	client netip.Addr // its address, for the node's conntrack
+	cmd    *exec.Cmd
+	out    bytes.Buffer
+}
+
+// loadClientBin is the load client built for the node (once).
+var loadClientBin = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "draind-loadclient-")
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "loadclient")
+	return out, images.GoBuild(context.Background(), ".", "./cmd/loadclient", out)
+})
+
+// startHostLoad starts shape's client on the node: to the ClusterIP from
+// the node's own namespace ("node"), or to the node's address and the
+// NodePort from the outside host ("nodeport").
+func (r *rolloutNS) startHostLoad(t *testing.T, shape string) *hostLoad {
+	t.Helper()
+	bin, err := loadClientBin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--qps", fmt.Sprint(rolloutQPS), "--timeout", loadTimeout.String(), "--duration", "30m", "--mode", "newconn"}
+	h := &hostLoad{shape: shape}
+	switch shape {
+	case "node":
+		h.cmd = exec.Command(bin, append(args, "--url", "http://"+r.webIP+"/")...)
+		h.client, _ = netip.ParseAddr(theCluster.NodeIP)
+	case "nodeport":
+		// nsenter: the client's every thread in the outside namespace.
+		ns := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), int(r.outside.Handle))
+		h.cmd = exec.Command("nsenter", append([]string{"--net=" + ns, "--", bin, "--url", "http://" + net.JoinHostPort(theCluster.NodeIP, r.nodePort) + "/"}, args...)...)
+		h.client = outsideAddr
+	}
+	h.cmd.Stdout, h.cmd.Stderr = &h.out, &h.out
+	if err := h.cmd.Start(); err != nil {
+		t.Fatalf("load client %s: %v", shape, err)
+	}
+	t.Cleanup(func() { h.cmd.Process.Kill(); h.cmd.Wait() })
+	return h
+}
+
+// stop ends the client (SIGTERM: its summary last) and returns its log.
+func (h *hostLoad) stop(t *testing.T) string {
+	t.Helper()
+	h.cmd.Process.Signal(syscall.SIGTERM)
+	if err := h.cmd.Wait(); err != nil {
+		t.Fatalf("load client %s: %v\n%s", h.shape, err, h.out.String())
+	}
+	return h.out.String()
 }
 
 // loadStopPort is where the load clients serve /stop.
