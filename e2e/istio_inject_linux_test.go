@@ -184,8 +184,9 @@ type injectedWant struct {
 }
 
 // inboundTotalRegexp is the statsInclusionRegexps the `draind` template
-// gives a pod: the inbound listener's accepted connections, which Istio's
-// bootstrap stats_matcher drops, for the rate before the drain.
+// gives a pod, and the per-pod overrides state: the inbound listener's
+// accepted connections, which Istio's bootstrap stats_matcher drops, for
+// the rate before the drain.
 const inboundTotalRegexp = `listener\..*_15006\.downstream_cx_total`
 
 func TestIstioKubeInject(t *testing.T) {
@@ -202,8 +203,8 @@ func TestIstioKubeInject(t *testing.T) {
 		want     map[string]injectedWant
 		stats    string // the pod's sidecar.istio.io/statsInclusionRegexps
 	}{
-		{"sidecar.yaml", plain, map[string]injectedWant{"web": {ebpf: true}, "web-nocaps": {}}, ""},
-		{"native.yaml", plain, map[string]injectedWant{"web-native": {native: true, ebpf: true}, "web-native-nocaps": {native: true}}, ""},
+		{"sidecar.yaml", plain, map[string]injectedWant{"web": {ebpf: true}, "web-nocaps": {}}, inboundTotalRegexp},
+		{"native.yaml", plain, map[string]injectedWant{"web-native": {native: true, ebpf: true}, "web-native-nocaps": {native: true}}, inboundTotalRegexp},
 		{"templated-app.yaml", templated, map[string]injectedWant{"web-templated": {ebpf: true}, "web-templated-native": {native: true}}, inboundTotalRegexp},
 	} {
 		t.Run(tc.manifest, func(t *testing.T) {

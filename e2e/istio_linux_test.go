@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/testenv/envoysim"
@@ -60,7 +61,7 @@ type istioPod struct {
 // and the variables Istio's injector sets, plus those that let pilot-agent
 // run without istiod and a CA (docs/peers.md). proxyConfig
 // is merged over the ProxyConfig every pod needs.
-func newIstioPod(t *testing.T, proxyConfig map[string]any) *istioPod {
+func newIstioPod(t *testing.T, proxyConfig map[string]any, opts ...podOption) *istioPod {
 	t.Helper()
 	for _, kv := range os.Environ() {
 		if strings.HasPrefix(kv, "DRAIND_") {
@@ -68,7 +69,7 @@ func newIstioPod(t *testing.T, proxyConfig map[string]any) *istioPod {
 		}
 	}
 	pa := mesh.PilotAgent(t)
-	p := &istioPod{pod: newPod(t)}
+	p := &istioPod{pod: newPod(t, opts...)}
 	p.pilotAgent = filepath.Join(p.dir, "pilot-agent")
 	if err := linkOrCopy(pa, p.pilotAgent); err != nil {
 		t.Fatal(err)
@@ -197,6 +198,56 @@ func TestIstioPilotAgentRateBefore(t *testing.T) {
 				t.Errorf("rate known %v from %v, %v connections before; want known %v, at least %d", known, out["rate_source"], n, tc.known, requests)
 			}
 			t.Logf("out of rotation %v (%v, window %v); rate known %v: %v connections in %v", out["took"], out["why"], out["window"], known, n, out["before_span"])
+		})
+	}
+}
+
+// TestIstioPilotAgentIdleProbed (issue 41, acceptance 2, with Istio's
+// probe rewrite): an idle pod under pilot-agent, probed from the node
+// through the drain on draind's port and on the app's probe that Istio
+// rewrote to pilot-agent's, leaves rotation on quiet with no connection
+// counted, on a bridge and on a routed CNI.
+func TestIstioPilotAgentIdleProbed(t *testing.T) {
+	for _, shape := range cniShapes {
+		t.Run(string(shape), func(t *testing.T) {
+			p := newIstioPod(t, nil, withCNI(shape))
+			p.useIstioStats(nil)
+			p.startApp()
+			p.start()
+			p.checkStarted()
+			base := "http://" + podIP + ":"
+			stop := probeLoop(p.pod, 100*time.Millisecond, base+draindStatusPort+"/healthz/ready", base+istioStatusPort+appProbePath)
+			time.Sleep(time.Second)
+			p.drainedAt = time.Now()
+			done := make(chan string, 1)
+			go func() {
+				hc := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer(), DisableKeepAlives: true}, Timeout: 30 * time.Second}
+				outcome := ""
+				if resp, err := hc.Get(base + draindStatusPort + agent.RotationWaitPath); err == nil {
+					outcome = resp.Header.Get("Draind-Outcome")
+					resp.Body.Close()
+				}
+				p.app.Signal(syscall.SIGTERM)
+				done <- outcome
+			}()
+			p.draind.Signal(syscall.SIGTERM)
+			outcome := <-done
+			probes := stop()
+			if code, _ := p.waitExit(30 * time.Second); code != 0 {
+				t.Fatalf("draind exited %d; log:\n%s", code, p.draindLog.String())
+			}
+			if outcome != "out-of-rotation" {
+				t.Fatalf("the app's preStop call said %q", outcome)
+			}
+			lines := p.logLines(logevent.OutOfRotation)
+			if len(lines) != 1 {
+				t.Fatalf("out_of_rotation lines %v", lines)
+			}
+			out := lines[0]
+			if out["why"] != "quiet" || out["connections"].(float64) != 0 || out["probes_left_out"].(float64) == 0 {
+				t.Errorf("want quiet after 0 connections with the probes left out: %v", out)
+			}
+			t.Logf("%d probes sent; out of rotation %v (%v, window %v, %v probes left out)", probes, out["took"], out["why"], out["window"], out["probes_left_out"])
 		})
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/testenv/testutil"
 )
@@ -31,9 +32,13 @@ import (
 //	nodeport-local the same under Local (the client's address kept)
 //
 // The outside client is a network namespace of its own routed through the
-// node, standing for a load balancer. None of their connections fails, and
-// the deleted pod's out_of_rotation line counts the node's and the
-// outside's.
+// node, standing for a load balancer. None of their connections fails,
+// and every connection the deleted pod's rule counted came from the node
+// or the outside, none taken for a pod's. Which of them reached the pod
+// after its SIGTERM is kube-proxy's pick and its sync's timing (the
+// counts by kind differed run to run: 8 and 6, 9 and 0, 0 and 30); the
+// pod harness counts each kind on both CNI shapes where it can be known
+// (e2e/rotation_peers_linux_test.go).
 func TestClusterRotationNodeClients(t *testing.T) {
 	c := requireCluster(t)
 	t.Parallel()
@@ -74,9 +79,9 @@ spec:
 	}
 	outside := outsideHost(t)
 	paths := []*pathClients{
-		{name: "node", url: "http://" + clusterIP + "/", dial: (&net.Dialer{}).DialContext},
-		{name: "nodeport", url: "http://" + net.JoinHostPort(c.NodeIP, nodePort("web-np")) + "/", dial: outside.Dialer()},
-		{name: "nodeport-local", url: "http://" + net.JoinHostPort(c.NodeIP, nodePort("web-np-local")) + "/", dial: outside.Dialer()},
+		{name: "node", url: "http://" + clusterIP + "/", dial: (&net.Dialer{}).DialContext, period: 100 * time.Millisecond},
+		{name: "nodeport", url: "http://" + net.JoinHostPort(c.NodeIP, nodePort("web-np")) + "/", dial: outside.Dialer(), period: 100 * time.Millisecond},
+		{name: "nodeport-local", url: "http://" + net.JoinHostPort(c.NodeIP, nodePort("web-np-local")) + "/", dial: outside.Dialer(), period: 100 * time.Millisecond},
 	}
 	for _, p := range paths {
 		waitUntil(t, time.Minute, p.name+" reaches the pods", func() bool { return p.once() == nil })
@@ -86,7 +91,7 @@ spec:
 	pod := podsOf(t, ns, "app=web")[0]
 	logs, logsDone := followLog(t, ctx, ns, pod.Name, "envoy")
 	for _, p := range paths {
-		p.start(100 * time.Millisecond)
+		p.start(p.period)
 	}
 	time.Sleep(3 * time.Second) // the rate before the deletion
 	if err := kube.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
@@ -111,11 +116,9 @@ spec:
 	}
 	t.Logf("out of rotation %v (%v): %v connections, %v from the node, %v from pods, %v other, %v probes left out", out["took"], out["why"],
 		out["connections"], out["from_node"], out["from_pods"], out["from_other"], out["probes_left_out"])
-	if n, _ := out["from_node"].(float64); n == 0 {
-		t.Errorf("the node's connections not counted: %v", out)
-	}
-	if n, _ := out["from_other"].(float64); n == 0 {
-		t.Errorf("the outside client's connections (externalTrafficPolicy Local) not counted: %v", out)
+	n := func(k string) float64 { v, _ := out[k].(float64); return v }
+	if n("connections") == 0 || n("from_pods") != 0 || n("from_node")+n("from_other") != n("connections") {
+		t.Errorf("want the connections counted, each from the node or the outside (no client here is a pod): %v", out)
 	}
 	if out["why"] == "ceiling" {
 		t.Errorf("out of rotation at the ceiling: %v", out)
@@ -128,6 +131,7 @@ type pathClients struct {
 	name     string
 	url      string
 	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
+	period   time.Duration
 	ok       atomic.Int64
 	failed   atomic.Int64
 	mu       sync.Mutex
@@ -230,4 +234,95 @@ func outsideHost(t *testing.T) *testutil.NetNS {
 	gw, _, _ := net.ParseCIDR(nodeSide)
 	must("default route", h.RouteAdd(&netlink.Route{LinkIndex: o.Attrs().Index, Gw: gw}))
 	return outside
+}
+
+// slowClientWeb is draind above pilot-agent by the per-pod override alone
+// (Istio's stock template, no `draind` template: Istio's default stats,
+// no listener counter), 2 replicas, the app's preStop on draind's wait.
+const slowClientWeb = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+      annotations:
+        inject.istio.io/templates: sidecar
+        traffic.sidecar.istio.io/excludeInboundPorts: "15022"
+    spec:
+      terminationGracePeriodSeconds: 30
+      containers:
+      - name: app
+        image: registry.example.com/web:1.0
+        ports: [{containerPort: 8080}]
+        readinessProbe:
+          httpGet: {path: /readyz, port: 8080}
+          periodSeconds: 2
+        lifecycle:
+          preStop:
+            httpGet: {path: /wait/out-of-rotation, port: 15022}
+      - name: istio-proxy
+        image: registry.example.com/istio/proxyv2-draind:1.31.1
+        command: [/usr/local/bin/draind, run, --, /usr/local/bin/pilot-agent]
+        readinessProbe:
+          httpGet: {path: /healthz/ready, port: 15022}
+          periodSeconds: 2
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+`
+
+// TestClusterRotationUnknownRate (issue 41, acceptance 4): with Istio's
+// default stats the rate before the drain is unknown; a client that
+// connects once every 2 s, from the node through the ClusterIP, until 5 s
+// after a pod's deletion loses nothing: the wait is the recipe's 5 s of
+// quiet, not 1 s.
+func TestClusterRotationUnknownRate(t *testing.T) {
+	requireIstiod(t)
+	t.Parallel()
+	ns := testNamespace(t, "slowclient", "istio-injection=enabled")
+	kubectl(t, localImages(slowClientWeb), "-n", ns, "apply", "-f", "-")
+	waitPodsReady(t, ns, "app=web", 3*time.Minute)
+	kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=120s")
+	clusterIP := strings.TrimSpace(kubectl(t, nil, "-n", ns, "get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"))
+	client := &pathClients{name: "node", url: "http://" + clusterIP + "/", dial: (&net.Dialer{}).DialContext}
+	waitUntil(t, time.Minute, "the Service reachable from the node", func() bool { return client.once() == nil })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pod := podsOf(t, ns, "app=web")[0]
+	logs, logsDone := followLog(t, ctx, ns, pod.Name, "istio-proxy")
+	client.start(2 * time.Second)
+	time.Sleep(6 * time.Second) // the rate before the deletion, unread
+	if err := kube.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second)
+	client.halt()
+	select {
+	case <-logsDone:
+	case <-ctx.Done():
+		t.Fatal("draind's container did not exit within 2 min of the deletion")
+	}
+	if client.failed.Load() != 0 || client.ok.Load() == 0 {
+		t.Errorf("%d connections failed (first: %v), %d ok", client.failed.Load(), client.firstErr, client.ok.Load())
+	}
+	out := findLog(parsePlainJSONLog(logs.String()), logevent.OutOfRotation)
+	if out == nil {
+		t.Fatalf("no out_of_rotation line in draind's log:\n%s", logs.String())
+	}
+	t.Logf("%d ok; out of rotation %v (%v, window %v, rate known %v, %v connections since)", client.ok.Load(), out["took"], out["why"], out["window"], out["rate_known"], out["connections"])
+	if known, _ := out["rate_known"].(bool); known {
+		t.Errorf("the rate before was read under Istio's default stats: %v", out)
+	}
+	if took, _ := time.ParseDuration(fmt.Sprint(out["took"])); took < drain.UnknownQuiet {
+		t.Errorf("out of rotation %s after the deletion, in under the recipe's %s of quiet: %v", took, drain.UnknownQuiet, out)
+	}
 }
