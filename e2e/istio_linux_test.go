@@ -216,38 +216,7 @@ func TestIstioPilotAgentIdleProbed(t *testing.T) {
 			p.start()
 			p.checkStarted()
 			base := "http://" + podIP + ":"
-			stop := probeLoop(p.pod, 100*time.Millisecond, base+draindStatusPort+"/healthz/ready", base+istioStatusPort+appProbePath)
-			time.Sleep(time.Second)
-			p.drainedAt = time.Now()
-			done := make(chan string, 1)
-			go func() {
-				hc := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer(), DisableKeepAlives: true}, Timeout: 30 * time.Second}
-				outcome := ""
-				if resp, err := hc.Get(base + draindStatusPort + agent.RotationWaitPath); err == nil {
-					outcome = resp.Header.Get("Draind-Outcome")
-					resp.Body.Close()
-				}
-				p.app.Signal(syscall.SIGTERM)
-				done <- outcome
-			}()
-			p.draind.Signal(syscall.SIGTERM)
-			outcome := <-done
-			probes := stop()
-			if code, _ := p.waitExit(30 * time.Second); code != 0 {
-				t.Fatalf("draind exited %d; log:\n%s", code, p.draindLog.String())
-			}
-			if outcome != "out-of-rotation" {
-				t.Fatalf("the app's preStop call said %q", outcome)
-			}
-			lines := p.logLines(logevent.OutOfRotation)
-			if len(lines) != 1 {
-				t.Fatalf("out_of_rotation lines %v", lines)
-			}
-			out := lines[0]
-			if out["why"] != "quiet" || out["connections"].(float64) != 0 || out["probes_left_out"].(float64) == 0 {
-				t.Errorf("want quiet after 0 connections with the probes left out: %v", out)
-			}
-			t.Logf("%d probes sent; out of rotation %v (%v, window %v, %v probes left out)", probes, out["took"], out["why"], out["window"], out["probes_left_out"])
+			drainIdleProbed(t, p.pod, base+draindStatusPort+agent.RotationWaitPath, base+draindStatusPort+"/healthz/ready", base+istioStatusPort+appProbePath)
 		})
 	}
 }
@@ -383,16 +352,11 @@ func (p *istioPod) checkStarted() {
 	}
 }
 
-// Acceptance 1: the classic sidecar. SIGTERM reaches the app and draind
-// together; a 4 s request is in flight and the app makes 12 calls out
-// during its 3 s shutdown.
-func TestIstioPilotAgentClassic(t *testing.T) {
-	p := newIstioPod(t, nil)
-	p.startApp("--on-term", "graceful", "--linger", "1s", "--outbound-count", "12", "--outbound-pause", "250ms")
-	p.start()
-	p.checkStarted()
-	p.wantSources("ebpf", "ebpf")
-
+// terminateClassic sends SIGTERM to the app and draind together, with a
+// 4 s request in flight and the probes polled, and checks the drain
+// (report).
+func (p *istioPod) terminateClassic(t *testing.T) {
+	t.Helper()
 	slow := p.slowRequest(4000)
 	time.Sleep(300 * time.Millisecond) // in flight
 	stop := make(chan struct{})
@@ -405,6 +369,19 @@ func TestIstioPilotAgentClassic(t *testing.T) {
 	close(stop)
 	probes, ready, istioReady := appProbes(), readiness(), istioReadiness()
 	p.report(t, a, code, took, probes, ready, istioReady)
+}
+
+// Acceptance 1: the classic sidecar. SIGTERM reaches the app and draind
+// together; a 4 s request is in flight and the app makes 12 calls out
+// during its 3 s shutdown.
+func TestIstioPilotAgentClassic(t *testing.T) {
+	p := newIstioPod(t, nil)
+	p.startApp("--on-term", "graceful", "--linger", "1s", "--outbound-count", "12", "--outbound-pause", "250ms")
+	p.start()
+	p.checkStarted()
+	p.wantSources("ebpf", "ebpf")
+
+	p.terminateClassic(t)
 }
 
 // TestIstioPilotAgentClassicSocketsOnly (issue 41, acceptance 5): the same
@@ -420,18 +397,7 @@ func TestIstioPilotAgentClassicSocketsOnly(t *testing.T) {
 	p.checkStarted()
 	p.wantSources("sockdiag", "sockets")
 
-	slow := p.slowRequest(4000)
-	time.Sleep(300 * time.Millisecond) // in flight
-	stop := make(chan struct{})
-	appProbes := p.poll(istioStatusPort, appProbePath, stop)
-	readiness := p.poll(draindStatusPort, "/healthz/ready", stop)
-	istioReadiness := p.poll(istioStatusPort, "/healthz/ready", stop)
-	p.terminate()
-	a := <-slow
-	code, took := p.waitExit(30 * time.Second)
-	close(stop)
-	probes, ready, istioReady := appProbes(), readiness(), istioReadiness()
-	p.report(t, a, code, took, probes, ready, istioReady)
+	p.terminateClassic(t)
 	_, _, _, appExit := p.appCalls()
 	quit := p.phaseTime("stopping")
 	held := p.drainedAt.Add(drain.SocketsOnlyHold)

@@ -124,35 +124,51 @@ func TestRotationIdleProbed(t *testing.T) {
 			p := newPod(t, withCNI(shape))
 			p.startApp("--probe-listen", "0.0.0.0:8081")
 			p.startDraind([]string{"--probe-ports", "8081"})
-			stop := probeLoop(p, 100*time.Millisecond, "http://"+podIP+":15020/healthz/ready", "http://"+podIP+":8081/")
-			time.Sleep(time.Second) // the rate before the trigger: probes only
-			p.drainedAt = time.Now()
-			done := make(chan string, 1)
-			go func() {
-				_, outcome, _ := callRotationWait(t, p)
-				p.app.Signal(syscall.SIGTERM)
-				done <- outcome
-			}()
-			p.draind.Signal(syscall.SIGTERM)
-			outcome := <-done
-			probes := stop()
-			if code, _ := p.waitExit(30 * time.Second); code != 0 {
-				t.Fatalf("draind exited %d; log:\n%s", code, p.draindLog.String())
-			}
-			if outcome != "out-of-rotation" {
-				t.Fatalf("the app's preStop call said %q", outcome)
-			}
-			lines := p.logLines(logevent.OutOfRotation)
-			if len(lines) != 1 {
-				t.Fatalf("out_of_rotation lines %v; log:\n%s", lines, p.draindLog.String())
-			}
-			out := lines[0]
-			if out["why"] != "quiet" || out["connections"].(float64) != 0 || out["probes_left_out"].(float64) == 0 {
-				t.Errorf("want quiet after 0 connections with the probes left out: %v", out)
-			}
-			t.Logf("%d probes sent; out of rotation %v (%v, window %v, %v probes left out)", probes, out["took"], out["why"], out["window"], out["probes_left_out"])
+			base := "http://" + podIP + ":"
+			drainIdleProbed(t, p, base+"15020"+agent.RotationWaitPath, base+"15020/healthz/ready", base+"8081/")
 		})
 	}
+}
+
+// drainIdleProbed deletes an idle pod as the kubelet does for a classic
+// sidecar whose app's preStop calls waitURL (the out-of-rotation wait),
+// the kubelet's probes of probeURLs every 100 ms from the node meanwhile.
+// The wait must end on quiet, with no connection counted and the probes
+// left out.
+func drainIdleProbed(t *testing.T, p *pod, waitURL string, probeURLs ...string) {
+	t.Helper()
+	stop := probeLoop(p, 100*time.Millisecond, probeURLs...)
+	time.Sleep(time.Second) // the rate before the trigger: probes only
+	p.drainedAt = time.Now()
+	done := make(chan string, 1)
+	go func() {
+		hc := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer(), DisableKeepAlives: true}, Timeout: 30 * time.Second}
+		outcome := ""
+		if resp, err := hc.Get(waitURL); err == nil {
+			outcome = resp.Header.Get("Draind-Outcome")
+			resp.Body.Close()
+		}
+		p.app.Signal(syscall.SIGTERM) // the kubelet, once the hook returned
+		done <- outcome
+	}()
+	p.draind.Signal(syscall.SIGTERM)
+	outcome := <-done
+	probes := stop()
+	if code, _ := p.waitExit(30 * time.Second); code != 0 {
+		t.Fatalf("draind exited %d; log:\n%s", code, p.draindLog.String())
+	}
+	if outcome != "out-of-rotation" {
+		t.Fatalf("the app's preStop call said %q", outcome)
+	}
+	lines := p.logLines(logevent.OutOfRotation)
+	if len(lines) != 1 {
+		t.Fatalf("out_of_rotation lines %v; log:\n%s", lines, p.draindLog.String())
+	}
+	out := lines[0]
+	if out["why"] != "quiet" || out["connections"].(float64) != 0 || out["probes_left_out"].(float64) == 0 {
+		t.Errorf("want quiet after 0 connections with the probes left out: %v", out)
+	}
+	t.Logf("%d probes sent; out of rotation %v (%v, window %v, %v probes left out)", probes, out["took"], out["why"], out["window"], out["probes_left_out"])
 }
 
 // probeLoop GETs each url every period from the remote (the kubelet's

@@ -44,31 +44,9 @@ func TestClusterRotationNodeClients(t *testing.T) {
 	t.Parallel()
 	ns := testNamespace(t, "peers")
 	kubectl(t, envoySidecarConfigMap(t), "-n", ns, "apply", "-f", "-")
-	kubectl(t, []byte(`apiVersion: v1
-kind: Service
-metadata: {name: web}
-spec:
-  selector: {app: web}
-  ports: [{name: http, port: 80, targetPort: 15006}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: web-np}
-spec:
-  type: NodePort
-  externalTrafficPolicy: Cluster
-  selector: {app: web}
-  ports: [{name: http, port: 80, targetPort: 15006}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: web-np-local}
-spec:
-  type: NodePort
-  externalTrafficPolicy: Local
-  selector: {app: web}
-  ports: [{name: http, port: 80, targetPort: 15006}]
-`), "-n", ns, "apply", "-f", "-")
+	kubectl(t, webService("web"), "-n", ns, "apply", "-f", "-")
+	kubectl(t, nodePortService("web-np", "Cluster", 15006), "-n", ns, "apply", "-f", "-")
+	kubectl(t, nodePortService("web-np-local", "Local", 15006), "-n", ns, "apply", "-f", "-")
 	kubectl(t, localImages(readRepo(t, "deploy/classic-sidecar.yaml")), "-n", ns, "apply", "-f", "-")
 	waitPodsReady(t, ns, "app=web", 2*time.Minute)
 	kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=120s")
@@ -123,6 +101,21 @@ spec:
 	if out["why"] == "ceiling" {
 		t.Errorf("out of rotation at the ceiling: %v", out)
 	}
+}
+
+// nodePortService is a NodePort Service for the pods app=web under
+// externalTrafficPolicy policy (Cluster: the node masquerades; Local:
+// the client's address kept), port 80 to targetPort.
+func nodePortService(name, policy string, targetPort int) []byte {
+	return fmt.Appendf(nil, `apiVersion: v1
+kind: Service
+metadata: {name: %s}
+spec:
+  type: NodePort
+  externalTrafficPolicy: %s
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: %d}]
+`, name, policy, targetPort)
 }
 
 // pathClients opens a new connection every period to url and sends one

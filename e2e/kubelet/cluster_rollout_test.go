@@ -294,17 +294,9 @@ kind: Service
 metadata: {name: web}
 spec:
   selector: {app: web}
-  ports: [{name: http, port: 80, targetPort: %[1]d}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: web-np}
-spec:
-  type: NodePort
-  externalTrafficPolicy: Cluster
-  selector: {app: web}
-  ports: [{name: http, port: 80, targetPort: %[1]d}]
+  ports: [{name: http, port: 80, targetPort: %d}]
 `, st.targetPort), "-n", ns, "apply", "-f", "-")
+	kubectl(t, nodePortService("web-np", "Cluster", st.targetPort), "-n", ns, "apply", "-f", "-")
 	waitPodsReady(t, ns, "app=up", 3*time.Minute)
 	waitPodsReady(t, ns, "app=web", 3*time.Minute)
 	kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=180s")
