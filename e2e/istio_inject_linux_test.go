@@ -2,17 +2,20 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/testenv/mesh"
 )
 
@@ -316,4 +319,115 @@ func checkInjected(t *testing.T, name string, d k8sObj, want injectedWant) {
 	if i := slices.Index(iargs, "-d"); i < 0 || i+1 >= len(iargs) || !slices.Contains(strings.Split(iargs[i+1], ","), draindStatusPort) {
 		t.Errorf("%s: istio-init %q does not exclude %s from inbound capture", name, iargs, draindStatusPort)
 	}
+}
+
+// TestIstioAppHooks (issue 42): istioctl kube-inject with the draind
+// templates writes each app container's preStop, the out-of-rotation wait
+// on draind's port, where it has none; keeps one it has; touches no init
+// container, and nothing under the pod's opt-out; and gives a Job's
+// classic sidecar --exit-with-app from its restart policy (none to a
+// native one, nor a hook to a Job's app).
+func TestIstioAppHooks(t *testing.T) {
+	ctl := istioctl(t)
+	root, _ := filepath.Abs("..")
+	dir := t.TempDir()
+	inputs := injectorInputs(t, ctl, dir, filepath.Join(root, "deploy/istio/injection-template.yaml"))
+	manifest := filepath.Join(root, "e2e/testdata/istio/app-hooks.yaml")
+	out := kubeInject(t, ctl, manifest, inputs)
+	objs := decodeAll(t, out)
+	wait := map[string]any{"httpGet": map[string]any{"path": agent.RotationWaitPath, "port": draindStatusPort}}
+	// preStop is the container's preStop as the kubelet will reach it:
+	// Istio rewrites an httpGet hook to pilot-agent's port, which relays
+	// it to the original target (ISTIO_KUBE_APP_PROBERS, no timeout of
+	// its own), as it does the app's probes.
+	preStop := func(name, container string) any {
+		t.Helper()
+		d, ok := objs[name]
+		if !ok {
+			t.Fatalf("no %s in the injected output", name)
+		}
+		c, _ := d.container(container)
+		if c == nil {
+			t.Fatalf("%s: no container %s", name, container)
+		}
+		h := k8sObj(map[string]any{"h": c.get("lifecycle", "preStop")})
+		if h.str("h", "httpGet", "port") != istioStatusPort {
+			return h["h"]
+		}
+		proxy, _ := d.container("istio-proxy")
+		envList, _ := proxy.get("env").([]any)
+		for _, e := range envList {
+			if m := k8sObj(e.(map[string]any)); m.str("name") == "ISTIO_KUBE_APP_PROBERS" {
+				var probers map[string]any
+				if err := json.Unmarshal([]byte(m.str("value")), &probers); err != nil {
+					t.Fatalf("%s: ISTIO_KUBE_APP_PROBERS: %v", name, err)
+				}
+				relayed, _ := probers[h.str("h", "httpGet", "path")].(map[string]any)
+				return map[string]any{"httpGet": map[string]any{"path": k8sObj(relayed).str("httpGet", "path"), "port": k8sObj(relayed).str("httpGet", "port")}}
+			}
+		}
+		t.Fatalf("%s: %s's preStop is rewritten to pilot-agent's port, and no ISTIO_KUBE_APP_PROBERS says where to", name, container)
+		return nil
+	}
+	for _, tc := range []struct {
+		name, container string
+		want            any
+	}{
+		{"web-hooked", "app", wait},
+		{"web-hooked", "cache", map[string]any{"exec": map[string]any{"command": []any{"/bin/sleep", "3"}}}},
+		{"web-hooked", "migrate", nil},
+		{"web-hooked", "istio-proxy", nil},
+		{"web-optout", "app", nil},
+		{"report-never", "report", nil},
+	} {
+		if got := preStop(tc.name, tc.container); !reflect.DeepEqual(normalize(got), normalize(tc.want)) {
+			t.Errorf("%s: %s's preStop %v, want %v", tc.name, tc.container, got, tc.want)
+		}
+	}
+	if postStart := objs["web-hooked"].get("spec", "template", "spec", "containers"); !strings.Contains(fmt.Sprint(postStart), "postStart") {
+		t.Errorf("web-hooked: the app's postStart went with the merge: %v", postStart)
+	}
+	for name, want := range map[string]string{"report-never": "any", "report-onfailure": "success", "report-native": "", "web-hooked": ""} {
+		c, _ := objs[name].container("istio-proxy")
+		got := ""
+		envList, _ := c.get("env").([]any)
+		for _, e := range envList {
+			if m := k8sObj(e.(map[string]any)); m.str("name") == "DRAIND_EXIT_WITH_APP" {
+				got = m.str("value")
+			}
+		}
+		if got != want {
+			t.Errorf("%s: DRAIND_EXIT_WITH_APP %q, want %q", name, got, want)
+		}
+	}
+	golden := filepath.Join(root, "e2e/testdata/istio/app-hooks-injected.yaml")
+	if *updateIstio {
+		if err := os.WriteFile(golden, out, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, err := os.ReadFile(golden); err != nil || !bytes.Equal(b, out) {
+		t.Errorf("%s differs from istioctl kube-inject's output (%v): go test ./e2e -run TestIstioAppHooks -update-istio", golden, err)
+	}
+}
+
+// normalize is v with its numbers as strings, for comparing decoded YAML.
+func normalize(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		m := map[string]any{}
+		for k, e := range x {
+			m[k] = normalize(e)
+		}
+		return m
+	case []any:
+		l := make([]any, len(x))
+		for i, e := range x {
+			l[i] = normalize(e)
+		}
+		return l
+	case nil:
+		return nil
+	}
+	return fmt.Sprint(v)
 }
