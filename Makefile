@@ -77,9 +77,10 @@ lint: $(GOLANGCI_LINT) ## golangci-lint (.golangci.yml) on the product, the tool
 check-refs: ## every path a comment or doc names is a file of this repository (tools/checkrefs)
 	bash tools/checkrefs/checkrefs.sh
 
-peers: ## build the test peers the tests use (Istio's pilot-agent and istioctl; cached)
+peers: ## build the test peers the tests use (Istio's pilot-agent and istioctl, Helm; cached)
 	bash tools/peers/pilot-agent.sh
 	bash tools/peers/istioctl.sh
+	bash tools/peers/helm.sh
 
 bench: ## run the benchmarks (see docs/benchmarks.md)
 	bash tools/bench/bench.sh

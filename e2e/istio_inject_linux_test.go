@@ -431,3 +431,144 @@ func normalize(v any) any {
 	}
 	return fmt.Sprint(v)
 }
+
+// helmVersion is tools/peers/helm.sh's HELM_VERSION: keep them in step.
+const helmVersion = "v3.19.5"
+
+// helmBin finds the helm binary: $DRAIND_HELM, else tools/peers/helm.sh's
+// cache path next to pilot-agent's.
+func helmBin(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("DRAIND_HELM"); p != "" {
+		return p
+	}
+	p := filepath.Join(filepath.Dir(mesh.CachedPilotAgent()), "helm-"+helmVersion)
+	if _, err := os.Stat(p); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("helm %s not built (%s): bash tools/peers/helm.sh", helmVersion, p)
+		}
+		t.Skipf("helm %s not built (looked for %s, or set DRAIND_HELM): build it with `bash tools/peers/helm.sh`", helmVersion, p)
+	}
+	return p
+}
+
+// TestIstioHelmValues (issue 42): deploy/istio/injection-template.yaml's
+// values, given to Istio's own istiod chart (at pilot-agent's Istio
+// version) through Helm as `helm install istiod` would, make the injector
+// configuration istioctl makes from the same file, in all draind relies
+// on: its templates, the default templates, and the proxy's image and
+// excluded inbound ports.
+func TestIstioHelmValues(t *testing.T) {
+	ctl, helm := istioctl(t), helmBin(t)
+	root, _ := filepath.Abs("..")
+	operator := filepath.Join(root, "deploy/istio/injection-template.yaml")
+	dir := t.TempDir()
+	injectorInputs(t, ctl, dir, operator)
+	viaIstioctl := readInjector(t, filepath.Join(dir, "inject-config.yaml"), filepath.Join(dir, "inject-values.json"))
+
+	// The chart, from the module pilot-agent is built from.
+	cmd := exec.Command("go", "mod", "download", "-json", "istio.io/istio@"+mesh.IstioVersion)
+	cmd.Env = append(os.Environ(), "GOFLAGS=")
+	b, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go mod download istio.io/istio@%s: %v", mesh.IstioVersion, err)
+	}
+	var mod struct{ Dir string }
+	if err := json.Unmarshal(b, &mod); err != nil || mod.Dir == "" {
+		t.Fatalf("go mod download: %v %s", err, b)
+	}
+	chart := filepath.Join(mod.Dir, "manifests/charts/istio-control/istio-discovery")
+
+	// The IstioOperator's values are the chart's values.
+	src, err := os.ReadFile(operator)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var op struct {
+		Spec struct {
+			Values map[string]any `yaml:"values"`
+		} `yaml:"spec"`
+	}
+	if err := yaml.Unmarshal(src, &op); err != nil {
+		t.Fatal(err)
+	}
+	vb, _ := yaml.Marshal(op.Spec.Values)
+	values := filepath.Join(dir, "helm-values.yaml")
+	if err := os.WriteFile(values, vb, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(helm, "template", "istiod", chart, "-n", "istio-system", "-f", values).CombinedOutput()
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	var viaHelm injector
+	for _, doc := range bytes.Split(out, []byte("\n---")) {
+		var cm struct {
+			Kind     string
+			Metadata struct{ Name string }
+			Data     map[string]string
+		}
+		if yaml.Unmarshal(doc, &cm) == nil && cm.Kind == "ConfigMap" && cm.Metadata.Name == "istio-sidecar-injector" {
+			cfg, vals := filepath.Join(dir, "helm-config.yaml"), filepath.Join(dir, "helm-values.json")
+			os.WriteFile(cfg, []byte(cm.Data["config"]), 0o644)
+			os.WriteFile(vals, []byte(cm.Data["values"]), 0o644)
+			viaHelm = readInjector(t, cfg, vals)
+		}
+	}
+	if viaHelm.Templates == nil {
+		t.Fatalf("helm template made no istio-sidecar-injector ConfigMap:\n%s", out)
+	}
+	for _, name := range []string{"draind", "draind-ebpf", "draind-app-prestop"} {
+		if viaHelm.Templates[name] == "" || viaHelm.Templates[name] != viaIstioctl.Templates[name] {
+			t.Errorf("template %s: Helm's\n%s\nistioctl's\n%s", name, viaHelm.Templates[name], viaIstioctl.Templates[name])
+		}
+	}
+	if !slices.Equal(viaHelm.DefaultTemplates, viaIstioctl.DefaultTemplates) || viaHelm.ProxyImage != viaIstioctl.ProxyImage ||
+		viaHelm.ExcludeInbound != viaIstioctl.ExcludeInbound || viaHelm.ProxyImage == "" {
+		t.Errorf("Helm's injector %+v, istioctl's %+v", viaHelm.summary(), viaIstioctl.summary())
+	}
+	t.Logf("Helm and istioctl agree: %+v", viaHelm.summary())
+}
+
+// injector is what draind relies on in the istio-sidecar-injector
+// ConfigMap: its config's templates and default templates, its values'
+// proxy image and excluded inbound ports.
+type injector struct {
+	Templates        map[string]string `yaml:"templates"`
+	DefaultTemplates []string          `yaml:"defaultTemplates"`
+	ProxyImage       string
+	ExcludeInbound   string
+}
+
+func (i injector) summary() string {
+	return fmt.Sprintf("defaultTemplates %v, templates %d, proxy image %s, excludeInboundPorts %q", i.DefaultTemplates, len(i.Templates), i.ProxyImage, i.ExcludeInbound)
+}
+
+func readInjector(t *testing.T, config, values string) injector {
+	t.Helper()
+	var inj injector
+	b, err := os.ReadFile(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &inj); err != nil {
+		t.Fatalf("%s: %v", config, err)
+	}
+	b, err = os.ReadFile(values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Global struct {
+			Proxy struct {
+				Image               string `json:"image"`
+				ExcludeInboundPorts string `json:"excludeInboundPorts"`
+			} `json:"proxy"`
+		} `json:"global"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("%s: %v", values, err)
+	}
+	inj.ProxyImage, inj.ExcludeInbound = v.Global.Proxy.Image, v.Global.Proxy.ExcludeInboundPorts
+	return inj
+}

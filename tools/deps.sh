@@ -51,3 +51,4 @@ fi
 [[ ${1:-} == packages || ${1:-} == node || ${1:-} == bench ]] && exit 0
 bash tools/peers/pilot-agent.sh >/dev/null
 bash tools/peers/istioctl.sh >/dev/null
+bash tools/peers/helm.sh >/dev/null

@@ -1,12 +1,15 @@
 package kubelet_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,8 +17,11 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
+	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/testenv/testutil"
@@ -61,6 +67,7 @@ func TestClusterRotationNodeClients(t *testing.T) {
 		{name: "nodeport", url: "http://" + net.JoinHostPort(c.NodeIP, nodePort("web-np")) + "/", dial: outside.Dialer(), period: 100 * time.Millisecond},
 		{name: "nodeport-local", url: "http://" + net.JoinHostPort(c.NodeIP, nodePort("web-np-local")) + "/", dial: outside.Dialer(), period: 100 * time.Millisecond},
 	}
+	waitServiceRules(t, clusterIP) // nothing sent off this machine before it
 	for _, p := range paths {
 		waitUntil(t, time.Minute, p.name+" reaches the pods", func() bool { return p.once() == nil })
 	}
@@ -286,6 +293,7 @@ func TestClusterRotationUnknownRate(t *testing.T) {
 	kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=120s")
 	clusterIP := strings.TrimSpace(kubectl(t, nil, "-n", ns, "get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"))
 	client := &pathClients{name: "node", url: "http://" + clusterIP + "/", dial: (&net.Dialer{}).DialContext}
+	waitServiceRules(t, clusterIP) // nothing sent off this machine before it
 	waitUntil(t, time.Minute, "the Service reachable from the node", func() bool { return client.once() == nil })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -317,5 +325,157 @@ func TestClusterRotationUnknownRate(t *testing.T) {
 	}
 	if took, _ := time.ParseDuration(fmt.Sprint(out["took"])); took < drain.UnknownQuiet {
 		t.Errorf("out of rotation %s after the deletion, in under the recipe's %s of quiet: %v", took, drain.UnknownQuiet, out)
+	}
+}
+
+// TestClusterIstioAppHooks (issue 42, acceptance 2): on the pods istiod's
+// webhook writes, the default templates give an app container with no
+// preStop draind's out-of-rotation wait (relayed by pilot-agent, as Istio
+// rewrites an httpGet hook), keep a container's own preStop (an exec that
+// sleeps 3 s) exactly, and leave the app's containers as written under the
+// pod's opt-out; istioctl kube-inject writes the same.
+func TestClusterIstioAppHooks(t *testing.T) {
+	requireIstiod(t)
+	t.Parallel()
+	ns := testNamespace(t, "apphooks", "istio-injection=enabled")
+	src := readRepo(t, "e2e/testdata/istio/app-hooks.yaml")
+	for _, doc := range docSep.Split(src, -1) {
+		if !strings.Contains(doc, "kind: Deployment") {
+			continue
+		}
+		// The templates as istiod's defaults give them, not the annotation.
+		doc = strings.Replace(doc, "        inject.istio.io/templates: sidecar,draind,draind-app-prestop\n", "", 1)
+		manifest := localImages(doc)
+		kubectl(t, manifest, "-n", ns, "apply", "-f", "-")
+		var d struct {
+			Metadata struct{ Name string }
+		}
+		if err := yaml.Unmarshal(manifest, &d); err != nil {
+			t.Fatal(err)
+		}
+		var pod corev1.Pod
+		waitUntil(t, 2*time.Minute, d.Metadata.Name+"'s pod created", func() bool {
+			pods := podsOf(t, ns, "app="+d.Metadata.Name)
+			if len(pods) > 0 {
+				pod = pods[0]
+			}
+			return len(pods) > 0
+		})
+		preStop := func(name string) *corev1.LifecycleHandler {
+			if c := containerNamed(&pod.Spec, name); c != nil && c.Lifecycle != nil {
+				return c.Lifecycle.PreStop
+			}
+			return nil
+		}
+		switch d.Metadata.Name {
+		case "web-hooked":
+			if h := preStop("app"); h == nil || h.HTTPGet == nil || h.HTTPGet.Path != "/app-lifecycle/app/prestopz" {
+				t.Errorf("web-hooked: the app's preStop %+v, want draind's wait relayed by pilot-agent", h)
+			}
+			if h := preStop("cache"); h == nil || h.Exec == nil || strings.Join(h.Exec.Command, " ") != "/bin/sleep 3" {
+				t.Errorf("web-hooked: the cache's own preStop %+v, want exec /bin/sleep 3", h)
+			}
+			if c := containerNamed(&pod.Spec, "istio-proxy"); c == nil || !strings.Contains(envValue(c, "ISTIO_KUBE_APP_PROBERS"), agent.RotationWaitPath) {
+				t.Errorf("web-hooked: pilot-agent not told where the app's preStop goes")
+			}
+		case "web-optout":
+			if h := preStop("app"); h != nil {
+				t.Errorf("web-optout: the app's preStop %+v, want none (draind.io/appPreStop: false)", h)
+			}
+		}
+		native := slices.IndexFunc(pod.Spec.InitContainers, func(c corev1.Container) bool { return c.Name == "istio-proxy" }) >= 0
+		compareInjection(t, pod.Spec, kubeInject(t, manifest, clusterDefaultTemplates, native))
+	}
+}
+
+// envValue is a container's variable's value ("": unset).
+func envValue(c *corev1.Container, name string) string {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e.Value
+		}
+	}
+	return ""
+}
+
+// istioJob is a Job injected by istiod's default templates as a classic
+// sidecar, its app unchanged: a task of the test app with args.
+const istioJob = `apiVersion: batch/v1
+kind: Job
+metadata: {name: %[1]s}
+spec:
+  # OnFailure's restarts in the pod count against it.
+  backoffLimit: 2
+  template:
+    metadata:
+      annotations:
+        sidecar.istio.io/nativeSidecar: "false"
+        proxy.istio.io/config: '{"proxyMetadata": {"DRAIND_APP_START_TIMEOUT": %[4]q}}'
+    spec:
+      restartPolicy: %[2]s
+      volumes:
+      - name: scratch
+        emptyDir: {}
+      containers:
+      - name: report
+        image: registry.example.com/report:1.0
+        args: [%[3]s]
+        volumeMounts:
+        - {name: scratch, mountPath: /scratch}
+`
+
+// TestClusterIstioJobs (issue 42, acceptance 3): Jobs injected as classic
+// sidecars by istiod's default templates complete through the job
+// controller, the app's manifest unchanged (no quitquitquit, no postStart
+// gate): a 50 ms task under Never, and one that fails its first run under
+// OnFailure (the kubelet restarts the app in the pod; the proxy stays).
+// The template gave draind --exit-with-app from the restart policy, and
+// draind exits 0.
+func TestClusterIstioJobs(t *testing.T) {
+	requireIstiod(t)
+	t.Parallel()
+	ns := testNamespace(t, "istiojobs", "istio-injection=enabled")
+	// make e2e-cluster-short's bound for an app draind never saw; the
+	// default (2 min) otherwise.
+	startTimeout := cmp.Or(os.Getenv(appStartTimeoutVar), "2m")
+	for _, tc := range []struct {
+		name, policy, args, exitWithApp string
+	}{
+		{"never-50ms", "Never", `--job, --job-delay, 50ms`, "any"},
+		{"onfailure-fails-once", "OnFailure", `--job, --job-delay, 50ms, --fail-once, /scratch/failed`, "success"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			name := "job-" + tc.name
+			kubectl(t, localImages(fmt.Sprintf(istioJob, name, tc.policy, tc.args, startTimeout)), "-n", ns, "apply", "-f", "-")
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			t0 := time.Now()
+			if _, err := theCluster.KubectlCmd(ctx, nil, "-n", ns, "wait", "--for=condition=complete", "job/"+name, "--timeout=210s"); err != nil {
+				desc, _ := theCluster.KubectlCmd(context.Background(), nil, "-n", ns, "describe", "job/"+name)
+				t.Fatalf("%s did not complete: %v\n%s", name, err, desc)
+			}
+			pods := podsOf(t, ns, "job-name="+name)
+			if len(pods) != 1 {
+				t.Fatalf("%d pods for %s, want 1", len(pods), name)
+			}
+			p := pods[0]
+			proxy := containerNamed(&p.Spec, "istio-proxy")
+			if proxy == nil || envValue(proxy, "DRAIND_EXIT_WITH_APP") != tc.exitWithApp {
+				t.Errorf("%s: DRAIND_EXIT_WITH_APP %q, want %q", name, envValue(proxy, "DRAIND_EXIT_WITH_APP"), tc.exitWithApp)
+			}
+			if app := containerNamed(&p.Spec, "report"); app == nil || app.Lifecycle != nil {
+				t.Errorf("%s: the app's container changed: %+v", name, app)
+			}
+			for _, s := range p.Status.ContainerStatuses {
+				if s.Name == "istio-proxy" && (s.State.Terminated == nil || s.State.Terminated.ExitCode != 0) {
+					t.Errorf("%s: draind's container did not exit 0: %+v", name, s.State)
+				}
+				if s.Name == "report" && tc.policy == "OnFailure" && s.RestartCount != 1 {
+					t.Errorf("%s: the app restarted %d times, want 1 (its first run fails)", name, s.RestartCount)
+				}
+			}
+			t.Logf("%s complete in %s", name, fmtDur(time.Since(t0)))
+		})
 	}
 }

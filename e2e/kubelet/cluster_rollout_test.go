@@ -164,15 +164,23 @@ type rolloutStrategy struct {
 
 // appHook is the app's preStop in a rollout: the out-of-rotation wait on
 // draind's status port (15020 in the deploy/ manifests, 15022 beside
-// pilot-agent), or hookSleep5, the recipe every guide gives.
+// pilot-agent), hookSleep5, the recipe every guide gives, or hookNone,
+// the app's manifest untouched (whatever the injector writes).
 type appHook struct {
 	waitPort int32 // 0: hookSleep5
+	none     bool
 }
 
-var hookSleep5 = appHook{}
+var (
+	hookSleep5 = appHook{}
+	hookNone   = appHook{none: true}
+)
 
 func (h appHook) String() string {
-	if h.waitPort == 0 {
+	switch {
+	case h.none:
+		return "untouched"
+	case h.waitPort == 0:
 		return "sleep 5s"
 	}
 	return "wait-oor"
@@ -182,11 +190,15 @@ func (h appHook) String() string {
 const netstatLoop = `while [ $(netstat -plunt | grep tcp | grep -v envoy | wc -l) -ne 0 ]; do sleep 1; done`
 
 var rolloutStrategies = []rolloutStrategy{
-	{name: "draind-classic", manifest: "deploy/classic-sidecar.yaml", proxy: "envoy", draind: true, targetPort: 15006, appHook: appHook{15020}},
+	{name: "draind-classic", manifest: "deploy/classic-sidecar.yaml", proxy: "envoy", draind: true, targetPort: 15006, appHook: appHook{waitPort: 15020}},
 	{name: "draind-classic-fixed5s", manifest: "deploy/classic-sidecar.yaml", proxy: "envoy", draind: true, targetPort: 15006, appHook: hookSleep5, minDrain: "5s"},
-	{name: "draind-native", manifest: "deploy/native-sidecar.yaml", proxy: "envoy", draind: true, targetPort: 15006, appHook: appHook{15020}},
-	{name: "draind-istio", injected: true, proxy: "istio-proxy", draind: true, targetPort: 8080, appHook: appHook{int32(agent.PilotAgentStatusPort)}},
+	{name: "draind-native", manifest: "deploy/native-sidecar.yaml", proxy: "envoy", draind: true, targetPort: 15006, appHook: appHook{waitPort: 15020}},
+	{name: "draind-istio", injected: true, proxy: "istio-proxy", draind: true, targetPort: 8080, appHook: appHook{waitPort: int32(agent.PilotAgentStatusPort)}},
+	// Issue 42: the namespace label alone, the app's manifest untouched:
+	// istiod's default templates write the app's hook (draind-app-prestop).
+	{name: "draind-label", injected: true, proxy: "istio-proxy", draind: true, targetPort: 8080, appHook: hookNone},
 	{name: "pilot-agent", injected: true, templates: "sidecar", proxy: "istio-proxy", targetPort: 8080, appHook: hookSleep5},
+	{name: "stock-untouched", injected: true, templates: "sidecar", proxy: "istio-proxy", targetPort: 8080, appHook: hookNone},
 	{name: "pilot-agent-exit-on-zero", injected: true, templates: "sidecar", proxyCfg: `{"proxyMetadata":{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS":"true"}}`, proxy: "istio-proxy", targetPort: 8080, appHook: hookSleep5},
 	{name: "recipe-netstat", injected: true, templates: "sidecar", proxy: "istio-proxy", targetPort: 8080, appHook: hookSleep5, netstatLoop: true},
 }
@@ -317,12 +329,18 @@ spec:
 }
 
 // waitReachable waits for kube-proxy to program a new Service (at its
-// next sync, up to --iptables-min-sync-period): the load starts once the
-// node reaches it, or its first requests are refused by no rule at all.
+// next sync, up to --iptables-min-sync-period), then for it to answer:
+// the load starts once the node reaches it. Nothing is sent before the
+// rule exists: the node's default route would carry it off this machine,
+// and a pooled connection to whatever answered there (a 404, for a whole
+// minute, at sync 10 s) would never meet the rule. A new connection each
+// try.
 func (r *rolloutNS) waitReachable(t *testing.T, ip string) {
 	t.Helper()
+	waitServiceRules(t, ip)
+	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	for end, last := time.Now().Add(time.Minute), ""; ; time.Sleep(100 * time.Millisecond) {
-		resp, err := (&http.Client{Timeout: time.Second}).Get("http://" + ip + "/")
+		resp, err := hc.Get("http://" + ip + "/")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -337,6 +355,13 @@ func (r *rolloutNS) waitReachable(t *testing.T, ip string) {
 				kubectl(t, nil, "-n", r.ns, "get", "pods", "-o", "wide"), kubectl(t, nil, "-n", r.ns, "get", "endpointslices", "-o", "yaml"))
 		}
 	}
+}
+
+// waitServiceRules waits for kube-proxy's rule for a Service's ClusterIP
+// in the node's nat table.
+func waitServiceRules(t *testing.T, clusterIP string) {
+	t.Helper()
+	waitUntil(t, time.Minute, "kube-proxy's rules for "+clusterIP, func() bool { return strings.Contains(natRules(t), "-d "+clusterIP+"/32 ") })
 }
 
 // event runs one event under load and returns its table lines.
@@ -799,7 +824,9 @@ func rolloutDeployment(t *testing.T, st rolloutStrategy, callURL string) []byte 
 				if st.appHook.waitPort != 0 {
 					pre = &corev1.LifecycleHandler{HTTPGet: &corev1.HTTPGetAction{Path: agent.RotationWaitPath, Port: intstr.FromInt32(st.appHook.waitPort)}}
 				}
-				c.Lifecycle = &corev1.Lifecycle{PreStop: pre}
+				if !st.appHook.none {
+					c.Lifecycle = &corev1.Lifecycle{PreStop: pre}
+				}
 			case st.minDrain != "" && c.Name == "envoy":
 				i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "DRAIND_MIN_DRAIN" })
 				if i < 0 {

@@ -167,8 +167,10 @@ func TestClusterIstioAdoption(t *testing.T) {
 		// default is told to it by the annotation.
 		kubeInjectTemplates string
 	}{
-		{"template", plainWeb, "app=web", "istio-proxy", "sidecar,draind,draind-ebpf"},
-		{"override", readRepo(t, "deploy/istio/sidecar.yaml"), "app=web", "istio-proxy", ""},
+		{"template", plainWeb, "app=web", "istio-proxy", clusterDefaultTemplates},
+		// The override under the default templates: draind's over it,
+		// the app's hook added.
+		{"override", readRepo(t, "deploy/istio/sidecar.yaml"), "app=web", "istio-proxy", clusterDefaultTemplates},
 		// Istio's stock sidecar, one annotation away: pilot-agent alone.
 		{"stock", strings.Replace(plainWeb, "      labels: {app: web}\n", "      labels: {app: web}\n      annotations: {inject.istio.io/templates: sidecar}\n", 1), "app=web", "istio-proxy", "sidecar"},
 	} {
@@ -224,6 +226,10 @@ func TestClusterIstioAdoption(t *testing.T) {
 		})
 	}
 }
+
+// clusterDefaultTemplates are istiod's default templates in the cluster
+// (testdata/cluster/istio-values.yaml), as an annotation gives them.
+const clusterDefaultTemplates = "sidecar,draind,draind-ebpf,draind-app-prestop"
 
 // plainWeb is the Deployment a user applies to an injection-labelled
 // namespace: the test app alone; the webhook adds the sidecar.
@@ -367,8 +373,19 @@ func compareInjection(t *testing.T, webhook, kubeInject corev1.PodSpec) {
 				if sc := c.SecurityContext; sc != nil && sc.Capabilities != nil {
 					caps = fmt.Sprintf("add=%v drop=%v", sc.Capabilities.Add, sc.Capabilities.Drop)
 				}
-				out = append(out, fmt.Sprintf("%s %s image=%s command=%q args=%q env=%v readiness=%s startup=%s caps=%s",
-					kind, c.Name, c.Image, c.Command, c.Args, env, probe(c.ReadinessProbe), probe(c.StartupProbe), caps))
+				preStop := "-"
+				if l := c.Lifecycle; l != nil && l.PreStop != nil {
+					switch h := l.PreStop; {
+					case h.HTTPGet != nil:
+						preStop = fmt.Sprintf("%s:%s", h.HTTPGet.Path, h.HTTPGet.Port.String())
+					case h.Exec != nil:
+						preStop = fmt.Sprintf("exec %q", h.Exec.Command)
+					case h.Sleep != nil:
+						preStop = fmt.Sprintf("sleep %d", h.Sleep.Seconds)
+					}
+				}
+				out = append(out, fmt.Sprintf("%s %s image=%s command=%q args=%q env=%v readiness=%s startup=%s caps=%s preStop=%s",
+					kind, c.Name, c.Image, c.Command, c.Args, env, probe(c.ReadinessProbe), probe(c.StartupProbe), caps, preStop))
 			}
 		}
 		add("init", spec.InitContainers)
