@@ -3,8 +3,10 @@ package e2e
 import (
 	"bufio"
 	"cmp"
+	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -44,6 +46,11 @@ func startClients(p *pod, period time.Duration) *clients {
 
 // startClientsTo is startClients to url.
 func startClientsTo(p *pod, period time.Duration, url string) *clients {
+	return startClientsDial(p, period, url, p.remote.Dialer())
+}
+
+// startClientsDial is startClientsTo, each connection made by dial.
+func startClientsDial(p *pod, period time.Duration, url string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *clients {
 	c := &clients{stop: make(chan struct{})}
 	c.wg.Go(func() {
 		tk := time.NewTicker(period)
@@ -58,7 +65,7 @@ func startClientsTo(p *pod, period time.Duration, url string) *clients {
 			c.last = time.Now()
 			c.mu.Unlock()
 			c.wg.Go(func() {
-				hc := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer(), DisableKeepAlives: true}, Timeout: 5 * time.Second}
+				hc := &http.Client{Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}, Timeout: 5 * time.Second}
 				resp, err := hc.Get(url)
 				if err == nil {
 					io.Copy(io.Discard, resp.Body)

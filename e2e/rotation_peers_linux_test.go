@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/logevent"
+	"github.com/draind/draind/internal/testenv/nsrun"
 )
 
 // Issue 41 in the pod harness: the out-of-rotation rule tells the
@@ -93,24 +95,72 @@ func withCNI(s cniShape) podOption {
 
 // TestRotationNodeClients (issue 41, acceptance 3): clients the node
 // forwards (from the gateway on a bridge, from the node's address on a
-// routed CNI) open a new connection every 100 ms until 3 s after the
-// deletion; the app's preStop waits for the pod to leave rotation. The
-// rule counts them as the node's, and no connection fails.
+// routed CNI), and an outside client whose address the node keeps
+// (externalTrafficPolicy Local), each open a new connection every 100 ms
+// until 3 s after the deletion; the app's preStop waits for the pod to
+// leave rotation. The rule counts them as the node's and as other, and no
+// connection fails.
 func TestRotationNodeClients(t *testing.T) {
 	for _, shape := range cniShapes {
 		t.Run(string(shape), func(t *testing.T) {
 			p := newPod(t, withCNI(shape))
 			p.startApp()
 			p.startDraind(nil)
+			outside := outsideClient(t, p)
+			url := "http://" + podIP + ":15006/"
+			kept := startClientsDial(p, 100*time.Millisecond, url, outside)
+			// Stopped with the node's clients: appPreStopRotation deletes
+			// the pod 2 s in and stops them 3 s after.
+			keptDone := make(chan struct{})
+			time.AfterFunc(5*time.Second, func() { kept.halt(); close(keptDone) })
 			appPreStopRotation(t, p, startClients(p, 100*time.Millisecond), 3*time.Second, false)
+			<-keptDone
+			if n := kept.failed.Load(); n != 0 || kept.ok.Load() == 0 {
+				t.Errorf("the outside client: %d failed (first: %v), %d ok", n, kept.firstErr, kept.ok.Load())
+			}
 			out := p.logLines(logevent.OutOfRotation)[0]
 			if n, _ := out["from_node"].(float64); n == 0 || out["from_pods"].(float64) != 0 {
 				t.Errorf("the node's clients not counted as the node's: %v", out)
+			}
+			if n, _ := out["from_other"].(float64); n == 0 {
+				t.Errorf("the outside client not counted as other: %v", out)
 			}
 			if took, _ := time.ParseDuration(out["took"].(string)); took < 3*time.Second {
 				t.Errorf("out of rotation %s after the deletion, while the node's clients still sent: %v", took, out)
 			}
 		})
+	}
+}
+
+// outsideAddr is an outside client's address, as the node keeps it under
+// externalTrafficPolicy Local: the remote namespace holds it too, and the
+// pod reaches it through its default route on either shape.
+const outsideAddr = "198.51.100.7"
+
+// outsideClient gives the remote namespace outsideAddr and returns a dialer
+// whose connections come from it.
+func outsideClient(t *testing.T, p *pod) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	t.Helper()
+	h, err := netlink.NewHandleAt(p.remote.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName("veth-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := netlink.ParseAddr(outsideAddr + "/32")
+	if err := h.AddrAdd(l, a); err != nil {
+		t.Fatalf("outside address: %v", err)
+	}
+	return func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+		err = nsrun.Do(p.remote.Handle, func() error {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(outsideAddr)}}
+			c, err = d.DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
 	}
 }
 

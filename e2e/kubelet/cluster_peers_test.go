@@ -3,6 +3,7 @@ package kubelet_test
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -71,6 +72,7 @@ func TestClusterRotationNodeClients(t *testing.T) {
 	for _, p := range paths {
 		waitUntil(t, time.Minute, p.name+" reaches the pods", func() bool { return p.once() == nil })
 	}
+	bin := nodeDraind(t) // the node view, read while the drain holds
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	pod := podsOf(t, ns, "app=web")[0]
@@ -79,8 +81,29 @@ func TestClusterRotationNodeClients(t *testing.T) {
 		p.start(p.period)
 	}
 	time.Sleep(3 * time.Second) // the rate before the deletion
+	// A request in flight through the pod's own Envoy holds its gate past
+	// the wait for rotation: meanwhile `draind pods -o json` shows what the
+	// rule counted.
+	slow := getInFlight("http://"+net.JoinHostPort(pod.Status.PodIP, "15006")+"/slow?ms=8000", 20*time.Second)
+	time.Sleep(300 * time.Millisecond)
 	if err := kube.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
+	}
+	var seen *agent.PodRotation
+	waitUntil(t, 15*time.Second, "draind pods -o json showing the deleted pod's rotation", func() bool {
+		out, _, code := draindRun(t, bin, 10*time.Second, "pods", "-o", "json", "--timeout", "1s")
+		var v nvView
+		if code != 0 || json.Unmarshal([]byte(out), &v) != nil {
+			return false
+		}
+		if r := v.pod(ns, pod.Name); r != nil && r.State != nil && r.State.Rotation != nil {
+			seen = r.State.Rotation
+		}
+		return seen != nil
+	})
+	t.Logf("draind pods -o json: rotation %+v", *seen)
+	if a := <-slow; a.err != nil {
+		t.Errorf("the request in flight: %v", a.err)
 	}
 	select {
 	case <-logsDone:
@@ -104,6 +127,9 @@ func TestClusterRotationNodeClients(t *testing.T) {
 	n := func(k string) float64 { v, _ := out[k].(float64); return v }
 	if n("connections") == 0 || n("from_pods") != 0 || n("from_node")+n("from_other") != n("connections") {
 		t.Errorf("want the connections counted, each from the node or the outside (no client here is a pod): %v", out)
+	}
+	if seen.Connections != int64(n("connections")) || seen.FromNode != int64(n("from_node")) || seen.FromOther != int64(n("from_other")) {
+		t.Errorf("draind pods -o json's rotation %+v differs from the log line's %v", *seen, out)
 	}
 	if out["why"] == "ceiling" {
 		t.Errorf("out of rotation at the ceiling: %v", out)
