@@ -60,7 +60,6 @@ type arrivalsConfig struct {
 // newArrivals counts for the out-of-rotation rule.
 func newArrivals(tr *flows.Tracker, fv *flowView, client *envoy.Client, cfg arrivalsConfig, log *zap.Logger) *arrivals {
 	a := &arrivals{tr: tr, fv: fv, client: client, outbound: cfg.outbound, log: log, poll: flows.DefaultPollPeriod}
-	nodeIP, probePorts := cfg.nodeIP, cfg.probePorts
 	r4, _ := os.Open("/proc/net/route")
 	r6, _ := os.Open("/proc/net/ipv6_route")
 	a.filter.peers.node = defaultGateways(r4, r6)
@@ -70,11 +69,11 @@ func newArrivals(tr *flows.Tracker, fv *flowView, client *envoy.Client, cfg arri
 	if r6 != nil {
 		r6.Close()
 	}
-	if nodeIP.IsValid() {
-		a.filter.peers.node = append(a.filter.peers.node, nodeIP.Unmap())
+	if cfg.nodeIP.IsValid() {
+		a.filter.peers.node = append(a.filter.peers.node, cfg.nodeIP.Unmap())
 	}
 	a.filter.peers.podNets = podNets(interfacePrefixes())
-	a.filter.probePorts = probePorts
+	a.filter.probePorts = cfg.probePorts
 	a.filter.traffic = func(f *flows.Flow) bool { return fv.downstream(f) || fv.appFlow(f) }
 	return a
 }
