@@ -292,6 +292,14 @@ type istioResolved struct {
 // pilotAgent says the proxy command is pilot-agent (after resolveIstio).
 func (c *Config) pilotAgent() bool { return c.ProxyKind == ProxyPilotAgent }
 
+// lookupEnv reads a variable through LookupEnv (os.LookupEnv when nil).
+func (c *Config) lookupEnv(key string) (string, bool) {
+	if c.LookupEnv != nil {
+		return c.LookupEnv(key)
+	}
+	return os.LookupEnv(key)
+}
+
 // resolveIstio applies Istio's settings (README.md, "Istio"): it tells
 // the proxy kind, takes the drain deadline from ProxyConfig
 // terminationDrainDuration when no draind setting gave one and it is
@@ -301,10 +309,7 @@ func (c *Config) pilotAgent() bool { return c.ProxyKind == ProxyPilotAgent }
 // puts draind's status server where no Istio port is. Errors are
 // configuration errors.
 func (c *Config) resolveIstio() (istioResolved, error) {
-	lookup := c.LookupEnv
-	if lookup == nil {
-		lookup = os.LookupEnv
-	}
+	lookup := c.lookupEnv
 	path := c.IstioAnnotations
 	if path == "" {
 		path = IstioPodAnnotations

@@ -302,11 +302,7 @@ const NodeIPEnv = "HOST_IP"
 
 // nodeIP is NodeIPEnv's address (zero: unset or not an address).
 func (a *agent) nodeIP() netip.Addr {
-	lookup := a.cfg.LookupEnv
-	if lookup == nil {
-		lookup = os.LookupEnv
-	}
-	v, _ := lookup(NodeIPEnv)
+	v, _ := a.cfg.lookupEnv(NodeIPEnv)
 	ip, _ := netip.ParseAddr(strings.TrimSpace(v))
 	return ip
 }
