@@ -339,6 +339,13 @@ func (r *rig) waitFor(what string, cond func() bool) {
 	timeout := time.NewTimer(time.Hour)
 	defer timeout.Stop()
 	for !cond() {
+		// The machine logs a phase before it publishes the State that
+		// follows: let it finish what it can at this instant, then look
+		// again, so a wake on the log never misses the publish after it.
+		synctest.Wait()
+		if cond() {
+			return
+		}
 		select {
 		case <-r.logged:
 		case <-timeout.C:
