@@ -74,6 +74,9 @@ func (f *fakeFlows) set(fn func(*FlowView)) {
 	case f.changed <- struct{}{}:
 	default:
 	}
+	// The machine takes in each fact before the test's next step: a fact
+	// set just before another (the app's exit) is otherwise read after it.
+	synctest.Wait()
 }
 
 type fakeApps struct {
@@ -128,6 +131,7 @@ func (a *fakeApps) set(n int) {
 	case a.changed <- struct{}{}:
 	default:
 	}
+	synctest.Wait() // as fakeFlows.set
 }
 
 type fakeProxy struct {
