@@ -2,10 +2,11 @@ package agent
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/draind/draind/internal/rootfs"
 )
 
 // Istio's settings as pilot-agent reads them today (istio/istio 1.31:
@@ -84,6 +87,28 @@ type IstioSettings struct {
 // missing file is no error: not every pod mounts it). Errors name the
 // variable or the file and are configuration errors.
 func ReadIstio(lookup func(string) (string, bool), path string) (IstioSettings, error) {
+	return readIstio(lookup, path, func() ([]byte, error) { return ReadAnnotationsFile(context.Background(), "", path) })
+}
+
+// IstioAnnotationsLimit bounds the annotations file: Kubernetes keeps a
+// pod's annotations under 256 KiB, and the file quotes them.
+const IstioAnnotationsLimit = 512 << 10
+
+// ReadAnnotationsFile reads an annotations file as [ReadIstio] does:
+// path inside root ("" : this process's own files, path relative to its
+// working directory), a regular file of at most [IstioAnnotationsLimit],
+// within ctx; nil and no error when there is none.
+func ReadAnnotationsFile(ctx context.Context, root, path string) ([]byte, error) {
+	b, err := rootfs.ReadFile(ctx, root, path, IstioAnnotationsLimit)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	return b, err
+}
+
+// readIstio is ReadIstio with the annotations file (named name) read by
+// readAnnotations.
+func readIstio(lookup func(string) (string, bool), name string, readAnnotations func() ([]byte, error)) (IstioSettings, error) {
 	s := IstioSettings{StatusPort: IstioStatusPort, AdminPort: IstioAdminPort}
 	if v, ok := lookup(ProxyConfigEnv); ok && strings.TrimSpace(v) != "" {
 		s.ProxyConfig = true
@@ -91,20 +116,24 @@ func ReadIstio(lookup func(string) (string, bool), path string) (IstioSettings, 
 			return s, configErr("%s: %v", ProxyConfigEnv, err)
 		}
 	}
-	annos, err := readDownwardAnnotations(path)
+	b, err := readAnnotations()
 	if err != nil {
-		return s, configErr("%s: %v", path, err)
+		return s, configErr("%s: %v", name, err)
+	}
+	annos, err := parseDownwardAnnotations(b)
+	if err != nil {
+		return s, configErr("%s: %v", name, err)
 	}
 	if v, ok := annos[annotationProxyConfig]; ok {
 		from := "annotation " + annotationProxyConfig
 		if err := s.apply(v, from); err != nil {
-			return s, configErr("%s, %s: %v", path, from, err)
+			return s, configErr("%s, %s: %v", name, from, err)
 		}
 	}
 	if v, ok := annos[annotationStatusPort]; ok {
 		p, err := strconv.ParseUint(strings.TrimSpace(v), 10, 16)
 		if err != nil {
-			return s, configErr("%s, annotation %s=%q: not a port", path, annotationStatusPort, v)
+			return s, configErr("%s, annotation %s=%q: not a port", name, annotationStatusPort, v)
 		}
 		s.StatusPort, s.StatusPortFrom = uint16(p), "annotation "+annotationStatusPort
 	}
@@ -193,20 +222,12 @@ func protoPort(v any) (uint16, error) {
 	return uint16(n), nil
 }
 
-// readDownwardAnnotations reads a downward-API file of annotations: one
-// `key="value"` line each, the value quoted as Go's %q does.
-func readDownwardAnnotations(path string) (map[string]string, error) {
-	f, err := os.Open(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
+// parseDownwardAnnotations reads a downward-API file of annotations:
+// one `key="value"` line each, the value quoted as Go's %q does.
+func parseDownwardAnnotations(b []byte) (map[string]string, error) {
 	out := map[string]string{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 0, 64<<10), IstioAnnotationsLimit+1)
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), "=")
 		if !ok {
@@ -256,7 +277,15 @@ func IstioDrainStatusAddr(lookup func(string) (string, bool), path string) (stri
 // takes with the Istio settings lookup and the annotations file at path
 // give (none: Istio's defaults).
 func PilotAgentStatusAddr(lookup func(string) (string, bool), path string) (string, error) {
-	s, err := ReadIstio(lookup, path)
+	return PilotAgentStatusAddrFrom(lookup, path, func() ([]byte, error) { return ReadAnnotationsFile(context.Background(), "", path) })
+}
+
+// PilotAgentStatusAddrFrom is [PilotAgentStatusAddr] with the annotations
+// file (named name in errors) read by readAnnotations (nil: none), as
+// `draind pods` reads another container's ([ReadAnnotationsFile] inside
+// its root).
+func PilotAgentStatusAddrFrom(lookup func(string) (string, bool), name string, readAnnotations func() ([]byte, error)) (string, error) {
+	s, err := readIstio(lookup, name, readAnnotations)
 	if err != nil {
 		return "", err
 	}

@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -24,6 +23,7 @@ import (
 	"github.com/draind/draind/internal/cri"
 	"github.com/draind/draind/internal/flows"
 	"github.com/draind/draind/internal/namespace"
+	"github.com/draind/draind/internal/rootfs"
 	"github.com/draind/draind/internal/sockdiag"
 )
 
@@ -340,7 +340,8 @@ type nodeViewer struct {
 
 // view lists the node's ready pods and asks each, podProbes at a time,
 // each within the timeout: a pod that does not answer is marked, never
-// waited for longer.
+// waited for longer. It returns when ctx ends (a signal), whatever the
+// probes are doing.
 func (v *nodeViewer) view(ctx context.Context) (nodeView, error) {
 	lctx, cancel := context.WithTimeout(ctx, criTimeout)
 	pods, err := v.cri.Pods(lctx)
@@ -348,22 +349,64 @@ func (v *nodeViewer) view(ctx context.Context) (nodeView, error) {
 	if err != nil {
 		return nodeView{}, err
 	}
-	view := nodeView{Time: time.Now(), CRI: v.ep, Runtime: v.cri.Runtime, TimeoutMS: v.timeout.Milliseconds(), Pods: make([]podRow, len(pods))}
+	view := nodeView{Time: time.Now(), CRI: v.ep, Runtime: v.cri.Runtime, TimeoutMS: v.timeout.Milliseconds()}
+	view.Pods, err = probeAll(ctx, pods, v.timeout, v.probe)
+	return view, err
+}
+
+// probeGrace is how long past its timeout a probe that ignores it (a
+// system call the kernel does not interrupt: a hung filesystem) is
+// waited for before its pod is marked without it.
+const probeGrace = 100 * time.Millisecond
+
+// probeAll runs probe on each pod, podProbes at a time, each with ctx
+// bounded by timeout, and returns their rows in the pods' order; ctx's
+// error when it ends first. A probe that has not returned by its
+// timeout and probeGrace is left behind: its pod is marked, its slot
+// freed, and its goroutine ends when its probe returns, into a buffer
+// nobody reads. Nothing waits for it: not the view, not the exit.
+func probeAll(ctx context.Context, pods []cri.Pod, timeout time.Duration, probe func(context.Context, *cri.Pod) podRow) ([]podRow, error) {
+	type result struct {
+		i   int
+		row podRow
+	}
+	results := make(chan result, len(pods))
 	slots := make(chan struct{}, podProbes)
-	var wg sync.WaitGroup
 	for i := range pods {
-		wg.Go(func() {
+		go func() {
 			select {
 			case slots <- struct{}{}:
 			case <-ctx.Done():
 				return
 			}
 			defer func() { <-slots }()
-			view.Pods[i] = v.probe(ctx, &pods[i])
-		})
+			pctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			done := make(chan podRow, 1)
+			go func() { done <- probe(pctx, &pods[i]) }()
+			backstop := time.NewTimer(timeout + probeGrace)
+			defer backstop.Stop()
+			select {
+			case row := <-done:
+				results <- result{i, row}
+			case <-backstop.C:
+				p := &pods[i]
+				results <- result{i, podRow{Namespace: p.Namespace, Name: p.Name, HostNetwork: p.HostNetwork,
+					Error: fmt.Sprintf("no answer in %s", timeout)}}
+			case <-ctx.Done():
+			}
+		}()
 	}
-	wg.Wait()
-	return view, nil
+	rows := make([]podRow, len(pods))
+	for range pods {
+		select {
+		case r := <-results:
+			rows[r.i] = r.row
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return rows, nil
 }
 
 // probe reads one pod, within the timeout.
@@ -386,7 +429,10 @@ func (v *nodeViewer) probe(ctx context.Context, pod *cri.Pod) podRow {
 	if err != nil {
 		return failed("the runtime", err)
 	}
-	row.Draind = findDraind(cs)
+	row.Draind, err = findDraind(ctx, cs)
+	if err != nil {
+		return failed("draind's settings", err)
+	}
 	ns, err := openPodNetNS(v.ep, pod, pod.PID)
 	if err != nil {
 		return failed("network namespace", err)
@@ -431,33 +477,54 @@ func flowSummary(ns *namespace.Net, p flows.Policy) (flows.Summary, error) {
 }
 
 // findDraind is the pod's container that runs `draind run`, and where
-// its status server is; nil when none does.
-func findDraind(cs []cri.Container) *draindRef {
+// its status server is; nil when none does. The address can depend on
+// a file in the container (Istio's annotations): read inside its root,
+// within ctx; what cannot be read is an error, with the container named.
+func findDraind(ctx context.Context, cs []cri.Container) (*draindRef, error) {
 	for _, c := range cs {
-		annotations := ""
+		annotations := func() ([]byte, error) { return nil, nil }
 		if c.PID > 0 {
-			// Where pilot-agent reads them: relative to its working
-			// directory, in its container's root.
-			annotations = filepath.Join("/proc", strconv.Itoa(c.PID), "cwd", agent.IstioPodAnnotations)
+			annotations = func() ([]byte, error) { return containerAnnotations(ctx, c.PID) }
 		}
-		if addr, from, ok := draindStatusAddr(c.Args, c.Env, annotations); ok {
-			return &draindRef{Container: c.Name, StatusAddr: addr, From: from}
+		addr, from, ok, err := draindStatusAddr(c.Args, c.Env, annotations)
+		if !ok {
+			continue
 		}
+		ref := &draindRef{Container: c.Name, StatusAddr: addr, From: from}
+		if err != nil {
+			ref.StatusAddr, ref.From = "", ""
+		}
+		return ref, err
 	}
-	return nil
+	return nil, nil
+}
+
+// containerAnnotations reads Istio's annotations file where pilot-agent
+// reads it, relative to its working directory, inside its container's
+// root (/proc/PID/root): links in the container resolve there, never in
+// this process's root.
+func containerAnnotations(ctx context.Context, pid int) ([]byte, error) {
+	proc := "/proc/" + strconv.Itoa(pid)
+	cwd, err := rootfs.Cwd(proc)
+	if err != nil {
+		return nil, err
+	}
+	return agent.ReadAnnotationsFile(ctx, proc+"/root", filepath.Join(cwd, agent.IstioPodAnnotations))
 }
 
 // draindStatusAddr says whether a container's argv runs `draind run`
 // (draind as argv[0], or after an init wrapper), and the address to dial
 // in the pod for its status server: run's --status-addr, its variable,
 // under pilot-agent the port `draind run` takes beside it (Istio's
-// settings from the container's environment and the annotations file,
-// as run reads them), else the default; an address on every interface
-// is dialled on loopback, which /debug/state requires.
-func draindStatusAddr(args, env []string, istioAnnotations string) (addr, from string, ok bool) {
+// settings from the container's environment and its annotations file,
+// which annotations reads (nil: none), as run reads them), else the
+// default; an address on every interface is dialled on loopback, which
+// /debug/state requires. An annotations file that cannot be read or
+// parsed is an error (ok still true): run would have refused it.
+func draindStatusAddr(args, env []string, annotations func() ([]byte, error)) (addr, from string, ok bool, err error) {
 	i := slices.IndexFunc(args, func(a string) bool { return filepath.Base(a) == "draind" })
 	if i < 0 || i+1 >= len(args) || args[i+1] != "run" {
-		return "", "", false
+		return "", "", false, nil
 	}
 	flagArgs, command := args[i+2:], []string(nil)
 	if j := slices.Index(flagArgs, "--"); j >= 0 {
@@ -485,12 +552,14 @@ func draindStatusAddr(args, env []string, istioAnnotations string) (addr, from s
 		addr, from = agent.DefaultStatusAddr, "default"
 		proxy, _ := setting("proxy")
 		if proxy == string(agent.ProxyPilotAgent) || (proxy == "" || proxy == string(agent.ProxyAuto)) && agent.IsPilotAgent(command) {
-			if a, err := agent.PilotAgentStatusAddr(lookup, istioAnnotations); err == nil {
-				addr, from = a, "beside pilot-agent (the first port Istio leaves free)"
+			a, err := agent.PilotAgentStatusAddrFrom(lookup, agent.IstioPodAnnotations, annotations)
+			if err != nil {
+				return "", "", true, err
 			}
+			addr, from = a, "beside pilot-agent (the first port Istio leaves free)"
 		}
 	}
-	return loopbackAddr(addr), from, true
+	return loopbackAddr(addr), from, true, nil
 }
 
 // loopbackAddr is where a status server listening at addr is dialled
@@ -585,8 +654,10 @@ func writeNodeView(w io.Writer, v *nodeView) error {
 func podCells(r *podRow) [7]string {
 	c := [7]string{r.Namespace + "/" + r.Name, "-", "-", "-", "-", "-", "-"}
 	if d := r.Draind; d != nil {
-		_, port, _ := agent.SplitHostPort(d.StatusAddr)
-		c[1] = d.Container + ":" + strconv.Itoa(int(port))
+		c[1] = d.Container + ":?" // its settings unread: the error says why
+		if _, port, err := agent.SplitHostPort(d.StatusAddr); err == nil {
+			c[1] = d.Container + ":" + strconv.Itoa(int(port))
+		}
 	}
 	switch {
 	case r.Error != "":

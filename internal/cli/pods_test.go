@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,8 +60,12 @@ func TestDraindStatusAddr(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			addr, from, ok := draindStatusAddr(tt.args, tt.env, tt.annotations)
-			if ok != tt.wantOK || addr != tt.wantAddr || !strings.Contains(from, tt.wantF) {
+			read := func() ([]byte, error) { return nil, nil }
+			if tt.annotations != "" {
+				read = func() ([]byte, error) { return agent.ReadAnnotationsFile(context.Background(), "", tt.annotations) }
+			}
+			addr, from, ok, err := draindStatusAddr(tt.args, tt.env, read)
+			if err != nil || ok != tt.wantOK || addr != tt.wantAddr || !strings.Contains(from, tt.wantF) {
 				t.Errorf("= %q, %q, %v; want %q, %q, %v", addr, from, ok, tt.wantAddr, tt.wantF, tt.wantOK)
 			}
 		})
@@ -72,11 +77,11 @@ func TestFindDraind(t *testing.T) {
 		{Name: "app", Args: []string{"/usr/local/bin/testapp"}},
 		{Name: "envoy", Args: []string{"/usr/local/bin/draind", "run", "--", "/usr/local/bin/envoy"}, Env: []string{"DRAIND_STATUS_ADDR=:15021"}},
 	}
-	got := findDraind(cs)
-	if got == nil || *got != (draindRef{Container: "envoy", StatusAddr: "127.0.0.1:15021", From: "DRAIND_STATUS_ADDR"}) {
+	got, err := findDraind(context.Background(), cs)
+	if err != nil || got == nil || *got != (draindRef{Container: "envoy", StatusAddr: "127.0.0.1:15021", From: "DRAIND_STATUS_ADDR"}) {
 		t.Errorf("findDraind = %+v", got)
 	}
-	if got := findDraind(cs[:1]); got != nil {
+	if got, _ := findDraind(context.Background(), cs[:1]); got != nil {
 		t.Errorf("no draind: %+v", got)
 	}
 }
@@ -196,5 +201,40 @@ func TestPodsWatchFlag(t *testing.T) {
 		if err := fs.parse(tt.args); err != nil || o.every != tt.want {
 			t.Errorf("%q: %v, %v; want %v", tt.args, o.every, err, tt.want)
 		}
+	}
+}
+
+// TestProbeAllLeavesStuckProbes: a probe that ignores its deadline (a
+// system call a hung filesystem never returns from) costs the view its
+// timeout and a mark, and holds neither the view nor, at a signal, its
+// return; the other pods are read.
+func TestProbeAllLeavesStuckProbes(t *testing.T) {
+	stuck := make(chan struct{})
+	defer close(stuck)
+	pods := []cri.Pod{{Namespace: "a", Name: "stuck"}, {Namespace: "a", Name: "ok"}}
+	probe := func(_ context.Context, p *cri.Pod) podRow {
+		if p.Name == "stuck" {
+			<-stuck // ignores its context
+		}
+		return podRow{Namespace: p.Namespace, Name: p.Name, HostNetwork: true}
+	}
+	rows, err := probeAll(context.Background(), pods, 50*time.Millisecond, probe)
+	if err != nil || len(rows) != 2 || rows[0].Name != "stuck" || rows[0].Error != "no answer in 50ms" || rows[1].Name != "ok" || rows[1].Error != "" {
+		t.Fatalf("rows %+v, %v; want stuck marked, ok read", rows, err)
+	}
+	// A signal (ctx cancelled) while a probe is stuck, with a timeout
+	// that would not end before the test's: probeAll returns.
+	ctx, cancel := context.WithCancel(context.Background())
+	entered := make(chan struct{})
+	go func() {
+		<-entered
+		cancel()
+	}()
+	rows, err = probeAll(ctx, pods[:1], time.Hour, func(ctx context.Context, p *cri.Pod) podRow {
+		close(entered)
+		return probe(ctx, p)
+	})
+	if !errors.Is(err, context.Canceled) || rows != nil {
+		t.Errorf("cancelled: %+v, %v; want context.Canceled", rows, err)
 	}
 }

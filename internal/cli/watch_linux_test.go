@@ -21,6 +21,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "__draind" {
 		os.Exit(Main(context.Background(), os.Args[2:], os.Stdout, os.Stderr))
 	}
+	if len(os.Args) > 2 && os.Args[1] == "__rooted" {
+		os.Exit(rootedRole(os.Args[2]))
+	}
 	code := m.Run()
 	testutil.RemoveSelfCopy()
 	os.Exit(code)
