@@ -93,9 +93,16 @@ func Start(argv []string, opts Options) (*Process, error) {
 	if stderr == nil {
 		stderr = os.Stderr
 	}
+	// stdin is /dev/null, never a closed fd 0: the proxy's first open
+	// file or socket would take fd 0 and be read as its stdin (issue 43).
+	stdin, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, fmt.Errorf("proxy stdin: %w", err)
+	}
+	defer stdin.Close() // the child has its copy once started
 	attr := &os.ProcAttr{
 		Env:   opts.Env,
-		Files: []*os.File{nil, stdout, stderr},
+		Files: []*os.File{stdin, stdout, stderr},
 		Sys: &syscall.SysProcAttr{
 			Setpgid:     true,
 			Pdeathsig:   syscall.SIGKILL,
