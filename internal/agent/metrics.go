@@ -1,11 +1,13 @@
 package agent
 
 import (
+	"net/http"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/flows"
@@ -13,8 +15,16 @@ import (
 
 // metrics are draind's Prometheus metrics. Every value is read at scrape
 // time from the part that owns it: no goroutine keeps them up to date.
+//
+// reg is draind's own, served to everyone who reaches /metrics (the pod
+// network included). The Go runtime's and the process collectors are
+// served beside them only to the pod's loopback callers (withRuntime):
+// the process collector reads the network namespace's byte counters
+// (/proc/self/net/dev), which a neighbour must not get from the pod IP
+// (issue 43); the pod's containers read them in /proc/net/dev anyway.
 type metrics struct {
-	reg *prometheus.Registry
+	reg         *prometheus.Registry
+	withRuntime http.Handler
 }
 
 // oneOf is a GaugeVec-like collector whose one labelled series reads 1,
@@ -72,8 +82,11 @@ func recent[T any](read func() T) func() T {
 
 func newMetrics(a *agent) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
-	// The Go runtime's own (heap in use, goroutines, GC): draind's footprint.
-	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The Go runtime's own (heap in use, goroutines, GC): draind's
+	// footprint, for loopback callers (tools/bench reads the heap).
+	rt := prometheus.NewRegistry()
+	rt.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.withRuntime = promhttp.HandlerFor(prometheus.Gatherers{m.reg, rt}, promhttp.HandlerOpts{})
 	gauge := func(name, help string, get func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, get)
 	}

@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -77,36 +76,6 @@ func TestWaitOutOfRotation(t *testing.T) {
 			b.setState(drain.State{Phase: drain.Gating, Cause: drain.CauseSignal, Held: []drain.HeldFor{{Kind: drain.HoldMinDrain, For: time.Second}}})
 			if rec := <-answer; rec.Header().Get("Draind-Outcome") != "out-of-rotation" {
 				t.Errorf("%d %q", rec.Code, rec.Body)
-			}
-		})
-	})
-	t.Run("callers past the bound get 429 at once", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			b := &fakeBackend{}
-			b.setState(drain.State{Phase: drain.Ready})
-			lim := defaultStatusLimits
-			lim.RotationWaiters = 3
-			h := newServer(b, lim)
-			var answers []<-chan *httptest.ResponseRecorder
-			for range 3 {
-				answers = append(answers, callWait(h))
-			}
-			synctest.Wait()
-			if rec := <-callWait(h); rec.Code != http.StatusTooManyRequests {
-				t.Errorf("the 4th caller: %d %q", rec.Code, rec.Body)
-			}
-			var wg sync.WaitGroup
-			for _, a := range answers {
-				wg.Go(func() {
-					if rec := <-a; rec.Code != 200 {
-						t.Errorf("a waiter: %d", rec.Code)
-					}
-				})
-			}
-			wg.Wait()
-			// The tokens are back.
-			if rec := <-callWait(h); rec.Code != 200 {
-				t.Errorf("after: %d", rec.Code)
 			}
 		})
 	})

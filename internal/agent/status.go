@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,8 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"golang.org/x/net/netutil"
 
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/privs"
@@ -25,24 +24,26 @@ import (
 // the node or the pod network, through the pod IP; every container of the
 // pod, which shares the network namespace, through loopback too. Loopback
 // is the pod: POST /drain, POST /quitquitquit and GET /debug/* answer only
-// a peer whose socket address is loopback (127.0.0.0/8, ::1, or
-// ::ffff:127.0.0.0/104), never on what Host or X-Forwarded-For say, and
+// a connection whose both ends are loopback addresses (127.0.0.0/8, ::1,
+// or ::ffff:127.0.0.0/104), never on what Host or X-Forwarded-For say, and
 // refuse a loopback request that carries a proxy's headers (a listener of
 // Envoy relaying outside traffic to 127.0.0.1:15020).
 type statusServer struct {
-	b   statusBackend
-	srv *http.Server
-	ln  net.Listener
-	// rotationWaiters bounds the callers waiting in GET
-	// /wait/out-of-rotation (a token each).
-	rotationWaiters chan struct{}
-	drainBeginWait  time.Duration
+	b              statusBackend
+	srv            *http.Server
+	ln             net.Listener
+	drainBeginWait time.Duration
+	// readyChecks shares one readiness check among concurrent probes.
+	readyChecks readyFlight
 }
 
 // statusBackend is what the status server reads and drives: the agent (or
 // a test's stand-in).
 type statusBackend interface {
 	readiness(ctx context.Context) (bool, string)
+	// draining says, without any call, that the drain has begun (and
+	// its phase): a probe that shared a check begun before it is told.
+	draining() (string, bool)
 	proxyExited() <-chan struct{}
 	triggerDrain(cause drain.Cause)
 	quit()
@@ -64,10 +65,12 @@ type statusLimits struct {
 	MaxHeaderBytes int
 	MaxBodyBytes   int64
 	// MaxConns bounds the connections served at once: one more waits in
-	// the kernel's accept queue, not in draind's memory. RotationWaiters
-	// bounds the callers of GET /wait/out-of-rotation (one more gets 429).
-	MaxConns        int
-	RotationWaiters int
+	// the kernel's accept queue, not in draind's memory. PerSource bounds
+	// those from any one peer address (one more is answered 429 at once
+	// and closed): the callers of GET /wait/out-of-rotation are bounded
+	// by these, as every caller is.
+	MaxConns  int
+	PerSource int
 	// DrainBeginWait: how long a caller of /wait/out-of-rotation waits
 	// for a drain that has not begun (--drain-begin-wait).
 	DrainBeginWait time.Duration
@@ -83,10 +86,15 @@ const StatusReadHeaderTimeout = 5 * time.Second
 // /debug/flows at 100k flows write a few MB over loopback or the pod
 // network.
 var defaultStatusLimits = statusLimits{
-	ReadHeader:     StatusReadHeaderTimeout,
-	Read:           10 * time.Second,
-	Write:          10 * time.Second,
-	Idle:           60 * time.Second,
+	ReadHeader: StatusReadHeaderTimeout,
+	Read:       10 * time.Second,
+	Write:      10 * time.Second,
+	// An idle kept-alive connection closes as soon as a new one that
+	// sends nothing does: the kubelet's probes never keep one (its
+	// prober disables keep-alive), a scrape every 15 s or more reconnects
+	// at no cost, and a neighbour's idle connections held a slot for
+	// 60 s each (issue 43).
+	Idle:           StatusReadHeaderTimeout,
 	MaxHeaderBytes: 8 << 10,
 	MaxBodyBytes:   4 << 10,
 	// A served connection costs ~30 KB of RSS (its goroutine and
@@ -94,9 +102,14 @@ var defaultStatusLimits = statusLimits{
 	// from 26.5 to 41 MB, 256 to 35 MB (TestRotationWaitAbuse). Probes,
 	// scrapes and hooks need a few at a time; the kubelet's preStop is
 	// one caller per app container.
-	MaxConns:        128,
-	RotationWaiters: 64,
-	DrainBeginWait:  drain.DefaultDrainBeginWait,
+	MaxConns: 128,
+	// The kubelet needs one connection per app container's preStop wait
+	// and per probe at once: 16 from its address serve a pod of a dozen
+	// app containers, and leave 112 to the others. A single neighbour
+	// can hold 16, not every slot; only eight addresses together can
+	// hold them all (a NetworkPolicy on the status port closes that).
+	PerSource:      16,
+	DrainBeginWait: drain.DefaultDrainBeginWait,
 }
 
 func newStatusServer(b statusBackend, ln net.Listener, drainBeginWait time.Duration) *statusServer {
@@ -107,9 +120,9 @@ func newStatusServer(b statusBackend, ln net.Listener, drainBeginWait time.Durat
 
 func newStatusServerLimits(b statusBackend, ln net.Listener, lim statusLimits) *statusServer {
 	if lim.MaxConns > 0 {
-		ln = netutil.LimitListener(ln, lim.MaxConns)
+		ln = newConnLimits(ln, lim.MaxConns, cmp.Or(lim.PerSource, lim.MaxConns))
 	}
-	s := &statusServer{b: b, ln: ln, rotationWaiters: make(chan struct{}, max(lim.RotationWaiters, 1)), drainBeginWait: lim.DrainBeginWait}
+	s := &statusServer{b: b, ln: ln, drainBeginWait: lim.DrainBeginWait}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz/ready", s.ready)
 	mux.HandleFunc("GET /healthz/live", s.live)
@@ -149,12 +162,22 @@ func (s *statusServer) shutdown() error {
 }
 
 // ready answers 200 only when the proxy is LIVE with workers started, not
-// draining, and the app listens on --app-ports. Nothing is cached: each
-// probe asks (the admin call has its own short timeout). Outside the pod
-// the reason is cut to its first part: an admin error can quote Envoy's
-// answer, which only the pod's own containers may read.
+// draining, and the app listens on --app-ports. Nothing is cached, but
+// probes that arrive while a check runs share its answer (readyFlight):
+// a hundred probes at once make one admin call, not a hundred. The drain's
+// start is read again after a shared answer, so readiness still fails
+// from the drain's first moment. Outside the pod the reason is cut to its
+// first part: an admin error can quote Envoy's answer, which only the
+// pod's own containers may read.
 func (s *statusServer) ready(w http.ResponseWriter, r *http.Request) {
-	ok, why := s.b.readiness(r.Context())
+	ok, why := false, ""
+	if phase, draining := s.b.draining(); draining {
+		why = phase
+	} else if ok, why = s.readyChecks.do(r.Context(), s.b.readiness); ok {
+		if phase, draining := s.b.draining(); draining {
+			ok, why = false, phase
+		}
+	}
 	if !ok {
 		if refused, _ := notLoopback(r); refused {
 			why, _, _ = strings.Cut(why, ": ")
@@ -184,19 +207,15 @@ const RotationWaitPath = "/wait/out-of-rotation"
 // not loopback-only, and it only reads. It never starts a drain; a call
 // before the drain waits --drain-begin-wait for one, then answers that
 // none began. Its wait is the machine's: Draining ends by the min-drain,
-// its ceiling or the deadline. Callers are bounded (429 past
-// RotationWaiters): each waits on one channel, no polling.
+// its ceiling or the deadline. Each waits on one channel, no polling. The
+// callers are bounded by the connections (MaxConns, PerSource), not by a
+// count of their own: a refused call is a preStop hook that returns at
+// once, and the app stopped while still in rotation; a caller that
+// found a connection is answered as every waiter is (issue 43).
 func (s *statusServer) waitOutOfRotation(w http.ResponseWriter, r *http.Request) {
-	select {
-	case s.rotationWaiters <- struct{}{}:
-		defer func() { <-s.rotationWaiters }()
-	default:
-		http.Error(w, "too many callers waiting", http.StatusTooManyRequests)
-		return
-	}
 	// The wait outlasts the server's WriteTimeout (the min-drain's
 	// ceiling is 15 s, the begin wait 10 s): the answer is one line, so
-	// no write deadline; the waiters are bounded above.
+	// no write deadline; the waiters are bounded by the connections.
 	http.NewResponseController(w).SetWriteDeadline(time.Time{})
 	since := time.Now()
 	for {
@@ -321,12 +340,21 @@ func resultString(err error) string {
 var relayHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip", "Via"}
 
 // notLoopback says whether r must be refused a loopback-only endpoint, and
-// why. Only the socket's peer address counts: Host, X-Forwarded-For and
-// the like are the client's to write.
+// why. Only the socket's addresses count: Host, X-Forwarded-For and the
+// like are the client's to write. Both ends must be loopback: Istio's
+// inbound passthrough connects from 127.0.0.6 to the pod IP, so a
+// loopback peer alone may be any client of the mesh (issue 43).
 func notLoopback(r *http.Request) (bool, string) {
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil || !ap.Addr().Unmap().IsLoopback() {
 		return true, "loopback only"
+	}
+	local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if local == nil {
+		return true, "loopback only"
+	}
+	if lp, err := netip.ParseAddrPort(local.String()); err != nil || !lp.Addr().Unmap().IsLoopback() {
+		return true, "loopback only: to a pod address"
 	}
 	for _, h := range relayHeaders {
 		if _, ok := r.Header[h]; ok {
@@ -384,13 +412,19 @@ func (a *agent) triggerDrain(cause drain.Cause) { a.early.trigger(cause) }
 func (a *agent) quit()                          { a.early.quit() }
 
 // metricsHandler serves the registry once the machine is built (503
-// "starting" in the start-up's first tens of milliseconds).
+// "starting" in the start-up's first tens of milliseconds): draind's own
+// metrics to everyone, and the Go runtime's and the process's (heap,
+// threads, file descriptors, the namespace's network byte counters) only
+// to the pod's loopback callers, as the loopback-only endpoints are.
 func (a *agent) metricsHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, h := a.early.machine()
 		if h == nil {
 			http.Error(w, "starting", http.StatusServiceUnavailable)
 			return
+		}
+		if refused, _ := notLoopback(r); !refused {
+			h = a.metrics.withRuntime
 		}
 		h.ServeHTTP(w, r)
 	})

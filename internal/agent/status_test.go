@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +33,14 @@ type fakeBackend struct {
 	mu    sync.Mutex
 	calls []string
 	why   string // readiness: "" ready
+	// readyGate, when set, holds each readiness check until closed;
+	// readyChecks counts the checks made.
+	readyGate   chan struct{}
+	readyChecks atomic.Int64
+	// drainPhase, when set, is the drain's phase (draining).
+	drainPhase string
+	// watches counts watchState's calls.
+	watches atomic.Int64
 	// The machine's State (watchState): detached until set.
 	st       drain.State
 	attached bool
@@ -50,6 +59,7 @@ func (f *fakeBackend) setState(st drain.State) {
 }
 
 func (f *fakeBackend) watchState() (drain.State, <-chan struct{}, bool) {
+	f.watches.Add(1)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.st, f.changed, f.attached
@@ -69,10 +79,27 @@ func (f *fakeBackend) took() []string {
 	return c
 }
 
-func (f *fakeBackend) readiness(context.Context) (bool, string) { return f.why == "", f.why }
-func (f *fakeBackend) proxyExited() <-chan struct{}             { return nil }
-func (f *fakeBackend) triggerDrain(c drain.Cause)               { f.record("drain " + c.String()) }
-func (f *fakeBackend) quit()                                    { f.record("quit") }
+func (f *fakeBackend) readiness(ctx context.Context) (bool, string) {
+	f.readyChecks.Add(1)
+	if f.readyGate != nil {
+		select {
+		case <-f.readyGate:
+		case <-ctx.Done():
+			return false, ctx.Err().Error()
+		}
+	}
+	return f.why == "", f.why
+}
+
+func (f *fakeBackend) draining() (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.drainPhase, f.drainPhase != ""
+}
+
+func (f *fakeBackend) proxyExited() <-chan struct{} { return nil }
+func (f *fakeBackend) triggerDrain(c drain.Cause)   { f.record("drain " + c.String()) }
+func (f *fakeBackend) quit()                        { f.record("quit") }
 func (f *fakeBackend) flowsJSON() ([]byte, error) {
 	f.record("flows")
 	return []byte(`{"flows":[]}`), nil
@@ -141,16 +168,22 @@ func addIPv6(t *testing.T, ns *testutil.NetNS, link, cidr string) {
 	}
 }
 
-// dial connects from ns ("pod" or "outside") to addr.
+// dial connects from ns ("pod" or "outside") to addr. "passthrough" is
+// the pod's namespace from 127.0.0.6, as Istio's inbound passthrough
+// connects to the pod IP.
 func (sp *statusPod) dial(t *testing.T, from, addr string) net.Conn {
 	t.Helper()
-	ns := sp.pod
-	if from == "outside" {
+	ns, dial := sp.pod, sp.pod.Dialer()
+	switch from {
+	case "outside":
 		ns = sp.outside
+		dial = ns.Dialer()
+	case "passthrough":
+		dial = dialFrom(ns, "127.0.0.6")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := ns.Dialer()(ctx, "tcp", addr)
+	c, err := dial(ctx, "tcp", addr)
 	if err != nil {
 		t.Fatalf("dial %s from %s: %v", addr, from, err)
 	}
@@ -211,6 +244,8 @@ func TestStatusLoopbackOnly(t *testing.T) {
 		{"loopback 127.0.0.2", "pod", "127.0.0.2:15021", nil, true},
 		{"loopback IPv6", "pod", "[::1]:15020", nil, true},
 		{"the pod's own IP (a pod-mate must use loopback)", "pod", "192.0.2.1:15021", nil, false},
+		{"from 127.0.0.6 to the pod IP (Istio's inbound passthrough)", "passthrough", "192.0.2.1:15021", nil, false},
+		{"from 127.0.0.6 to the pod IP, dual-stack (::ffff:127.0.0.6)", "passthrough", "192.0.2.1:15020", nil, false},
 		{"outside IPv4", "outside", "192.0.2.1:15021", nil, false},
 		{"outside IPv4-mapped IPv6 (::ffff:192.0.2.2)", "outside", "192.0.2.1:15020", nil, false},
 		{"outside IPv6", "outside", "[2001:db8::1]:15020", nil, false},
