@@ -51,12 +51,12 @@ func (c *criFlags) register(fs *flagSet) {
 // dial finds the endpoint and connects. Its errors are usage errors (exit
 // 2), one line naming the endpoint and why it was chosen.
 func (c *criFlags) dial(ctx context.Context, cmd string) (*cri.Client, cri.Endpoint, error) {
-	ep, err := cri.Locate(c.endpoint, c.fs.sourceOf("cri-endpoint"))
+	ctx, cancel := context.WithTimeout(ctx, criTimeout)
+	defer cancel()
+	ep, err := cri.Locate(ctx, c.endpoint, c.fs.sourceOf("cri-endpoint"))
 	if err != nil {
 		return nil, ep, usageErr("%s: %v", cmd, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, criTimeout)
-	defer cancel()
 	client, err := cri.Dial(ctx, ep.Socket)
 	if err != nil {
 		return nil, ep, usageErr("%s: cri endpoint %s (%s): %v", cmd, ep.Address, ep.Why, err)

@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -299,5 +301,92 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// startKubelet starts a process named kubelet (argv[0]) naming sock as
+// its runtime's endpoint: in this process's namespaces, or (tenant) in
+// PID and mount namespaces of its own, as a container's process is.
+func startKubelet(t *testing.T, tenant bool, sock string) int {
+	t.Helper()
+	cmd := exec.Command(testutil.SelfCopy(t))
+	cmd.Args = []string{filepath.Join(t.TempDir(), "kubelet"), "__rooted", "/", "--container-runtime-endpoint=unix://" + sock}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if tenant {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNS | syscall.CLONE_NEWPID
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "rooted\n" {
+		t.Fatalf("kubelet: %q, %v", line, err)
+	}
+	return cmd.Process.Pid
+}
+
+// otherKubelets are the processes named kubelet but those given.
+func otherKubelets(ours ...int) []string {
+	ents, _ := os.ReadDir("/proc")
+	var out []string
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		argv0, _, _ := bytes.Cut(b, []byte{0})
+		if err != nil || filepath.Base(string(argv0)) != "kubelet" {
+			continue
+		}
+		if pid, _ := strconv.Atoi(e.Name()); !slices.Contains(ours, pid) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// TestNodeViewTenantKubelet: a tenant's process named kubelet, in PID
+// and mount namespaces of its own and started first (the lowest PID, the
+// one chosen before), naming a runtime the tenant serves, is not
+// believed: `draind pods` asks the node's kubelet's runtime, and its
+// header names that kubelet and the one it did not trust.
+func TestNodeViewTenantKubelet(t *testing.T) {
+	testutil.RequireRoot(t)
+	planted := startTenantPod(t, "planted", func(string) {})
+	tenantSock := serveRuntime(t, planted)
+	tenant := startKubelet(t, true, tenantSock)
+	nodeSock := serveRuntime(t)
+	node := startKubelet(t, false, nodeSock)
+	if others := otherKubelets(tenant, node); len(others) > 0 {
+		t.Skipf("other processes named kubelet run on this machine (pids %s): the view would refuse to choose", strings.Join(others, ", "))
+	}
+	for _, format := range []string{"table", "json"} {
+		cmd, out := startNodeView(t, "-o", format, "--timeout", "1s")
+		run := waitNodeView(t, cmd, out, time.Now(), 20*time.Second)
+		if run.code != 0 {
+			t.Fatalf("-o %s: exit %d: %s", format, run.code, run.out)
+		}
+		t.Logf("-o %s:\n%s", format, run.out)
+		if format == "json" {
+			var v nodeView
+			if err := json.Unmarshal(run.out, &v); err != nil {
+				t.Fatal(err)
+			}
+			if v.CRI.KubeletPID != node || v.CRI.Socket != nodeSock || len(v.Pods) != 0 {
+				t.Errorf("cri %+v, %d pods; want kubelet %d's socket %s, no pod", v.CRI, len(v.Pods), node, nodeSock)
+			}
+			continue
+		}
+		header, _, _ := strings.Cut(string(run.out), "\n")
+		if !strings.Contains(header, fmt.Sprintf("kubelet pid %d (", node)) || !strings.Contains(header, fmt.Sprintf("kubelet pid %d not trusted: another PID namespace", tenant)) ||
+			strings.Contains(string(run.out), "planted") {
+			t.Errorf("the header does not name kubelet %d as the one chosen and %d as not trusted, or the tenant's pod is listed:\n%s", node, tenant, run.out)
+		}
 	}
 }

@@ -10,9 +10,13 @@
 // CONTAINER_RUNTIME_ENDPOINT as crictl reads it), else the one the node's
 // kubelet names (its --container-runtime-endpoint flag, or its --config
 // file's containerRuntimeEndpoint), else the first of [DefaultEndpoints]
-// that exists. A kubelet found in /proc is reached through
-// /proc/PID/root: the paths it names are its own root's, which is not
-// this process's in a debug pod whose host is at /host.
+// that exists. A kubelet counts only in the PID and mount namespaces and
+// the root of /proc's PID 1 (with hostPID, the node's init): a tenant's
+// process named kubelet never does, and two that count are an error.
+// The paths it names are reached under the node's root (/proc/1/root
+// when this process's is another: a debug pod's), never under the
+// kubelet's own, and its --config is read there with internal/rootfs's
+// bounds.
 //
 // # Pods
 //

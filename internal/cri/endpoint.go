@@ -2,8 +2,10 @@ package cri
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +14,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/internal/rootfs"
 )
 
 // DefaultEndpoints are the runtimes' usual sockets, in the order tried
@@ -32,24 +36,41 @@ type Endpoint struct {
 	// HostRoot.
 	Socket string `json:"socket"`
 	// HostRoot is where the node's root is seen from here: "" when it is
-	// this process's own, /proc/PID/root (the kubelet's), or /host.
+	// this process's own, /proc/1/root (the node's init's), or /host.
 	HostRoot string `json:"host_root,omitempty"`
+	// KubeletPID is the kubelet that named it (0: none did).
+	KubeletPID int `json:"kubelet_pid,omitempty"`
 	// Why says who named it.
 	Why string `json:"why"`
 }
 
+// kubeletConfigLimit bounds the kubelet's --config file (a
+// KubeletConfiguration is a few KiB).
+const kubeletConfigLimit = 1 << 20
+
 // Locate picks the CRI endpoint: given (by givenBy, e.g. "--cri-endpoint")
-// when not empty, else the kubelet's, else the first default whose socket
-// exists (else the first default, which Dial then reports missing). Only
-// a given address that is not a unix socket is an error.
-func Locate(given, givenBy string) (Endpoint, error) {
-	return locator{proc: "/proc"}.locate(given, givenBy)
+// when not empty, else the node's kubelet's, else the first default whose
+// socket exists (else the first default, which Dial then reports
+// missing). A given address that is not a unix socket is an error, and so
+// is more than one kubelet in the node's namespaces.
+//
+// The node's kubelet is a process named kubelet (argv[0]) in the PID
+// namespace, mount namespace and root of /proc's PID 1: with hostPID
+// (deploy/node-debug.yaml) that is the node's init, so a tenant's
+// process named kubelet, in a container's namespaces, never counts.
+// Where PID 1 cannot be read, this process's namespaces and root stand
+// for it (the Why says so). Its paths are read and its socket is dialled
+// under the node's root (PID 1's), never under the kubelet's own, and
+// its --config is read inside that root, bounded (internal/rootfs),
+// within ctx.
+func Locate(ctx context.Context, given, givenBy string) (Endpoint, error) {
+	return locator{proc: "/proc"}.locate(ctx, given, givenBy)
 }
 
 // locator reads a /proc (a test's stand-in tree).
 type locator struct{ proc string }
 
-func (l locator) locate(given, givenBy string) (Endpoint, error) {
+func (l locator) locate(ctx context.Context, given, givenBy string) (Endpoint, error) {
 	if given != "" {
 		path, err := socketPath(given)
 		if err != nil {
@@ -57,33 +78,39 @@ func (l locator) locate(given, givenBy string) (Endpoint, error) {
 		}
 		return Endpoint{Address: given, Socket: path, Why: givenBy}, nil
 	}
-	kubelets := l.kubelets()
-	var notes []string
-	for _, k := range kubelets {
-		ep, err := l.fromKubelet(k)
-		if err != nil {
-			notes = append(notes, err.Error())
-			continue
-		}
-		if len(kubelets) > 1 {
-			ep.Why += fmt.Sprintf(" (one of %d kubelets)", len(kubelets))
-			if !exists(ep.Socket) {
-				notes = append(notes, fmt.Sprintf("kubelet pid %d: no socket at %s", k.pid, ep.Socket))
-				continue
-			}
-		}
-		return ep, nil
+	node := l.node()
+	kubelets, notes := l.kubelets(node)
+	if node.note != "" {
+		notes = append([]string{node.note}, notes...)
 	}
-	if len(kubelets) == 0 {
-		notes = append(notes, "no kubelet in "+l.proc)
+	switch len(kubelets) {
+	case 0:
+		notes = append(notes, "no kubelet in "+node.name)
+	case 1:
+		ep, err := l.fromKubelet(ctx, kubelets[0], node)
+		if err == nil {
+			ep.Why += notesOf(notes)
+			return ep, nil
+		}
+		notes = append(notes, err.Error())
+	default:
+		pids := make([]string, len(kubelets))
+		for i, k := range kubelets {
+			pids[i] = strconv.Itoa(k.pid)
+		}
+		return Endpoint{}, fmt.Errorf("%d kubelets in %s (pids %s): name the runtime's socket (--cri-endpoint)",
+			len(kubelets), node.name, strings.Join(pids, ", "))
 	}
-	for _, root := range []string{"", DebugHostRoot} {
+	for _, root := range slices.Compact([]string{"", node.root, DebugHostRoot}) {
 		for _, addr := range DefaultEndpoints {
 			path, _ := socketPath(addr)
 			if exists(root + path) {
 				why := "default"
 				if root != "" {
-					why = "default, under " + root + " (kubectl debug's mount of the node)"
+					why = "default, under " + root
+				}
+				if root == DebugHostRoot {
+					why += " (kubectl debug's mount of the node)"
 				}
 				return Endpoint{Address: addr, Socket: root + path, HostRoot: root, Why: why + ": " + strings.Join(notes, "; ")}, nil
 			}
@@ -91,6 +118,13 @@ func (l locator) locate(given, givenBy string) (Endpoint, error) {
 	}
 	path, _ := socketPath(DefaultEndpoints[0])
 	return Endpoint{Address: DefaultEndpoints[0], Socket: path, Why: "default, though none exists: " + strings.Join(notes, "; ")}, nil
+}
+
+func notesOf(notes []string) string {
+	if len(notes) == 0 {
+		return ""
+	}
+	return "; " + strings.Join(notes, "; ")
 }
 
 // socketPath is a CRI address's socket path: unix:///path, or a path.
@@ -107,16 +141,85 @@ func socketPath(addr string) (string, error) {
 	return filepath.Clean(addr), nil
 }
 
-// kubelet is a kubelet process's PID and argv.
-type kubelet struct {
-	pid  int
-	args []string
+// fileID is what a namespace link or a root leads to.
+type fileID struct{ dev, ino uint64 }
+
+func statID(path string) (fileID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return fileID{}, err
+	}
+	return fileID{st.Dev, st.Ino}, nil
 }
 
-// kubelets are the processes whose argv[0] is a kubelet, by PID.
-func (l locator) kubelets() []kubelet {
+// nodeRef is the node's PID and mount namespaces and root, as a
+// kubelet must share them.
+type nodeRef struct {
+	pid, mnt, rootID fileID
+	// root is where the node's root is reached from here: "" when it
+	// is this process's own, else PID 1's /proc/1/root.
+	root string
+	// name says whose they are, for the Why; note why not PID 1's.
+	name, note string
+}
+
+// unwrapPath is a path error's cause, without the path.
+func unwrapPath(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// node is PID 1's namespaces and root, else (unreadable) this
+// process's.
+func (l locator) node() nodeRef {
+	self, err := l.refOf("self")
+	if err != nil {
+		// Not even our own: no kubelet can be told from a tenant's.
+		return nodeRef{name: "no namespace readable (" + err.Error() + ")"}
+	}
+	init, err := l.refOf("1")
+	if err != nil {
+		self.name = "this process's namespaces"
+		self.note = fmt.Sprintf("PID 1's namespaces unreadable (%v): this process's stand for the node's", unwrapPath(err))
+		return self
+	}
+	init.name = "PID 1's namespaces"
+	if init.rootID != self.rootID {
+		init.root = filepath.Join(l.proc, "1", "root")
+	}
+	return init
+}
+
+func (l locator) refOf(pid string) (nodeRef, error) {
+	var r nodeRef
+	var err error
+	dir := filepath.Join(l.proc, pid)
+	if r.pid, err = statID(filepath.Join(dir, "ns", "pid")); err != nil {
+		return r, err
+	}
+	if r.mnt, err = statID(filepath.Join(dir, "ns", "mnt")); err != nil {
+		return r, err
+	}
+	r.rootID, err = statID(filepath.Join(dir, "root"))
+	return r, err
+}
+
+// kubelet is a kubelet process's PID and argv.
+type kubelet struct {
+	pid   int
+	args  []string
+	argv0 string
+}
+
+// kubelets are the processes whose argv[0] is a kubelet and that share
+// node's namespaces and root, by PID; notes name the others.
+func (l locator) kubelets(node nodeRef) ([]kubelet, []string) {
 	ents, _ := os.ReadDir(l.proc)
 	var out []kubelet
+	var notes []string
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -127,34 +230,65 @@ func (l locator) kubelets() []kubelet {
 			continue
 		}
 		args := strings.Split(string(bytes.TrimRight(b, "\x00")), "\x00")
-		if filepath.Base(args[0]) == "kubelet" {
-			out = append(out, kubelet{pid, args[1:]})
+		if filepath.Base(args[0]) != "kubelet" {
+			continue
 		}
+		if why := l.foreign(pid, node); why != "" {
+			notes = append(notes, fmt.Sprintf("kubelet pid %d not trusted: %s", pid, why))
+			continue
+		}
+		out = append(out, kubelet{pid: pid, args: args[1:], argv0: args[0]})
 	}
 	slices.SortFunc(out, func(a, b kubelet) int { return a.pid - b.pid })
-	return out
+	slices.Sort(notes)
+	return out, notes
+}
+
+// foreign says why process pid is not in node's namespaces and root
+// ("" : it is).
+func (l locator) foreign(pid int, node nodeRef) string {
+	if node.pid == (fileID{}) {
+		return "its namespaces cannot be compared"
+	}
+	k, err := l.refOf(strconv.Itoa(pid))
+	switch {
+	case err != nil:
+		return fmt.Sprintf("its namespaces unreadable (%v)", unwrapPath(err))
+	case k.pid != node.pid:
+		return "another PID namespace"
+	case k.mnt != node.mnt:
+		return "another mount namespace"
+	case k.rootID != node.rootID:
+		return "another root"
+	}
+	return ""
 }
 
 // fromKubelet is the endpoint kubelet k uses: its flag, else its config
 // file's field, else the kubelet's default; its paths are reached under
-// its root when that is not this process's.
-func (l locator) fromKubelet(k kubelet) (Endpoint, error) {
+// the node's root.
+func (l locator) fromKubelet(ctx context.Context, k kubelet, node nodeRef) (Endpoint, error) {
 	procDir := filepath.Join(l.proc, strconv.Itoa(k.pid))
-	root, rootNote := l.rootOf(procDir)
-	why := fmt.Sprintf("kubelet pid %d", k.pid)
+	why := fmt.Sprintf("kubelet pid %d (%s, in %s)", k.pid, k.argv0, node.name)
 	addr := FlagValue(k.args, "container-runtime-endpoint")
 	switch cfg := FlagValue(k.args, "config"); {
 	case addr != "":
 		why += " --container-runtime-endpoint"
 	case cfg != "":
-		// A relative path is the kubelet's working directory's.
 		path := cfg
 		if !filepath.IsAbs(path) {
-			path = filepath.Join(procDir, "cwd", path)
-		} else {
-			path = root + path
+			// A relative path is the kubelet's working directory's.
+			cwd, err := rootfs.Cwd(procDir)
+			if err != nil {
+				return Endpoint{}, fmt.Errorf("kubelet pid %d: its --config %s: its working directory: %w", k.pid, cfg, err)
+			}
+			path = filepath.Join(cwd, path)
 		}
-		b, err := os.ReadFile(path)
+		root := node.root
+		if root == "" {
+			root = "/"
+		}
+		b, err := rootfs.ReadFile(ctx, root, path, kubeletConfigLimit)
 		if err != nil {
 			return Endpoint{}, fmt.Errorf("kubelet pid %d: its --config: %w", k.pid, err)
 		}
@@ -175,25 +309,10 @@ func (l locator) fromKubelet(k kubelet) (Endpoint, error) {
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("kubelet pid %d: endpoint %q: %w", k.pid, addr, err)
 	}
-	if root != "" {
-		why += ", reached through " + root
+	if node.root != "" {
+		why += ", reached through " + node.root
 	}
-	return Endpoint{Address: addr, Socket: root + path, HostRoot: root, Why: why + rootNote}, nil
-}
-
-// rootOf is where a process's root is reached from here: "" when it is
-// this process's own (or cannot be read: a note says so), else its
-// /proc/PID/root.
-func (l locator) rootOf(procDir string) (string, string) {
-	var own, its unix.Stat_t
-	theirs := filepath.Join(procDir, "root")
-	if err := unix.Stat(theirs, &its); err != nil {
-		return "", fmt.Sprintf(" (its root unreadable: %v: its paths taken as ours)", err)
-	}
-	if err := unix.Stat(filepath.Join(l.proc, "self", "root"), &own); err == nil && own.Dev == its.Dev && own.Ino == its.Ino {
-		return "", ""
-	}
-	return theirs, ""
+	return Endpoint{Address: addr, Socket: node.root + path, HostRoot: node.root, KubeletPID: k.pid, Why: why}, nil
 }
 
 // FlagValue is the value of flag name in a process's args (argv without
