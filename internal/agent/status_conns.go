@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"net"
 	"net/netip"
 	"strconv"
@@ -32,12 +33,17 @@ type connLimits struct {
 	closeOnce   sync.Once
 }
 
-// refuseLinger bounds how long a refused connection is read after its
-// answer, so that the client reads the 429 rather than a reset.
-const refuseLinger = time.Second
+// refuseLinger bounds how long a refused connection is read, for its
+// request and after its answer, so that the client reads the 429 rather
+// than a reset: as long as a served one has for its header.
+const refuseLinger = StatusReadHeaderTimeout
 
-// maxRefusing bounds the refused connections lingering at once.
-const maxRefusing = 64
+// maxRefusing bounds the refused connections lingering at once (about
+// 10 KB each: a goroutine and a buffer). A flood of 10,000 callers from
+// one address in one process on 2 CPUs writes its requests slowly
+// (TestRotationWaitAbuse): the refusals past these are answered before
+// their request, which a Go client may take for an unsolicited answer.
+const maxRefusing = 256
 
 // tooManyFromSource is the answer to a connection past its address's
 // share. It is written before the request is read (a server may answer
@@ -105,18 +111,21 @@ func (l *connLimits) release(src netip.Addr) {
 	<-l.slots
 }
 
-// refuse answers c 429 and closes it. The write cannot block (a few
-// bytes into a new connection's empty send buffer; bounded anyway). With
-// a refusing slot free, the close waits for the client to hang up, at
-// most refuseLinger, on a goroutine Close waits for: closing a socket
-// whose request was not read sends a reset, which can beat the answer to
-// the client. Without one it closes at once.
+// refuse answers c 429 and closes it. With a refusing slot free it does
+// so on a goroutine Close waits for, as a server should: it reads the
+// request first (an answer before it confuses a client: Go's reads it as
+// unsolicited), then waits for the client to hang up, all within
+// refuseLinger (closing a socket whose request was not read sends a
+// reset, which can beat the answer to the client). Without one it
+// answers and closes at once, the request unread: the accept loop never
+// waits on a refused client. That write cannot block long (a few bytes
+// into a new connection's empty send buffer; bounded anyway).
 func (l *connLimits) refuse(c net.Conn) {
-	c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-	c.Write(tooManyFromSource)
 	select {
 	case l.refuseSlots <- struct{}{}:
 	default:
+		c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		c.Write(tooManyFromSource)
 		c.Close()
 		return
 	}
@@ -134,10 +143,13 @@ func (l *connLimits) refuse(c net.Conn) {
 	l.mu.Unlock()
 	go func() {
 		defer l.refusers.Done()
+		c.SetDeadline(time.Now().Add(refuseLinger))
+		readRequestHeader(c)
+		c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		c.Write(tooManyFromSource)
 		if tc, ok := c.(interface{ CloseWrite() error }); ok {
 			tc.CloseWrite()
 		}
-		c.SetReadDeadline(time.Now().Add(refuseLinger))
 		var buf [512]byte
 		for {
 			if _, err := c.Read(buf[:]); err != nil {
@@ -150,6 +162,20 @@ func (l *connLimits) refuse(c net.Conn) {
 		c.Close()
 		<-l.refuseSlots
 	}()
+}
+
+// readRequestHeader reads until the end of a request's header, at most
+// the status server's header limit, or an error (the deadline).
+func readRequestHeader(c net.Conn) {
+	var got []byte
+	buf := make([]byte, 1024)
+	for len(got) < defaultStatusLimits.MaxHeaderBytes {
+		n, err := c.Read(buf)
+		got = append(got, buf[:n]...)
+		if bytes.Contains(got, []byte("\r\n\r\n")) || err != nil {
+			return
+		}
+	}
 }
 
 // Close stops accepting and ends the refusals under way.
