@@ -200,3 +200,52 @@ func TestNativeSidecarJobAppBeforeWatch(t *testing.T) {
 		})
 	}
 }
+
+// Issue 42: a task shorter than draind's own start-up ends its proxy
+// within seconds, by its own exit code, not at --app-start-timeout. In a
+// pod cgroup (as the kubelet makes one) with POD_UID set (the downward
+// API's), a bare --exit-with-app on its defaults (2 min for an app never
+// seen): the app starts 0.02, 0.1 or 0.2 s after draind and exits after
+// 50 ms, with 0 (and, under any, with 3). draind's recorder of the pod's
+// other containers' exits, live from its first milliseconds, saw it end:
+// draind exits within 3 s of the app, every time.
+func TestJobShortTaskBeforeWatch(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, tc := range []struct {
+		mode string
+		code int
+	}{{"", 0}, {"=any", 3}} {
+		for _, d := range []time.Duration{20 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond} {
+			t.Run(fmt.Sprintf("exit-%d/after-%s", tc.code, d), func(t *testing.T) {
+				p := newPod(t, inPodCgroup)
+				p.env = append(p.env, "POD_UID=6f1c1d2e-5b7a-4c3e-9a41-0d2f1e3c4b5a")
+				draindAt := time.Now()
+				p.startDraindNoWait([]string{"--exit-with-app" + tc.mode, "--app-procs", "ebpf"})
+				time.Sleep(time.Until(draindAt.Add(d)))
+				appAt := time.Now()
+				p.startApp("--run-for", "50ms", "--exit-code", fmt.Sprint(tc.code))
+				if !p.app.wait(10 * time.Second) {
+					t.Fatal("the app did not finish")
+				}
+				p.drainedAt = appAt
+				code, _ := p.waitExit(30 * time.Second)
+				exitAt := time.Now()
+				_, _, _, appExit := p.appCalls()
+				rec := p.waitLog(time.Second, logevent.EarlyExits, nil)
+				live := logTime(p.waitLog(time.Second, logevent.AppLiveness, map[string]any{"source": "ebpf"}))
+				t.Logf("app started +%s, exited +%s; draind's process source live +%s; draind exit %d +%s (%s after the app); recorder %v",
+					appAt.Sub(draindAt).Round(time.Millisecond), appExit.Sub(draindAt).Round(time.Millisecond), live.Sub(draindAt).Round(time.Millisecond),
+					code, exitAt.Sub(draindAt).Round(time.Millisecond), exitAt.Sub(appExit).Round(time.Millisecond), rec)
+				if rec["recording"] != true {
+					t.Fatalf("the recorder did not run: %v", rec)
+				}
+				if code != 0 || appExit.IsZero() || exitAt.Sub(appExit) > 3*time.Second {
+					t.Errorf("draind exit %d, %s after the app's exit; want 0 within 3 s; log:\n%s", code, exitAt.Sub(appExit), p.draindLog.String())
+				}
+				if want := fmt.Sprintf("exit %d", tc.code); !p.sawMainExit(want) || len(p.logLines(logevent.AppNeverSeen)) > 0 {
+					t.Errorf("want the app's main exit seen with %q, never taken as never seen; log:\n%s", want, p.draindLog.String())
+				}
+			})
+		}
+	}
+}

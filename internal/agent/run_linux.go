@@ -56,6 +56,7 @@ type agent struct {
 	// cgroups: the pod's cgroup and draind's own under --cgroup-root
 	// (nil without it).
 	cgroups *podcgroup.Found
+	exits   *earlyExits // nil: not recording (openEarlyExits)
 	// pilotAgent asks pilot-agent's readiness (nil: the proxy is Envoy).
 	pilotAgent *pilotAgentReadiness
 	// early: drain requests before the machine is built; the status
@@ -114,6 +115,11 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	}()
 
 	a.raisePrivileges() // privs: permitted capabilities made effective (file caps +p)
+	// Under --exit-with-app, the app's exits from here on: an app that
+	// ends before the process source is live still ends the proxy by its
+	// own exit code. Closed once that source has taken what it holds.
+	a.exits = a.openEarlyExits()
+	closers = append(closers, func() error { return a.exits.Close() })
 
 	ln, err := net.Listen("tcp", cfg.StatusAddr)
 	if err != nil {
@@ -423,6 +429,9 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 	}
 	rules := appprocs.Rules{SelfPIDs: []int{os.Getpid()}, ProxyUID: a.cfg.ProxyUID, ProxyPIDs: []int{a.proxy.Pid()}}
 	opts := []appprocs.Option{appprocs.WithBTFCache(cache)}
+	if a.exits != nil {
+		opts = append(opts, appprocs.WithEarlyExits(a.exits))
+	}
 	if !a.watchesAppWhileReady() {
 		opts = append(opts, appprocs.WithDormant())
 		if a.cgroups != nil {

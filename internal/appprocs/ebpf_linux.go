@@ -79,6 +79,12 @@ func openEBPF(netnsInode uint64, rules Rules, o options) (Source, error) {
 	s.installSnapshotLocked(&snap)
 	s.recomputeLocked()
 	s.mu.Unlock()
+	if !o.dormant && o.early != nil {
+		if err := s.mergeEarly(o.early, probe.AttachedAt()); err != nil {
+			probe.Close()
+			return nil, fmt.Errorf("open process tracker: %w", err)
+		}
+	}
 	s.refresh = s.resync
 	s.dormant.Store(o.dormant)
 	if o.dormant {
@@ -87,6 +93,43 @@ func openEBPF(netnsInode uint64, rules Rules, o options) (Source, error) {
 		s.setFollowing(ViaSchedTracepoints, "live from start")
 	}
 	return s, nil
+}
+
+// mergeEarly records, for each container that the early recorder saw end
+// before the programs attached (at ktime attached), its last exit as a
+// main exit of the app's, unless that process is alive now (a PID the
+// snapshot has). Exits from the attach on are the programs' own.
+func (s *ebpfSource) mergeEarly(early EarlyExits, attached uint64) error {
+	all, err := early.EarlyExits()
+	if err != nil {
+		return err
+	}
+	last := map[uint64]EarlyExit{}
+	var order []uint64
+	for _, e := range all {
+		if e.Ktime >= attached {
+			continue
+		}
+		if _, ok := last[e.Container]; !ok {
+			order = append(order, e.Container)
+		}
+		last[e.Container] = e
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	s.update(func() {
+		for _, c := range order {
+			e := last[c]
+			if _, alive := s.procs[e.PID]; alive {
+				continue
+			}
+			s.exitSeq++
+			s.exits = append(s.exits, Exit{Process: Process{PID: e.PID, Comm: e.Comm}, ParentOutside: true, Known: true, Status: e.Status, Seq: s.exitSeq})
+			s.exitsNew = true
+		}
+	})
+	return nil
 }
 
 // Start makes a dormant source follow changes, then takes the snapshot

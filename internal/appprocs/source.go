@@ -211,6 +211,7 @@ type options struct {
 	dormant    bool
 	podCgroup  string
 	ownCgroup  string
+	early      EarlyExits
 }
 
 // DefaultPollPeriod is the /proc backend's polling period.
@@ -276,6 +277,35 @@ func WithDormant() Option {
 // and the /proc backend ignore it.
 func WithPodCgroup(pod, own string) Option {
 	return func(o *options) { o.podCgroup, o.ownCgroup = pod, own }
+}
+
+// EarlyExit is how a process of another container of the pod ended
+// before the source was live, as a recorder that needs no kernel BTF saw
+// it (probes.EarlyExits, bpf/earlyexits.c).
+type EarlyExit struct {
+	// Ktime is CLOCK_MONOTONIC when it ended (its SIGCHLD).
+	Ktime uint64
+	// Container tells its container (its cgroup's id).
+	Container uint64
+	PID       int
+	Comm      string
+	Status    ExitStatus
+}
+
+// EarlyExits gives the exits recorded so far, oldest first.
+type EarlyExits interface {
+	EarlyExits() ([]EarlyExit, error)
+}
+
+// WithEarlyExits gives a live eBPF source the exits recorded before its
+// programs attached: each container's last one is its main process's
+// (the PID namespace's first process ends after every other), taken as
+// an exit of the app's with its status. So an app container that ran and
+// left during draind's start-up is done by its own exit code, not by
+// --app-start-timeout. The recorder must watch only the pod's other
+// containers. Ignored by a dormant source and by /proc.
+func WithEarlyExits(e EarlyExits) Option {
+	return func(o *options) { o.early = e }
 }
 
 // WithBTFCache makes the eBPF backend decode the kernel's BTF through c,

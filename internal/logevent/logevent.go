@@ -86,6 +86,9 @@ const (
 const (
 	// ProxyStarted: the proxy's process started.
 	ProxyStarted Event = "proxy_started"
+	// EarlyExits: under --exit-with-app, whether the recorder of the pod's
+	// other containers' exits runs from draind's start (pod, or why not).
+	EarlyExits Event = "early_exits"
 	// SignalReceived: draind received a signal (field signal).
 	SignalReceived Event = "signal"
 	// Tracker: how sockets are followed (field mode).

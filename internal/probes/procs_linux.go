@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -42,6 +43,8 @@ type Procs struct {
 	walkOut []byte     // walk_out, mapped read-only; under snapMu once open
 
 	full perCPUCounter // ring reservations that failed
+
+	attachedAt atomic.Uint64 // AttachedAt
 
 	closeOnce sync.Once
 	closeErr  error
@@ -126,7 +129,7 @@ func (p *Procs) load(netnsInode uint64, o ProcOptions) (err error) {
 	}
 	p.hooks = []hook{{"sched_process_exit", p.objs.ProcsExit}, {"sched_process_fork", p.objs.ProcsFork}, {"sched_process_exec", p.objs.ProcsExec}}
 	if !o.Detached {
-		if err := p.attach(); err != nil {
+		if err := p.attachNow(); err != nil {
 			return err
 		}
 	}
@@ -158,11 +161,25 @@ func setProcsConstants(spec *ebpf.CollectionSpec, netns, pidns uint64, walkCap u
 // Detached (see TCPState.Attach). Snapshots work either way: the iterator
 // runs only when read.
 func (p *Procs) Attach() error {
-	if err := p.attach(); err != nil {
+	if err := p.attachNow(); err != nil {
 		return unavailable(err)
 	}
 	return nil
 }
+
+// attachNow attaches and notes when (AttachedAt).
+func (p *Procs) attachNow() error {
+	at := uint64(KtimeNow())
+	if err := p.attach(); err != nil {
+		return err
+	}
+	p.attachedAt.CompareAndSwap(0, at)
+	return nil
+}
+
+// AttachedAt is CLOCK_MONOTONIC (bpf_ktime_get_ns) just before the exit
+// program attached, 0 before: an exit before it is not among the events.
+func (p *Procs) AttachedAt() uint64 { return p.attachedAt.Load() }
 
 // Attached reports whether the fork, exec and exit programs run.
 func (p *Procs) Attached() bool { return p.isAttached() }
