@@ -29,14 +29,46 @@ func capFields(s privs.Sets) []zap.Field {
 	}
 }
 
+// AllowUndroppedCapsEnv lets a draind that cannot change its
+// capabilities (a binary linked with cgo, privs.ErrCgo) start anyway,
+// keeping every capability execve gave it and handing them all to the
+// proxy. Without it such a binary refuses to start: the drop is what
+// bounds a compromised draind or Envoy (docs/threat-model.md), and a
+// build that silently skips it fails open (issue 43).
+const AllowUndroppedCapsEnv = "DRAIND_ALLOW_UNDROPPED_CAPS"
+
+// capsUnsupported is the start-up's verdict on a binary that cannot
+// change its capabilities (supported: privs.Supported()'s error): a
+// one-line *ConfigError unless AllowUndroppedCapsEnv is true, else nil
+// and the warning to log ("" when supported is nil).
+func capsUnsupported(supported error, lookupEnv func(string) (string, bool)) (warning string, err error) {
+	if supported == nil {
+		return "", nil
+	}
+	v, set := lookupEnv(AllowUndroppedCapsEnv)
+	allow, perr := strconv.ParseBool(strings.TrimSpace(v))
+	switch {
+	case set && perr != nil:
+		return "", configErr("%s=%q: want true or false", AllowUndroppedCapsEnv, v)
+	case !set || !allow:
+		return "", configErr("cannot drop capabilities: %v; build with CGO_ENABLED=0, or set %s=true to keep every capability execve gave (draind's and the proxy's)", supported, AllowUndroppedCapsEnv)
+	}
+	return "capabilities are left as execve gave them (" + AllowUndroppedCapsEnv + "=true): draind and the proxy keep them all", nil
+}
+
 // raisePrivileges makes draind's permitted capabilities effective: an
 // image's `cap_bpf,cap_perfmon+p` file capabilities (no effective bit,
 // which would make execve fail when the pod does not add them) give them
-// permitted only. Logged with the sets execve gave.
-func (a *agent) raisePrivileges() {
+// permitted only. Logged with the sets execve gave. A binary that cannot
+// change them refuses to start unless told (capsUnsupported).
+func (a *agent) raisePrivileges() error {
 	if err := privs.Supported(); err != nil {
-		a.log.Warn("capabilities are left as execve gave them", zap.Error(err))
-		return
+		warning, err := capsUnsupported(err, a.cfg.lookupEnv)
+		if err != nil {
+			return err
+		}
+		a.log.Warn(warning, zap.String("env", AllowUndroppedCapsEnv))
+		return nil
 	}
 	before, after, err := privs.RaiseEffective()
 	if err != nil {
@@ -44,6 +76,7 @@ func (a *agent) raisePrivileges() {
 	}
 	a.log.Info("capabilities", append(capFields(after), logevent.Capabilities.Field(), zap.String("stage", "start"),
 		zap.Stringer("raised", after.Effective&^before.Effective))...)
+	return nil
 }
 
 // limitProxyPrivileges leaves the proxy exactly --proxy-caps: draind must

@@ -30,6 +30,7 @@ import (
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/podcgroup"
+	"github.com/draind/draind/internal/privs"
 	"github.com/draind/draind/internal/probes"
 	"github.com/draind/draind/internal/proxy"
 )
@@ -73,6 +74,11 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if err := cfg.Validate(); err != nil {
 		return Result{}, err
 	}
+	// A binary that cannot drop its capabilities refuses first, as its
+	// one line (raisePrivileges logs the opt-out).
+	if _, err := capsUnsupported(privs.Supported(), cfg.lookupEnv); err != nil {
+		return Result{}, err
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -99,8 +105,12 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	}
 
 	// Signals first: a SIGTERM during start-up must drain, not kill us.
+	// SIGHUP and SIGQUIT are caught too: by Go's default either ends
+	// draind at once (PID 1: the container with it), without a drain
+	// and, for SIGHUP, without a word (signalAction says what each does).
 	sigc := make(chan os.Signal, 4)
-	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(sigc, drainSignals...)
+	signal.Notify(sigc, ignoredSignals...)
 	defer signal.Stop(sigc)
 
 	var closers []func() error
@@ -114,7 +124,11 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		}
 	}()
 
-	a.raisePrivileges() // privs: permitted capabilities made effective (file caps +p)
+	// privs: permitted capabilities made effective (file caps +p); a
+	// binary that cannot drop them refuses to start, unless told.
+	if err := a.raisePrivileges(); err != nil {
+		return Result{}, err
+	}
 	// Under --exit-with-app, the app's exits from here on: an app that
 	// ends before the process source is live still ends the proxy by its
 	// own exit code. Closed once that source has taken what it holds.
@@ -152,7 +166,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	// The probes' own client makes one attempt: a probe wants the answer
 	// now (the kubelet asks again), not after the drain client's backoff
 	// on an admin API that is not listening yet.
-	probe := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second), envoy.WithRetries(0))
+	probe := newProbeAdmin(cfg.AdminAddr)
 	closers = append(closers, func() error { probe.CloseIdleConnections(); return nil })
 	a.probeAdmin = adminView{c: probe, sh: shared}
 
@@ -197,7 +211,11 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			case <-runCtx.Done():
 				return
 			case sig := <-sigc:
-				log.Info("signal", logevent.SignalReceived.Field(), zap.Stringer("signal", sig))
+				if signalAction(sig) == "ignored" {
+					log.Warn("signal ignored", logevent.SignalReceived.Field(), zap.Stringer("signal", sig), zap.String("action", "ignored"))
+					continue
+				}
+				log.Info("signal", logevent.SignalReceived.Field(), zap.Stringer("signal", sig), zap.String("action", "drain"))
 				a.early.trigger(drain.CauseSignal)
 			}
 		}
@@ -298,6 +316,25 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		a.flushEvents(events)
 	}
 	return res, nil
+}
+
+// drainSignals start the drain: SIGTERM (the kubelet's), SIGINT (a
+// terminal's), and SIGQUIT, the stop signal an image or a pod may name
+// instead of SIGTERM (nginx's graceful quit; the runtime sends the
+// image's STOPSIGNAL). ignoredSignals are logged and change nothing:
+// SIGHUP asks a daemon to reload, and draind has nothing to reload; a
+// terminal hanging up must not stop the pod's proxy either.
+var (
+	drainSignals   = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT}
+	ignoredSignals = []os.Signal{syscall.SIGHUP}
+)
+
+// signalAction is what draind does on sig: "drain" or "ignored".
+func signalAction(sig os.Signal) string {
+	if slices.Contains(ignoredSignals, sig) {
+		return "ignored"
+	}
+	return "drain"
 }
 
 // NodeIPEnv is the node's address as the downward API gives it
