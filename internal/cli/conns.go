@@ -156,14 +156,14 @@ func runConns(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return streamJSON(stdout, d, nf.label(ns), nf.policy(), extra)
 	}
 	if nf.target != nil {
-		fmt.Fprintf(stdout, "%s: %s\n", nf.target.label(), nf.target.criLine())
+		fmt.Fprintf(stdout, "%s: %s\n", printable(nf.target.label()), nf.target.criLine())
 	}
 	if err := writeTable(stdout, d, nf.label(ns), nf.policy()); err != nil || !*withProcs {
 		return err
 	}
 	procs, source, err := appProcesses(ns, uint32(nf.proxyUID))
 	if err != nil {
-		_, err = fmt.Fprintf(stdout, "app processes: not visible (%v)\n", err)
+		_, err = fmt.Fprintf(stdout, "app processes: not visible (%s)\n", printable(err.Error()))
 		return err
 	}
 	return writeProcs(stdout, procs, source)
@@ -270,11 +270,11 @@ func appProcesses(ns *namespace.Net, proxyUID uint32) ([]appprocs.Process, strin
 }
 
 func writeProcs(w io.Writer, procs []appprocs.Process, source string) error {
-	fmt.Fprintf(w, "\napp processes (%s): %d\n", source, len(procs))
+	fmt.Fprintf(w, "\napp processes (%s): %d\n", printable(source), len(procs))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PID\tPPID\tUID\tCOMM")
 	for _, p := range procs {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\n", p.PID, p.PPID, p.UID, p.Comm)
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\n", p.PID, p.PPID, p.UID, cell(p.Comm, commWidth))
 	}
 	return tw.Flush()
 }

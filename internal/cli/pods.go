@@ -75,7 +75,8 @@ type podTarget struct {
 	Runtime   string       `json:"runtime"`
 }
 
-// label names the target in the output's header and summary.
+// label names the target in the output's header and summary (raw: a
+// table prints it through printable).
 func (t *podTarget) label() string {
 	via := "pid " + strconv.Itoa(t.PID)
 	if t.Container != "" {
@@ -89,7 +90,7 @@ func (t *podTarget) label() string {
 
 // criLine says where the pod was found: the runtime, its endpoint and why.
 func (t *podTarget) criLine() string {
-	return fmt.Sprintf("found through %s at %s (%s)", t.Runtime, t.CRI.Address, t.CRI.Why)
+	return fmt.Sprintf("found through %s at %s (%s)", cell(t.Runtime, headerWidth), cell(t.CRI.Address, headerWidth), cell(t.CRI.Why, whyWidth))
 }
 
 // jsonMembers are the target as more members of a JSON object
@@ -640,7 +641,8 @@ func dialIn(ctx context.Context, ns *namespace.Net, ap netip.AddrPort) (net.Conn
 // namespace and name (the runtime's listing is).
 func writeNodeView(w io.Writer, v *nodeView) error {
 	fmt.Fprintf(w, "%s pods on this node: %d (%s at %s: %s; each asked for at most %s)\n",
-		v.Time.Format("15:04:05"), len(v.Pods), v.Runtime, v.CRI.Address, v.CRI.Why, time.Duration(v.TimeoutMS)*time.Millisecond)
+		v.Time.Format("15:04:05"), len(v.Pods), cell(v.Runtime, headerWidth), cell(v.CRI.Address, headerWidth), cell(v.CRI.Why, whyWidth),
+		time.Duration(v.TimeoutMS)*time.Millisecond)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "POD\tDRAIND\tPHASE\tTRIGGER\tSINCE\tDEADLINE IN\tHOLDS / FLOWS")
 	for i := range v.Pods {
@@ -650,23 +652,37 @@ func writeNodeView(w io.Writer, v *nodeView) error {
 	return tw.Flush()
 }
 
+// The widths of the table's cells that hold strings from outside (the
+// runtime's names, a pod's draind's answer, errors quoting either): each
+// is escaped (printable) and cut there; -o json has them whole.
+const (
+	podWidth     = 80  // namespace/name: 63 and 1 and, rarely, up to 253
+	nameWidth    = 40  // a container's name, a phase, a trigger, a hold's kind
+	errorWidth   = 160 // an error, which may quote a pod's answer
+	headerWidth  = 120 // the runtime's name and address
+	whyWidth     = 400 // why that endpoint: the kubelet, and those not trusted
+	commWidth    = 32  // a process's name (15 bytes, escaped)
+	endWhyWidth  = 40
+	holdKindWide = 24
+)
+
 // podCells are a row's table cells.
 func podCells(r *podRow) [7]string {
-	c := [7]string{r.Namespace + "/" + r.Name, "-", "-", "-", "-", "-", "-"}
+	c := [7]string{cell(r.Namespace+"/"+r.Name, podWidth), "-", "-", "-", "-", "-", "-"}
 	if d := r.Draind; d != nil {
-		c[1] = d.Container + ":?" // its settings unread: the error says why
+		c[1] = cell(d.Container, nameWidth) + ":?" // its settings unread: the error says why
 		if _, port, err := agent.SplitHostPort(d.StatusAddr); err == nil {
-			c[1] = d.Container + ":" + strconv.Itoa(int(port))
+			c[1] = cell(d.Container, nameWidth) + ":" + strconv.Itoa(int(port))
 		}
 	}
 	switch {
 	case r.Error != "":
-		c[2], c[6] = "?", r.Error
+		c[2], c[6] = "?", cell(r.Error, errorWidth)
 	case r.State != nil:
 		st := r.State
-		c[2] = st.Phase
+		c[2] = cell(st.Phase, nameWidth)
 		if st.Trigger != "" {
-			c[3], c[4], c[5] = st.Trigger, msString(st.SinceTriggerMS), msString(st.DeadlineInMS)
+			c[3], c[4], c[5] = cell(st.Trigger, nameWidth), msString(st.SinceTriggerMS), msString(st.DeadlineInMS)
 		}
 		c[6] = holdsCell(st)
 	case r.Flows != nil:
@@ -689,7 +705,7 @@ const (
 // holdsCell is what holds the drain now, or how it ended.
 func holdsCell(st *agent.PodState) string {
 	if e := st.End; e != nil {
-		s := fmt.Sprintf("ended: %s after %s", e.Why, msString(e.TookMS))
+		s := fmt.Sprintf("ended: %s after %s", cell(e.Why, endWhyWidth), msString(e.TookMS))
 		if e.Cut {
 			s += fmt.Sprintf(", cut by the deadline (%d flows, %d app processes open)", e.OpenFlows, e.AppProcesses)
 		}
@@ -704,11 +720,7 @@ func holdsCell(st *agent.PodState) string {
 			parts = append(parts, fmt.Sprintf("+%d more", len(st.Holds)-i))
 			break
 		}
-		what := oneLine(h.What)
-		if len(what) > maxHoldText {
-			what = what[:maxHoldText-1] + "…"
-		}
-		parts = append(parts, h.Kind+": "+what)
+		parts = append(parts, cell(h.Kind, holdKindWide)+": "+cell(h.What, maxHoldText))
 	}
 	return strings.Join(parts, "; ")
 }

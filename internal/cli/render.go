@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"io"
 	"net/netip"
 	"slices"
@@ -35,8 +36,18 @@ func NewJSONWriter(w io.Writer, taken time.Time, namespace string) *JSONWriter {
 	j.b = append(j.b, `{"taken":`...)
 	j.b = strconv.AppendQuote(j.b, taken.Format(time.RFC3339Nano))
 	j.b = append(j.b, `,"namespace":`...)
-	j.b = strconv.AppendQuote(j.b, namespace)
+	j.b = appendJSONString(j.b, namespace)
 	return j
+}
+
+// appendJSONString appends s as a JSON string, exactly: Go's quoting
+// (\x1b, invalid UTF-8 kept) is no JSON.
+func appendJSONString(b []byte, s string) []byte {
+	q, err := json.Marshal(s)
+	if err != nil {
+		return append(b, `""`...)
+	}
+	return append(b, q...)
 }
 
 // Listener writes a listener; all come before the first Flow.
@@ -336,7 +347,7 @@ func (t *TableWriter) End(w io.Writer, namespace string, s *flows.Summary) error
 		}
 	}
 	out = append(out, '\n')
-	out = append(out, namespace...)
+	out = append(out, printable(namespace)...)
 	out = append(out, ": "...)
 	out = append(out, summaryFields(s)...)
 	out = append(out, '\n')

@@ -59,9 +59,9 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			poll = fmt.Sprintf(", polling every %s: changes between polls are reported at the next poll", period)
 		}
 		if nf.target != nil {
-			fmt.Fprintf(stdout, "%s: %s\n", nf.target.label(), nf.target.criLine())
+			fmt.Fprintf(stdout, "%s: %s\n", printable(nf.target.label()), nf.target.criLine())
 		}
-		fmt.Fprintf(stdout, "watching %s: %s mode (%s%s)\n%s\n", nf.label(ns), mode, why, poll, summaryLine(sum))
+		fmt.Fprintf(stdout, "watching %s: %s mode (%s%s)\n%s\n", printable(nf.label(ns)), mode, why, poll, summaryLine(sum))
 	}
 	var procsChanged <-chan struct{}
 	var procs appprocs.Source
@@ -156,13 +156,13 @@ func printProcs(w io.Writer, format outputFormat, procs []appprocs.Process, note
 		json.NewEncoder(w).Encode(map[string]any{"time": time.Now(), "app_processes": procs, "source": note})
 		return
 	}
-	line := fmt.Sprintf("%s app processes: %d (%s)", time.Now().Format("15:04:05.000000"), len(procs), note)
+	line := fmt.Sprintf("%s app processes: %d (%s)", time.Now().Format("15:04:05.000000"), len(procs), printable(note))
 	for i, p := range procs {
 		if i == 8 {
 			line += fmt.Sprintf(" +%d more", len(procs)-i)
 			break
 		}
-		line += fmt.Sprintf(" %d:%s", p.PID, p.Comm)
+		line += fmt.Sprintf(" %d:%s", p.PID, cell(p.Comm, commWidth))
 	}
 	fmt.Fprintln(w, line)
 }
