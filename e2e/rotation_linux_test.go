@@ -323,7 +323,9 @@ func appPreStopRotation(t *testing.T, p *pod, c *clients, stopAfter time.Duratio
 // TestRotationWaitAbuse (issue 31, acceptance 7): 10,000 concurrent calls
 // to the endpoint on a Ready pod, each on its own connection from another
 // network namespace, start no drain, and draind's RSS stays under 40 MB;
-// the loopback-only endpoints still refuse that namespace.
+// the loopback-only endpoints still refuse that namespace. All come from
+// one address: the status server serves 16 of its connections at once and
+// refuses the rest (429, or a close: issue 43), which sheds them.
 func TestRotationWaitAbuse(t *testing.T) {
 	p := newPod(t)
 	p.startApp()
@@ -363,7 +365,12 @@ func TestRotationWaitAbuse(t *testing.T) {
 				// (under three busy loops on 2 CPUs: 0 to 215 of 10,000,
 				// one 4.85 s after its connect). Shed, not failed; bounded
 				// below.
-				if errors.Is(err, io.EOF) || strings.Contains(err.Error(), "server closed idle connection") {
+				// Past the slots of one address the refusal answers or
+				// closes before the client wrote, when too many wait to
+				// be read (issue 43): the client reads an answer it did
+				// not ask for, or a reset. Shed too.
+				if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+					strings.Contains(err.Error(), "server closed idle connection") || strings.Contains(err.Error(), "readLoopPeekFailLocked") {
 					cut.Add(1)
 					return
 				}
@@ -393,8 +400,8 @@ func TestRotationWaitAbuse(t *testing.T) {
 	if failed.Load() != 0 {
 		t.Errorf("%d calls failed (first: %v)", failed.Load(), firstErr.Load())
 	}
-	if cut.Load() > 500 {
-		t.Errorf("%d of 10,000 connections closed unanswered: more than a starved node's header timeouts", cut.Load())
+	if ok.Load() == 0 {
+		t.Errorf("no call answered: the address's own slots served none")
 	}
 	if peakKB.Load() >= 40<<10 {
 		t.Errorf("draind's RSS reached %d KB, want < 40 MB", peakKB.Load())

@@ -5,6 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 command -v netstat >/dev/null || { echo "needs netstat (apt-get install net-tools) for the comparison" >&2; exit 1; }
-go build -o bin/draind ./cmd/draind
+CGO_ENABLED=0 go build -o bin/draind ./cmd/draind
 go -C tools build -o "$PWD/bin/benchsnap" ./bench/benchsnap
 ./bin/benchsnap --draind bin/draind --flows "${FLOWS:-1000,10000,100000}" --budget "${BUDGET:-2s}"
