@@ -131,7 +131,8 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	}
 	// Under --exit-with-app, the app's exits from here on: an app that
 	// ends before the process source is live still ends the proxy by its
-	// own exit code. Closed once that source has taken what it holds.
+	// own exit code. Closed once that source has taken what it holds
+	// (openAppProcs), or at the end on an earlier return.
 	a.exits = a.openEarlyExits()
 	closers = append(closers, func() error { return a.exits.Close() })
 
@@ -480,6 +481,11 @@ func (a *agent) openAppProcs(cache *btf.Cache) {
 		opts = append(opts, appprocs.WithRingSize(a.cfg.ProcRingSize))
 	}
 	src, reason, err := appprocs.Open(a.ns.Inode(), rules, a.cfg.AppProcs, opts...)
+	// The source took the early exits at its Open: the recorder's program
+	// need not run for every signal of the node any longer.
+	if cerr := a.exits.Close(); cerr != nil {
+		a.log.Warn("early exits", logevent.EarlyExits.Field(), zap.Error(cerr))
+	}
 	var host hostNetVerdict
 	if err == nil {
 		host = detectHostNet(a.cfg.HostNetwork, a.ns, src)
