@@ -221,6 +221,9 @@ func (s GaugesState) String() string { return [...]string{"unknown", "present", 
 // Machine is the drain state machine. Build it with New, run it once.
 type Machine struct {
 	cfg Config
+	// liveWork runs f on a goroutine Run owns, with a context Run cancels
+	// and waits on as it returns (set by Run).
+	liveWork func(f func(context.Context))
 	// The parts (Parts), fixed at New.
 	flows    Flows
 	apps     Apps
@@ -451,6 +454,15 @@ func (m *Machine) Untold() (UntoldClosed, bool) {
 // is done or the deadline). Cancelling ctx stops the proxy at once.
 func (m *Machine) Run(ctx context.Context) Result {
 	defer m.timers.stopAll()
+	// The admin calls at LIVE run beside the loop (onLive): a hung admin
+	// API must not hold a SIGTERM or the proxy's exit. They end with Run.
+	liveCtx, cancelLive := context.WithCancel(ctx)
+	var liveWork sync.WaitGroup
+	defer func() {
+		cancelLive()
+		liveWork.Wait()
+	}()
+	m.liveWork = func(f func(context.Context)) { liveWork.Go(func() { f(liveCtx) }) }
 	var exited <-chan struct{}
 	if m.proxy != nil {
 		exited = m.proxy.Exited()
@@ -668,12 +680,17 @@ func (m *Machine) onLive(ctx context.Context) {
 			m.enter(Ready, zap.Duration("since_start", time.Since(m.begun)))
 		}
 	}
-	if h, ok := m.admin.(LiveHook); ok {
-		hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		h.AtLive(hctx)
-		cancel()
-	}
-	m.checkGauges(ctx)
+	// Off the loop: the trigger and the proxy's exit are not held by an
+	// admin API that hangs (the drain then starts without what these
+	// learn: stat names as given, the rate before unknown).
+	m.liveWork(func(ctx context.Context) {
+		if h, ok := m.admin.(LiveHook); ok {
+			hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			h.AtLive(hctx)
+			cancel()
+		}
+		m.checkGauges(ctx)
+	})
 }
 
 // checkGauges asks, once it can be answered, whether Envoy keeps the
