@@ -58,8 +58,8 @@ const kubeletConfigLimit = 1 << 20
 // namespace, mount namespace and root of /proc's PID 1: with hostPID
 // (deploy/node-debug.yaml) that is the node's init, so a tenant's
 // process named kubelet, in a container's namespaces, never counts.
-// Where PID 1 cannot be read, this process's namespaces and root stand
-// for it (the Why says so). Its paths are read and its socket is dialled
+// Where PID 1 cannot be read, kthreadd's (the kernel's initial
+// namespaces), else this process's, stand for it (the Why says so). Its paths are read and its socket is dialled
 // under the node's root (PID 1's), never under the kubelet's own, and
 // its --config is read inside that root, bounded (internal/rootfs),
 // within ctx.
@@ -172,8 +172,8 @@ func unwrapPath(err error) error {
 	return err
 }
 
-// node is PID 1's namespaces and root, else (unreadable) this
-// process's.
+// node is PID 1's namespaces and root, else (unreadable) kthreadd's,
+// else this process's.
 func (l locator) node() nodeRef {
 	self, err := l.refOf("self")
 	if err != nil {
@@ -181,16 +181,30 @@ func (l locator) node() nodeRef {
 		return nodeRef{name: "no namespace readable (" + err.Error() + ")"}
 	}
 	init, err := l.refOf("1")
-	if err != nil {
-		self.name = "this process's namespaces"
-		self.note = fmt.Sprintf("PID 1's namespaces unreadable (%v): this process's stand for the node's", unwrapPath(err))
-		return self
+	if err == nil {
+		init.name = "PID 1's namespaces"
+		if init.rootID != self.rootID {
+			init.root = filepath.Join(l.proc, "1", "root")
+		}
+		return init
 	}
-	init.name = "PID 1's namespaces"
-	if init.rootID != self.rootID {
-		init.root = filepath.Join(l.proc, "1", "root")
+	// PID 1 may refuse a reader (non-dumpable, an LSM); kthreadd, the
+	// kernel's own thread, has no memory to guard and lives in the
+	// kernel's initial namespaces, which are the node's where PID 1's
+	// are (a node that is not itself a container).
+	if comm, cerr := os.ReadFile(filepath.Join(l.proc, "2", "comm")); cerr == nil && strings.TrimSpace(string(comm)) == "kthreadd" {
+		if kt, kerr := l.refOf("2"); kerr == nil {
+			kt.name = "the kernel's initial namespaces (kthreadd's)"
+			kt.note = fmt.Sprintf("PID 1's namespaces unreadable (%v): kthreadd's stand for the node's", unwrapPath(err))
+			if kt.rootID != self.rootID {
+				kt.root = filepath.Join(l.proc, "2", "root")
+			}
+			return kt
+		}
 	}
-	return init
+	self.name = "this process's namespaces"
+	self.note = fmt.Sprintf("PID 1's namespaces unreadable (%v): this process's stand for the node's", unwrapPath(err))
+	return self
 }
 
 func (l locator) refOf(pid string) (nodeRef, error) {
