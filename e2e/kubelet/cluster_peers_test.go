@@ -162,9 +162,14 @@ type pathClients struct {
 	failed   atomic.Int64
 	mu       sync.Mutex
 	firstErr error
+	// failures are the first maxFailures failures, each with its time.
+	failures []string
 	stop     chan struct{}
 	wg       sync.WaitGroup
 }
+
+// maxFailures bounds pathClients.failures.
+const maxFailures = 40
 
 // once sends one request on a new connection.
 func (p *pathClients) once() error {
@@ -193,11 +198,15 @@ func (p *pathClients) start(period time.Duration) {
 			case <-tk.C:
 			}
 			p.wg.Go(func() {
+				sent := time.Now()
 				if err := p.once(); err != nil {
 					p.failed.Add(1)
 					p.mu.Lock()
 					if p.firstErr == nil {
 						p.firstErr = err
+					}
+					if len(p.failures) < maxFailures {
+						p.failures = append(p.failures, fmt.Sprintf("%s %v", sent.Format("15:04:05.000"), err))
 					}
 					p.mu.Unlock()
 					return

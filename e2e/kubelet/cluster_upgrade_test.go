@@ -131,6 +131,7 @@ func TestClusterIstioUpgrade(t *testing.T) {
 	for _, s := range steps {
 		t0 := time.Now()
 		install(s.cm, s.draind)
+		t.Logf("%s: restart at %s", s.name, time.Now().Format("15:04:05.000"))
 		kubectl(t, nil, "-n", ns, "rollout", "restart", "deployment/web")
 		kubectl(t, nil, "-n", ns, "rollout", "status", "deployment/web", "--timeout=180s")
 		// The old pods' ends, under load, before the next step.
@@ -143,7 +144,10 @@ func TestClusterIstioUpgrade(t *testing.T) {
 	load.stop = nil
 	t.Logf("new connections through the ClusterIP: %d ok, %d failed (first: %v)", load.ok.Load(), load.failed.Load(), load.firstErr)
 	if load.failed.Load() != 0 || load.ok.Load() == 0 {
-		t.Errorf("%d connections failed (first: %v), %d ok", load.failed.Load(), load.firstErr, load.ok.Load())
+		t.Errorf("%d connections failed (first: %v), %d ok:\n%s", load.failed.Load(), load.firstErr, load.ok.Load(), strings.Join(load.failures, "\n"))
+		out, _ := c.KubectlCmd(context.Background(), nil, "-n", ns, "get", "events", "--sort-by=.lastTimestamp", "-o",
+			"custom-columns=FIRST:.firstTimestamp,LAST:.lastTimestamp,REASON:.reason,OBJECT:.involvedObject.name,MESSAGE:.message")
+		t.Logf("events:\n%s", out)
 	}
 }
 
