@@ -17,10 +17,12 @@ import (
 )
 
 // upgradeWeb is a stock mesh's Deployment as a careful team runs it before
-// draind: the app's preStop is the usual fixed sleep, which a mesh
-// without draind needs to lose nothing at a pod's end (kube-proxy still
-// sends for a sync after the deletion). Its Service sends to the app's
-// port, which Istio's interception hands to the sidecar.
+// draind: the app keeps serving 5 s after its SIGTERM (agnhost's
+// --delay-shutdown), which a mesh without draind needs to lose nothing at
+// a pod's end (kube-proxy still sends for a sync after the deletion). It
+// has no preStop: under draind's values the template writes one. Its
+// Service sends to the app's port, which Istio's interception hands to
+// the sidecar.
 const upgradeWeb = `apiVersion: apps/v1
 kind: Deployment
 metadata: {name: web}
@@ -37,12 +39,10 @@ spec:
       - name: app
         image: registry.example.com/web:1.0
         ports: [{containerPort: 8080}]
+        args: [--delay-shutdown, 5s]
         readinessProbe:
           httpGet: {path: /readyz, port: 8080}
           periodSeconds: 2
-        lifecycle:
-          preStop:
-            exec: {command: [/bin/sleep, "5"]}
 ---
 apiVersion: v1
 kind: Service
@@ -56,7 +56,7 @@ spec:
 // docs/kubernetes.md, "Istio", under a load of new connections from the
 // node through the ClusterIP: a mesh running Istio's stock injector, then
 // draind's values installed over it and a rollout restart (the pods come
-// back with draind above pilot-agent, the app's own hook kept), then the
+// back with draind above pilot-agent, the app's hook from the template), then the
 // values removed and a rollout restart again (the pods come back stock).
 // Not one connection fails. Installing the values is what `istioctl
 // install -f` and `helm upgrade` do to a running istiod: they replace the
@@ -173,8 +173,9 @@ func injectorConfigMap(t *testing.T, ctx context.Context, istioctl string, value
 	return nil
 }
 
-// wantPods checks the Deployment's pods: draind above pilot-agent or
-// Istio's stock sidecar, and the app's own preStop as written.
+// wantPods checks the Deployment's pods: draind above pilot-agent with
+// the app's out-of-rotation hook from the template, or Istio's stock
+// sidecar with the app as written.
 func wantPods(t *testing.T, ns string, draind bool) {
 	t.Helper()
 	for _, p := range podsOf(t, ns, "app=web") {
@@ -190,9 +191,14 @@ func wantPods(t *testing.T, ns string, draind bool) {
 			t.Errorf("pod %s: draind in istio-proxy's command %q: %t, want %t", p.Name, proxy.Command, got, draind)
 		}
 		app := containerNamed(&p.Spec, "app")
-		if app == nil || app.Lifecycle == nil || app.Lifecycle.PreStop == nil || app.Lifecycle.PreStop.Exec == nil ||
-			!slices.Equal(app.Lifecycle.PreStop.Exec.Command, []string{"/bin/sleep", "5"}) {
-			t.Errorf("pod %s: the app's preStop changed: %+v", p.Name, app)
+		if app == nil {
+			t.Errorf("pod %s: no app container", p.Name)
+			continue
+		}
+		hooked := app.Lifecycle != nil && app.Lifecycle.PreStop != nil && app.Lifecycle.PreStop.HTTPGet != nil &&
+			app.Lifecycle.PreStop.HTTPGet.Path == "/app-lifecycle/app/prestopz"
+		if hooked != draind {
+			t.Errorf("pod %s: the app's preStop %+v; want draind's wait: %t", p.Name, app.Lifecycle, draind)
 		}
 	}
 }
