@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/privs"
@@ -43,19 +41,7 @@ const probeTimeout = time.Second
 // addNeighbour gives the remote namespace neighbourIP.
 func addNeighbour(t *testing.T, p *pod) {
 	t.Helper()
-	h, err := netlink.NewHandleAt(p.remote.Handle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	l, err := h.LinkByName("veth-b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, _ := netlink.ParseAddr(neighbourIP + "/24")
-	if err := h.AddrAdd(l, a); err != nil {
-		t.Fatal(err)
-	}
+	p.remote.AddAddr(t, "veth-b", neighbourIP+"/24")
 }
 
 // neighbour holds n connections to draind's status port from

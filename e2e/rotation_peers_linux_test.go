@@ -141,19 +141,7 @@ const outsideAddr = "198.51.100.7"
 // whose connections come from it.
 func outsideClient(t *testing.T, p *pod) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	t.Helper()
-	h, err := netlink.NewHandleAt(p.remote.Handle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	l, err := h.LinkByName("veth-b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, _ := netlink.ParseAddr(outsideAddr + "/32")
-	if err := h.AddrAdd(l, a); err != nil {
-		t.Fatalf("outside address: %v", err)
-	}
+	p.remote.AddAddr(t, "veth-b", outsideAddr+"/32")
 	return func(ctx context.Context, network, addr string) (c net.Conn, err error) {
 		err = nsrun.Do(p.remote.Handle, func() error {
 			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(outsideAddr)}}

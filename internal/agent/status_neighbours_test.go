@@ -13,8 +13,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/testenv/nsrun"
 	"github.com/draind/draind/internal/testenv/testutil"
@@ -41,19 +39,7 @@ func dialFrom(ns *testutil.NetNS, local string) func(ctx context.Context, networ
 // withNeighbour adds neighbourIP to the outside namespace.
 func (sp *statusPod) withNeighbour(t *testing.T) {
 	t.Helper()
-	h, err := netlink.NewHandleAt(sp.outside.Handle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	l, err := h.LinkByName("veth-b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, _ := netlink.ParseAddr(neighbourIP + "/24")
-	if err := h.AddrAdd(l, a); err != nil {
-		t.Fatal(err)
-	}
+	sp.outside.AddAddr(t, "veth-b", neighbourIP+"/24")
 }
 
 // hold opens n connections from the neighbour to addr, sends req on each

@@ -71,6 +71,27 @@ type NetNS struct {
 // (the /proc path of the handle's fd in this process).
 func (n *NetNS) Path() string { return "/proc/self/fd/" + itoa(int(n.Handle)) }
 
+// AddAddr adds cidr (e.g. "10.0.0.2/24") to link in the namespace.
+func (n *NetNS) AddAddr(tb testing.TB, link, cidr string) {
+	tb.Helper()
+	h, err := netlink.NewHandleAt(n.Handle)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName(link)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	a, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := h.AddrAdd(l, a); err != nil {
+		tb.Fatalf("add %s to %s: %v", cidr, link, err)
+	}
+}
+
 // NewNetNS creates a network namespace with lo up, closed when the test
 // ends. The calling goroutine's thread is not left in it.
 func NewNetNS(tb testing.TB) *NetNS {
