@@ -48,9 +48,9 @@ type GateInput struct {
 	AppListeners int
 	AppHolding   int // app flows holding the drain (idle-expired excluded)
 	// SocketsOnlyUntil: with no process view (ProcsUnseen), an app with no
-	// socket open is not done before then (SocketsOnlyHold after the
-	// trigger): between two of its connections it has none, and nothing
-	// else shows it alive. Zero: no such hold.
+	// socket open is not done before then (SocketsOnly): between two of
+	// its connections it has none, and nothing else shows it alive. Zero:
+	// no such hold.
 	SocketsOnlyUntil time.Time
 	// NoProxy: there is no Envoy to wait for (prestop).
 	NoProxy bool
@@ -131,11 +131,52 @@ func (h Hold) String() string {
 	return who + ": " + h.What
 }
 
-// SocketsOnlyHold is how long after the trigger an app seen only by its
-// sockets is held, however few it has open: the recipe's fixed wait, which
-// such an app had before --min-drain auto, and which covered its pauses
-// between connections (docs/design.md, "When is the app done").
+// SocketsOnlyHold is how long an app seen only by its sockets is held,
+// however few it has open, after the trigger and after its listeners close:
+// the recipe's fixed wait, which such an app had before --min-drain auto,
+// and which covered its pauses between connections (docs/design.md, "When
+// is the app done").
 const SocketsOnlyHold = DefaultMinDrain
+
+// SocketsOnly is the hold on an app seen only by its sockets. It runs
+// SocketsOnlyHold from the trigger, and again from the first look that
+// finds the app's listeners all closed after one that found some: an app
+// that stops accepting at its SIGTERM (which may come long after the
+// trigger, at the end of its preStop) still calls out through the proxy
+// while it finishes, holding no socket between two calls. The zero value
+// holds nothing.
+type SocketsOnly struct {
+	// Until is when the hold ends (GateInput.SocketsOnlyUntil).
+	Until     time.Time
+	listening bool
+	closedAt  time.Time
+}
+
+// NewSocketsOnly is the hold from a trigger at t.
+func NewSocketsOnly(t time.Time) SocketsOnly { return SocketsOnly{Until: t.Add(SocketsOnlyHold)} }
+
+// Observe takes in a look at now that found listeners of the app's open.
+func (s *SocketsOnly) Observe(now time.Time, listeners int) {
+	switch {
+	case s.Until.IsZero() || !s.closedAt.IsZero():
+	case listeners > 0:
+		s.listening = true
+	case s.listening:
+		s.closedAt = now
+		s.Until = later(s.Until, now.Add(SocketsOnlyHold))
+	}
+}
+
+// AwaitsClose reports whether the hold still waits to see the app's
+// listeners close: the machine looks at each change of the flows until then.
+func (s SocketsOnly) AwaitsClose() bool { return !s.Until.IsZero() && s.closedAt.IsZero() }
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
 
 // AppDone applies "When is the app done?" (docs/design.md).
 func AppDone(in GateInput) (bool, Hold) {

@@ -130,3 +130,45 @@ func TestGateSocketsOnly(t *testing.T) {
 		})
 	}
 }
+
+// TestSocketsOnlyFromListenersClose: the hold runs SocketsOnlyHold from
+// the trigger, and from the first look that finds the app's listeners
+// closed after one that found them open (its SIGTERM, at the end of its
+// preStop), never shorter.
+func TestSocketsOnlyFromListenersClose(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	type look struct {
+		at        time.Duration
+		listeners int
+	}
+	tests := []struct {
+		name    string
+		looks   []look
+		until   time.Time
+		awaits  bool
+		trigger bool
+	}{
+		{"no look: from the trigger", nil, at(SocketsOnlyHold), true, true},
+		{"listening still", []look{{0, 1}, {20 * time.Second, 2}}, at(SocketsOnlyHold), true, true},
+		{"closed at the trigger's hold end", []look{{0, 1}, {30 * time.Second, 0}}, at(30*time.Second + SocketsOnlyHold), false, true},
+		{"closed soon after the trigger: the later end", []look{{0, 1}, {time.Second, 0}}, at(time.Second + SocketsOnlyHold), false, true},
+		{"the first close counts, a reopen does not", []look{{0, 1}, {2 * time.Second, 0}, {3 * time.Second, 1}, {9 * time.Second, 0}}, at(2*time.Second + SocketsOnlyHold), false, true},
+		{"never seen listening: the trigger's hold", []look{{0, 0}, {8 * time.Second, 0}}, at(SocketsOnlyHold), true, true},
+		{"no hold: looks change nothing", []look{{0, 1}, {time.Second, 0}}, time.Time{}, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var s SocketsOnly
+			if tt.trigger {
+				s = NewSocketsOnly(t0)
+			}
+			for _, l := range tt.looks {
+				s.Observe(at(l.at), l.listeners)
+			}
+			if !s.Until.Equal(tt.until) || s.AwaitsClose() != tt.awaits {
+				t.Fatalf("until %v awaits %v; want %v, %v", s.Until, s.AwaitsClose(), tt.until, tt.awaits)
+			}
+		})
+	}
+}

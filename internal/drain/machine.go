@@ -286,9 +286,9 @@ type Machine struct {
 	// a native sidecar's SIGTERM came.
 	lateGone bool
 	signalAt time.Time
-	// socketsOnlyUntil: the app is seen by its sockets alone, and held
-	// until then (GateInput.SocketsOnlyUntil).
-	socketsOnlyUntil time.Time
+	// socketsOnly: the app is seen by its sockets alone, and held
+	// (GateInput.SocketsOnlyUntil).
+	socketsOnly SocketsOnly
 	// before is what arrived before the trigger (--min-drain auto).
 	before   ArrivalsBefore
 	backoff  time.Duration
@@ -493,6 +493,11 @@ func (m *Machine) Run(ctx context.Context) Result {
 				continue
 			}
 			fc, ac = flowsChanged, appsChanged
+		case p == Draining && m.socketsOnly.AwaitsClose():
+			// The app's listeners close at its SIGTERM, often during
+			// the min-drain (its preStop is the out-of-rotation wait).
+			m.socketsOnly.Observe(time.Now(), m.flows.Observe().AppListeners)
+			fc = flowsChanged
 		case p == Gating:
 			if res, done := m.evaluate(ctx); done {
 				return res
@@ -776,7 +781,7 @@ func (m *Machine) onTrigger(c Cause) {
 			// last flows remain for the gate.
 			m.awaitSignal = false
 			m.signalAt = time.Now()
-			m.socketsOnlyUntil = time.Time{} // every app container has exited
+			m.socketsOnly = SocketsOnly{} // every app container has exited
 			if p == Draining && m.appGone() {
 				m.endMinDrain()
 				m.log.Info("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now", logevent.SigtermEndsMinDrain.Field())
@@ -864,7 +869,7 @@ func (m *Machine) begin(c Cause) {
 	if m.apps == nil && m.cfg.MinDrainAuto && c != CauseAppDone && !m.cfg.Prestop && !m.cfg.Gateway && m.cfg.AppExit == AppExitWait {
 		// A fixed min-drain holds the gate that long anyway; auto can end
 		// far sooner, and nothing else shows such an app alive.
-		m.socketsOnlyUntil = m.started.Add(SocketsOnlyHold)
+		m.socketsOnly = NewSocketsOnly(m.started)
 	}
 	m.timers.deadline = time.NewTimer(m.cfg.GateDeadline())
 	minDrain := m.cfg.MinDrain
@@ -1175,9 +1180,11 @@ func (m *Machine) baseInput() (GateInput, FlowView) {
 	in := GateInput{
 		Now: time.Now(), AppExit: m.cfg.AppExit, Gateway: m.cfg.Gateway, WaitListeners: m.cfg.WaitListeners,
 		NoProxy: m.cfg.Prestop, IdleTimeout: m.cfg.IdleTimeout, AwaitSignal: m.awaitSignal,
-		AppListeners: fv.AppListeners, AppHolding: fv.AppHolding, SocketsOnlyUntil: m.socketsOnlyUntil,
+		AppListeners: fv.AppListeners, AppHolding: fv.AppHolding,
 		Downstream: fv.Downstream, DownstreamIdle: fv.DownstreamIdle,
 	}
+	m.socketsOnly.Observe(in.Now, fv.AppListeners)
+	in.SocketsOnlyUntil = m.socketsOnly.Until
 	if m.apps != nil {
 		in.AppProcs, in.ProcView = m.apps.Count()
 	}

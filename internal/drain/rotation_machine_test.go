@@ -103,3 +103,28 @@ func TestMinDrainAutoFloorAndCeiling(t *testing.T) {
 		}))
 	}
 }
+
+// TestSocketsOnlyHoldFromListenersClose: an app seen by its sockets alone
+// closes its listener at its SIGTERM, which its preStop (the out-of-rotation
+// wait) held past the trigger's fixed wait: the gate holds SocketsOnlyHold
+// from the close, for the calls it still makes through the proxy.
+func TestSocketsOnlyHoldFromListenersClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		arr := &fakeArrivals{before: ArrivalsBefore{Known: true, Span: time.Hour}}
+		r := newRig(t, withoutApps(), withConfig(func(c *Config) {
+			c.MinDrainAuto, c.RotationFloor, c.RotationCeiling, c.Deadline = true, time.Second, 8*time.Second, 30*time.Second
+		}), func(r *rig, _ *Config) { r.arrivals = arr; r.flows.v = FlowView{AppListeners: 1} })
+		r.waitPhase(Ready)
+		r.m.Trigger(CauseSignal)
+		start := time.Now()
+		r.waitPhase(Gating)
+		time.Sleep(200 * time.Millisecond)
+		r.flows.set(func(v *FlowView) { v.AppListeners = 0 })
+		closed := time.Now()
+		r.wantResult(r.result(), 0, true, "drained")
+		if got, want := time.Since(start), closed.Add(SocketsOnlyHold).Sub(start); got != want {
+			t.Errorf("drained %s after the trigger, want %s (the hold from the listener's close at %s); log:\n%s",
+				got, want, closed.Sub(start), r.log())
+		}
+	})
+}
