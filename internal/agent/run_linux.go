@@ -549,8 +549,7 @@ func (a *agent) findPodCgroup() (*probes.PodCgroup, error) {
 // watchesAppWhileReady: --exit-with-app ends the drain-free life of the
 // pod on the app's completion, which only a live process source sees.
 func (a *agent) watchesAppWhileReady() bool {
-	m := a.cfg.Drain.ExitWithApp
-	return m == drain.ExitWithAppSuccess || m == drain.ExitWithAppAny
+	return a.cfg.Drain.ExitWithApp.WatchesApp()
 }
 
 // liveViews is drain.Tracking: at the drain trigger it makes the flow

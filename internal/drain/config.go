@@ -79,6 +79,10 @@ const (
 	ExitWithAppAny ExitWithApp = "any"
 )
 
+// WatchesApp reports whether the policy ends the proxy on the app's
+// completion, which draind then watches for while Ready.
+func (e ExitWithApp) WatchesApp() bool { return e == ExitWithAppSuccess || e == ExitWithAppAny }
+
 // DefaultAppRestartGrace is how long the app may be gone after a failure
 // before --exit-with-app any ends the proxy: a crashed container the
 // kubelet restarts at once is back well within it.

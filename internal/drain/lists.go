@@ -71,7 +71,7 @@ func (c *Config) StartShape() PodShape {
 		return ShapePrestop
 	case c.Gateway:
 		return ShapeGateway
-	case c.ExitWithApp == ExitWithAppSuccess || c.ExitWithApp == ExitWithAppAny:
+	case c.ExitWithApp.WatchesApp():
 		return ShapeJob
 	}
 	return ShapeSidecar

@@ -481,7 +481,7 @@ func (m *Machine) Run(ctx context.Context) Result {
 	if m.apps != nil {
 		appsChanged = m.apps.Changed()
 	}
-	watchApp := m.cfg.ExitWithApp == ExitWithAppSuccess || m.cfg.ExitWithApp == ExitWithAppAny
+	watchApp := m.cfg.ExitWithApp.WatchesApp()
 	if watchApp {
 		m.watching = time.Now()
 	}
