@@ -175,7 +175,7 @@ func (t *Tracker) Start() error {
 	if t.probe != nil {
 		if err := t.probe.Attach(); err != nil {
 			t.mode, t.reason = ModeSockDiag, fmt.Sprintf("eBPF probe failed to attach (%v): polling", err)
-			t.log.Warn("tracker falls back to sock_diag polling", zap.Error(err))
+			t.log.Warn("tracker falls back to sock_diag polling", logevent.TrackerPolls.Field(), zap.Error(err))
 			t.probe.Close()
 			t.probe = nil
 		} else {
@@ -439,7 +439,7 @@ func (t *Tracker) Run(ctx context.Context) error {
 		t.mu.Lock()
 		t.mode, t.reason = ModeSockDiag, fmt.Sprintf("eBPF probe failed after load (%v): polling", err)
 		t.mu.Unlock()
-		t.log.Warn("tracker falls back to sock_diag polling", zap.Error(err))
+		t.log.Warn("tracker falls back to sock_diag polling", logevent.TrackerPolls.Field(), zap.Error(err))
 	}
 	return t.runPoll(ctx)
 }
@@ -540,7 +540,7 @@ func (t *Tracker) resyncIfLost() {
 	}
 	t.lostSeen.Store(lost)
 	if err := t.Resync(); err != nil {
-		t.log.Warn("resync after lost events failed", zap.Uint64("lost", lost), zap.Error(err))
+		t.log.Warn("resync after lost events failed", logevent.ResyncFailed.Field(), zap.Uint64("lost", lost), zap.Error(err))
 		return
 	}
 	t.resyncs.Add(1)

@@ -279,22 +279,24 @@ func (r *Reporter) allowed(ctx context.Context) bool {
 	case ctx.Err() != nil:
 		return false
 	case errors.As(err, &se) && (se.code == http.StatusUnauthorized || se.code == http.StatusForbidden):
-		r.unavailable(WhyDenied, "the API server refused draind's service account: no Kubernetes Events on the pod", zap.Error(err))
+		r.unavailable(WhyDenied, "no Kubernetes Events: the API server refused the account", zap.Error(err))
 		return false
 	case err != nil:
-		r.unavailable(WhyUnreachable, "cannot ask the API server whether draind may create Events: the drain's Events will still be tried", zap.Error(err))
+		r.unavailable(WhyUnreachable, "Events permission unknown: the drain's are still tried", zap.Error(err))
 		return true
 	case !answer.Status.Allowed:
 		fields := []zap.Field{zap.String("namespace", r.pod.Namespace)}
 		if answer.Status.Reason != "" {
 			fields = append(fields, zap.String("reason", answer.Status.Reason))
 		}
-		r.unavailable(WhyDenied, "draind's service account may not create Events in its namespace (SelfSubjectAccessReview): no Kubernetes Events on the pod; bind deploy/events-rbac.yaml's Role to it", fields...)
+		r.unavailable(WhyDenied, "no Kubernetes Events: the account may not create them", fields...)
 		return false
 	}
 	return true
 }
 
+// unavailable says once why the pod gets no Events; what to do about each
+// why is in docs/kubernetes.md ("What happens without it").
 func (r *Reporter) unavailable(why, msg string, fields ...zap.Field) {
 	r.log.Warn(msg, append([]zap.Field{logevent.KubeEventsUnavailable.Field(), zap.String("why", why)}, fields...)...)
 }

@@ -120,6 +120,12 @@ const (
 	ListenersExcluded Event = "listeners_excluded"
 	// Resynced: the flow tracker resynced after lost events.
 	Resynced Event = "resynced"
+	// ResyncFailed: the resync after lost events failed; the next loss
+	// or snapshot tries again (fields lost, error).
+	ResyncFailed Event = "resync_failed"
+	// TrackerPolls: the eBPF probe failed to attach or failed after
+	// load; the tracker polls sock_diag instead (field error).
+	TrackerPolls Event = "tracker_polls"
 )
 
 // The pod's Kubernetes Events (package kubeevents, wired by agent).
