@@ -34,6 +34,7 @@ import (
 	"github.com/draind/draind/e2e/kubelet/internal/images"
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/istio"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/testenv/testutil"
 )
@@ -193,7 +194,7 @@ var rolloutStrategies = []rolloutStrategy{
 	{name: "draind-classic", manifest: "deploy/classic-sidecar.yaml", proxy: "envoy", draind: true, targetPort: 15006, appHook: appHook{waitPort: 15020}},
 	{name: "draind-classic-fixed5s", manifest: "deploy/classic-sidecar.yaml", proxy: "envoy", draind: true, targetPort: 15006, appHook: hookSleep5, minDrain: "5s"},
 	{name: "draind-native", manifest: "deploy/native-sidecar.yaml", proxy: "envoy", draind: true, targetPort: 15006, appHook: appHook{waitPort: 15020}},
-	{name: "draind-istio", injected: true, proxy: "istio-proxy", draind: true, targetPort: 8080, appHook: appHook{waitPort: int32(agent.PilotAgentStatusPort)}},
+	{name: "draind-istio", injected: true, proxy: "istio-proxy", draind: true, targetPort: 8080, appHook: appHook{waitPort: int32(istio.FirstFreePort)}},
 	// Issue 42: the namespace label alone, the app's manifest untouched:
 	// istiod's default templates write the app's hook (draind-app-prestop).
 	{name: "draind-label", injected: true, proxy: "istio-proxy", draind: true, targetPort: 8080, appHook: hookNone},

@@ -17,6 +17,7 @@ import (
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/envoy"
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/istio"
 	"github.com/draind/draind/internal/proxy"
 )
 
@@ -28,11 +29,15 @@ type Config struct {
 	StatusAddr string
 	// AdminAddrSet and StatusAddrSet say they were given (flag or
 	// variable): Istio's settings then do not move them.
+	// StatusAddrSource names the setting that gave StatusAddr ("":
+	// --status-addr).
 	AdminAddrSet, StatusAddrSet bool
-	// ProxyKind is what the proxy command is: ProxyEnvoy, ProxyPilotAgent
-	// (Istio's agent, which runs Envoy), or ProxyAuto (pilot-agent when the
-	// command's file name is pilot-agent).
-	ProxyKind ProxyKind
+	StatusAddrSource            string
+	// ProxyKind is what the proxy command is: istio.ProxyEnvoy,
+	// istio.ProxyPilotAgent (Istio's agent, which runs Envoy), or
+	// istio.ProxyAuto (pilot-agent when the command's file name is
+	// pilot-agent).
+	ProxyKind istio.ProxyKind
 	// DeadlineSource names the setting that gave Drain.Deadline when
 	// DeadlineSet (--drain-deadline, or the variable that set it).
 	DeadlineSource string
@@ -46,7 +51,7 @@ type Config struct {
 	GracePeriodSource string
 	// LookupEnv reads Istio's variables (nil: os.LookupEnv);
 	// IstioAnnotations is the pod's downward-API annotations file (""
-	// : IstioPodAnnotations).
+	// : istio.PodAnnotations).
 	LookupEnv        func(string) (string, bool)
 	IstioAnnotations string
 	// ProxyUID owns the proxy's sockets and processes (--proxy-uid).
@@ -113,20 +118,6 @@ type Config struct {
 	Logger  *zap.Logger
 }
 
-// ProxyKind is what the proxy command is (--proxy).
-type ProxyKind string
-
-// The proxy kinds.
-const (
-	ProxyAuto       ProxyKind = "auto"
-	ProxyEnvoy      ProxyKind = "envoy"
-	ProxyPilotAgent ProxyKind = "pilot-agent"
-)
-
-// ProxyKinds are the kinds --proxy accepts, validation checks and errors
-// name.
-var ProxyKinds = []ProxyKind{ProxyAuto, ProxyEnvoy, ProxyPilotAgent}
-
 // HostNetwork is --host-network.
 type HostNetwork string
 
@@ -158,7 +149,7 @@ var EventsModes = []EventsMode{EventsAuto, EventsOff}
 // carry no traffic envoy.DefaultExclude's ports.
 const (
 	DefaultAdminAddr  = "127.0.0.1:15000"
-	DefaultStatusAddr = ":15020"
+	DefaultStatusAddr = istio.DefaultStatusAddr
 )
 
 // DefaultConfig returns the defaults.
@@ -166,7 +157,7 @@ func DefaultConfig() Config {
 	return Config{
 		AdminAddr:    DefaultAdminAddr,
 		StatusAddr:   DefaultStatusAddr,
-		ProxyKind:    ProxyAuto,
+		ProxyKind:    istio.ProxyAuto,
 		ProxyUID:     flows.DefaultProxyUID,
 		ExcludePorts: envoy.DefaultExclude().Ports,
 		Drain:        drain.DefaultConfig(),
@@ -203,7 +194,7 @@ func (c *Config) Validate() error {
 	if c.DrainBeginWait <= 0 {
 		return configErr("--drain-begin-wait %s: must be positive (how long the app's out-of-rotation wait waits for the drain to begin)", c.DrainBeginWait)
 	}
-	if err := mustBeOneOf("--proxy", c.ProxyKind, ProxyKinds); err != nil {
+	if err := mustBeOneOf("--proxy", c.ProxyKind, istio.ProxyKinds); err != nil {
 		return err
 	}
 	if err := mustBeOneOf("--tracker", c.Tracker, flows.TrackerModes); err != nil {
@@ -280,7 +271,7 @@ func SplitHostPort(addr string) (string, uint16, error) {
 
 // istioResolved is what resolveIstio decided, for the log.
 type istioResolved struct {
-	settings IstioSettings
+	settings istio.Settings
 	// deadlineFrom names the setting that decided the drain deadline.
 	deadlineFrom string
 	// warnings are one line each.
@@ -290,7 +281,7 @@ type istioResolved struct {
 }
 
 // pilotAgent says the proxy command is pilot-agent (after resolveIstio).
-func (c *Config) pilotAgent() bool { return c.ProxyKind == ProxyPilotAgent }
+func (c *Config) pilotAgent() bool { return c.ProxyKind == istio.ProxyPilotAgent }
 
 // lookupEnv reads a variable through LookupEnv (os.LookupEnv when nil).
 func (c *Config) lookupEnv(key string) (string, bool) {
@@ -312,25 +303,20 @@ func (c *Config) resolveIstio() (istioResolved, error) {
 	lookup := c.lookupEnv
 	path := c.IstioAnnotations
 	if path == "" {
-		path = IstioPodAnnotations
+		path = istio.PodAnnotations
 	}
 	var r istioResolved
-	if c.ProxyKind == ProxyAuto || c.ProxyKind == "" {
-		c.ProxyKind = ProxyEnvoy
-		if IsPilotAgent(c.Command) {
-			c.ProxyKind = ProxyPilotAgent
-		}
-	}
+	c.ProxyKind = c.ProxyKind.Of(c.Command)
 	var err error
-	if r.settings, err = ReadIstio(lookup, path); err != nil {
-		return r, err
+	if r.settings, err = istio.Read(lookup, path); err != nil {
+		return r, configErr("%v", err)
 	}
 	ist := r.settings
 	switch {
 	case c.DeadlineSet:
 		r.deadlineFrom = c.DeadlineSource
-		if c.DeadlineSource == TerminationDrainEnv {
-			r.warnings = append(r.warnings, TerminationDrainEnv+" is deprecated (Istio removed it in 1.10): set ProxyConfig terminationDrainDuration (proxy.istio.io/config) or DRAIND_DRAIN_DEADLINE")
+		if c.DeadlineSource == istio.TerminationDrainEnv {
+			r.warnings = append(r.warnings, istio.TerminationDrainEnv+" is deprecated (Istio removed it in 1.10): set ProxyConfig terminationDrainDuration (proxy.istio.io/config) or DRAIND_DRAIN_DEADLINE")
 		}
 	case c.GracePeriod > 0:
 		c.Drain.Deadline, c.DeadlineSet = drain.DeadlineForGrace(c.GracePeriod), true
@@ -351,9 +337,10 @@ func (c *Config) resolveIstio() (istioResolved, error) {
 		r.deadlineFrom = "default"
 	}
 	c.Drain.Grace = c.GracePeriod
-	if v, ok := lookup(ExitOnZeroEnv); ok {
+	if v, ok := lookup(istio.ExitOnZeroEnv); ok {
 		r.exitOnZero, _ = strconv.ParseBool(v) // as Istio reads it; a bad value is Istio's to refuse
 	}
+	c.StatusAddr = istio.StatusAddrOf(c.statusInput(ist)).Addr
 	if !c.pilotAgent() {
 		return r, nil
 	}
@@ -364,16 +351,24 @@ func (c *Config) resolveIstio() (istioResolved, error) {
 	if !c.AdminAddrSet && ist.AdminPortSet {
 		c.AdminAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(ist.AdminPort)))
 	}
-	if !c.StatusAddrSet {
-		c.StatusAddr = ":" + strconv.Itoa(int(pilotAgentStatusPort(ist.StatusPort, ist.AdminPort)))
-	} else if _, p, err := SplitHostPort(c.StatusAddr); err == nil && p == ist.StatusPort {
+	if _, p, err := SplitHostPort(c.StatusAddr); c.StatusAddrSet && err == nil && p == ist.StatusPort {
 		return r, configErr("--status-addr %s: port %d is pilot-agent's status port (ProxyConfig statusPort%s): it serves Istio's readiness and the app probes Istio rewrote; leave --status-addr unset (draind then takes %d) or pick another",
-			c.StatusAddr, p, fromSuffix(ist.StatusPortFrom), pilotAgentStatusPort(ist.StatusPort, ist.AdminPort))
+			c.StatusAddr, p, fromSuffix(ist.StatusPortFrom), ist.FreePort())
 	}
 	if !slices.Contains(c.ExcludePorts, ist.StatusPort) {
 		c.ExcludePorts = append(slices.Clone(c.ExcludePorts), ist.StatusPort)
 	}
 	return r, nil
+}
+
+// statusInput is what decides draind's status address
+// (istio.StatusAddrOf), with Istio's settings ist.
+func (c *Config) statusInput(ist istio.Settings) istio.StatusInput {
+	in := istio.StatusInput{PilotAgent: c.pilotAgent(), Settings: ist}
+	if c.StatusAddrSet {
+		in.Given, in.GivenBy = c.StatusAddr, c.StatusAddrSource
+	}
+	return in
 }
 
 func fromSuffix(from string) string {

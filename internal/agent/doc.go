@@ -13,7 +13,8 @@
 //     to loopback callers only, POST /drain, POST /quitquitquit and the
 //     /debug views (docs/threat-model.md);
 //   - the supervised proxy (internal/proxy), Envoy or Istio's pilot-agent
-//     (istio.go reads Istio's settings: drain durations, the status port);
+//     (internal/istio reads Istio's settings: drain durations, the status
+//     port; config.go's resolveIstio applies them);
 //   - the flow tracker (internal/flows) and the app's process source
 //     (internal/appprocs), their eBPF objects loaded and verified at start
 //     but attached only at the drain trigger (liveViews);

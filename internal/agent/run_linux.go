@@ -26,6 +26,7 @@ import (
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/envoy"
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/istio"
 	"github.com/draind/draind/internal/kubeevents"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/namespace"
@@ -59,7 +60,7 @@ type agent struct {
 	cgroups *podcgroup.Found
 	exits   *earlyExits // nil: not recording (openEarlyExits)
 	// pilotAgent asks pilot-agent's readiness (nil: the proxy is Envoy).
-	pilotAgent *pilotAgentReadiness
+	pilotAgent *istio.Readiness
 	// early: drain requests before the machine is built; the status
 	// server reads the fields above only once it is attached.
 	early earlyControls
@@ -157,7 +158,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if cfg.pilotAgent() {
 		// draind's readiness asks pilot-agent's over loopback.
 		pod.ProxyLoopbackPorts = []uint16{ist.settings.StatusPort}
-		a.pilotAgent = newPilotAgentReadiness(ist.settings.StatusPort)
+		a.pilotAgent = istio.NewReadiness(ist.settings.StatusPort)
 		closers = append(closers, a.pilotAgent.Close)
 	}
 	client := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second), envoy.WithExclude(envoy.ExcludeSet{Ports: cfg.ExcludePorts, Names: cfg.ExcludeListeners}))
@@ -400,7 +401,7 @@ func logIstio(log *zap.Logger, cfg *Config, ist istioResolved) {
 	}
 	log.Info("drain deadline", logevent.DeadlineDecided.Field(), zap.Duration("deadline", cfg.Drain.Deadline), zap.String("decided_by", ist.deadlineFrom))
 	if ist.exitOnZero {
-		log.Info(ExitOnZeroEnv+" is subsumed: draind always waits for the drained connections to close, and for the app's work (it reads the kernel, not Envoy's downstream_cx_active)",
+		log.Info(istio.ExitOnZeroEnv+" is subsumed: draind always waits for the drained connections to close, and for the app's work (it reads the kernel, not Envoy's downstream_cx_active)",
 			zap.Duration("min_drain", cfg.Drain.MinDrain), zap.Duration("deadline", cfg.Drain.Deadline))
 	}
 	if cfg.pilotAgent() {
@@ -657,7 +658,7 @@ func (a *agent) readiness(ctx context.Context) (bool, string) {
 		return false, why
 	}
 	if a.pilotAgent != nil {
-		if ok, why := a.pilotAgent.ready(ctx); !ok {
+		if ok, why := a.pilotAgent.Ready(ctx); !ok {
 			return false, why
 		}
 	}

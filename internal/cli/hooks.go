@@ -13,6 +13,7 @@ import (
 
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/istio"
 )
 
 // The pod's hooks: postStart (wait), preStop (prestop, drain).
@@ -35,7 +36,7 @@ func loopbackURL(addr, path string) (string, error) {
 
 func runWait(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("wait", "wait [--url URL] [--timeout D] [--period D]", stdout)
-	url := fs.String("url", "http://localhost:15020/healthz/ready", "readiness URL to poll")
+	url := fs.String("url", defaultWaitURL(), "readiness URL to poll")
 	var timeout, period time.Duration
 	fs.durationVar(&timeout, "timeout", 60*time.Second, "give up after this long (exit 1)")
 	fs.durationVar(&period, "period", 500*time.Millisecond, "poll period")
@@ -52,6 +53,15 @@ func runWait(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("wait: %w", err)
 	}
 	return nil
+}
+
+// defaultWaitURL is draind's readiness where a draind that nothing moved
+// listens (istio.StatusAddrOf with no setting). It follows neither
+// DRAIND_STATUS_ADDR nor Istio's settings: a postStart hook names its
+// --url.
+func defaultWaitURL() string {
+	_, port, _ := net.SplitHostPort(istio.StatusAddrOf(istio.StatusInput{}).Addr)
+	return "http://" + net.JoinHostPort("localhost", port) + "/healthz/ready"
 }
 
 func runPrestop(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -108,7 +118,7 @@ func runPrestop(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // run finishes the drain then.
 func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("drain", "drain [--status-addr HOST:PORT] [--timeout D]", stdout)
-	addr := fs.String("status-addr", agent.DefaultStatusAddr, "draind run's status server (the same setting as run's: DRAIND_STATUS_ADDR)")
+	addr := fs.String("status-addr", istio.DefaultStatusAddr, "draind run's status server (the same setting as run's: "+istio.StatusAddrEnv+")")
 	var timeout time.Duration
 	fs.durationVar(&timeout, "timeout", 2*time.Second, "give up after this long (exit 1)")
 	if err := fs.parse(args); err != nil {
@@ -120,17 +130,19 @@ func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if fs.NArg() > 0 {
 		return usageErr("drain: unexpected argument %q", fs.Arg(0))
 	}
-	if !fs.isSet("status-addr") {
-		// In a container Istio injected, draind run -- pilot-agent left
-		// pilot-agent its status port and took another: ask that one.
-		istio, ok, err := agent.IstioDrainStatusAddr(os.LookupEnv, agent.IstioPodAnnotations)
-		if err != nil {
+	// In a container Istio injected, draind run -- pilot-agent left
+	// pilot-agent its status port and took another: ask that one.
+	in := istio.StatusInput{PilotAgent: istio.Injected(os.LookupEnv)}
+	if fs.isSet("status-addr") {
+		in.Given, in.GivenBy = *addr, fs.sourceOf("status-addr")
+	}
+	if in.NeedsSettings() {
+		var err error
+		if in.Settings, err = istio.Read(os.LookupEnv, istio.PodAnnotations); err != nil {
 			return usageErr("drain: %v", err)
 		}
-		if ok {
-			*addr = istio
-		}
 	}
+	*addr = istio.StatusAddrOf(in).Addr
 	url, err := loopbackURL(*addr, "/drain?cause=prestop")
 	if err != nil {
 		return usageErr("drain: --status-addr %q: %v", *addr, err)

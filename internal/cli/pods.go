@@ -22,6 +22,7 @@ import (
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/cri"
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/istio"
 	"github.com/draind/draind/internal/namespace"
 	"github.com/draind/draind/internal/rootfs"
 	"github.com/draind/draind/internal/sockdiag"
@@ -510,57 +511,30 @@ func containerAnnotations(ctx context.Context, pid int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return agent.ReadAnnotationsFile(ctx, proc+"/root", filepath.Join(cwd, agent.IstioPodAnnotations))
+	return istio.ReadAnnotationsFile(ctx, proc+"/root", filepath.Join(cwd, istio.PodAnnotations))
 }
 
 // draindStatusAddr says whether a container's argv runs `draind run`
 // (draind as argv[0], or after an init wrapper), and the address to dial
-// in the pod for its status server: run's --status-addr, its variable,
-// under pilot-agent the port `draind run` takes beside it (Istio's
-// settings from the container's environment and its annotations file,
-// which annotations reads (nil: none), as run reads them), else the
-// default; an address on every interface is dialled on loopback, which
-// /debug/state requires. An annotations file that cannot be read or
-// parsed is an error (ok still true): run would have refused it.
+// in the pod for its status server: where that draind listens
+// (istio.StatusAddrOf, from its argv and environment, and under
+// pilot-agent Istio's settings from its environment and the annotations
+// file annotations reads, as run reads them), an address on every
+// interface dialled on loopback, which /debug/state requires. An
+// annotations file that cannot be read or parsed is an error (ok still
+// true): run would have refused it.
 func draindStatusAddr(args, env []string, annotations func() ([]byte, error)) (addr, from string, ok bool, err error) {
-	i := slices.IndexFunc(args, func(a string) bool { return filepath.Base(a) == "draind" })
-	if i < 0 || i+1 >= len(args) || args[i+1] != "run" {
+	in, lookup, ok := istio.RunArgs(args, env)
+	if !ok {
 		return "", "", false, nil
 	}
-	flagArgs, command := args[i+2:], []string(nil)
-	if j := slices.Index(flagArgs, "--"); j >= 0 {
-		flagArgs, command = flagArgs[:j], flagArgs[j+1:]
-	}
-	lookup := func(name string) (string, bool) {
-		for _, kv := range slices.Backward(env) {
-			if k, v, ok := strings.Cut(kv, "="); ok && k == name {
-				return v, true
-			}
-		}
-		return "", false
-	}
-	setting := func(flag string) (string, string) {
-		if v := cri.FlagValue(flagArgs, flag); v != "" {
-			return v, "--" + flag
-		}
-		if v, _ := lookup(envName(flag)); v != "" {
-			return v, envName(flag)
-		}
-		return "", ""
-	}
-	addr, from = setting("status-addr")
-	if addr == "" {
-		addr, from = agent.DefaultStatusAddr, "default"
-		proxy, _ := setting("proxy")
-		if proxy == string(agent.ProxyPilotAgent) || (proxy == "" || proxy == string(agent.ProxyAuto)) && agent.IsPilotAgent(command) {
-			a, err := agent.PilotAgentStatusAddrFrom(lookup, agent.IstioPodAnnotations, annotations)
-			if err != nil {
-				return "", "", true, err
-			}
-			addr, from = a, "beside pilot-agent (the first port Istio leaves free)"
+	if in.NeedsSettings() {
+		if in.Settings, err = istio.ReadFrom(lookup, istio.PodAnnotations, annotations); err != nil {
+			return "", "", true, err
 		}
 	}
-	return loopbackAddr(addr), from, true, nil
+	a := istio.StatusAddrOf(in)
+	return loopbackAddr(a.Addr), a.From, true, nil
 }
 
 // loopbackAddr is where a status server listening at addr is dialled

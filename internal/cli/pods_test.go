@@ -14,6 +14,7 @@ import (
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/cri"
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/istio"
 )
 
 func TestDraindStatusAddr(t *testing.T) {
@@ -62,13 +63,24 @@ func TestDraindStatusAddr(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			read := func() ([]byte, error) { return nil, nil }
 			if tt.annotations != "" {
-				read = func() ([]byte, error) { return agent.ReadAnnotationsFile(context.Background(), "", tt.annotations) }
+				read = func() ([]byte, error) { return istio.ReadAnnotationsFile(context.Background(), "", tt.annotations) }
 			}
 			addr, from, ok, err := draindStatusAddr(tt.args, tt.env, read)
 			if err != nil || ok != tt.wantOK || addr != tt.wantAddr || !strings.Contains(from, tt.wantF) {
 				t.Errorf("= %q, %q, %v; want %q, %q, %v", addr, from, ok, tt.wantAddr, tt.wantF, tt.wantOK)
 			}
 		})
+	}
+}
+
+// The variable istio.RunArgs reads for --status-addr is the flag's own
+// twin.
+func TestStatusAddrEnvIsTheTwin(t *testing.T) {
+	if got := envName("status-addr"); got != istio.StatusAddrEnv {
+		t.Errorf("envName(status-addr) = %s, istio.StatusAddrEnv %s", got, istio.StatusAddrEnv)
+	}
+	if got := envName("proxy"); got != "DRAIND_PROXY" {
+		t.Errorf("envName(proxy) = %s", got)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/drain"
+	"github.com/draind/draind/internal/istio"
 	"github.com/draind/draind/internal/kubeevents"
 	"github.com/draind/draind/internal/privs"
 	"github.com/draind/draind/internal/probes"
@@ -32,7 +33,7 @@ var istioAliases = map[string]envAlias{
 	// Whole seconds ("45"): Istio removed it in 1.10 for ProxyConfig
 	// terminationDrainDuration (agent.Config.resolveIstio reads that from
 	// PROXY_CONFIG); kept as a deprecated alias, with a warning.
-	"drain-deadline": {name: agent.TerminationDrainEnv, convert: wholeSeconds},
+	"drain-deadline": {name: istio.TerminationDrainEnv, convert: wholeSeconds},
 }
 
 // gracePeriodFlag is --grace-period: whole seconds, as a pod spec states
@@ -108,7 +109,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	}
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "Envoy's admin API address")
 	fs.StringVar(&cfg.StatusAddr, "status-addr", cfg.StatusAddr, "address of draind's status server (/healthz/ready, /metrics); under pilot-agent: the first free port from 15022 Istio does not use")
-	proxyKind := newOneOf(agent.ProxyAuto, agent.ProxyKinds)
+	proxyKind := newOneOf(istio.ProxyAuto, istio.ProxyKinds)
 	fs.Var(proxyKind, "proxy", "what the proxy command is: envoy, or Istio's pilot-agent (auto: pilot-agent when the command is named so)")
 	var nf nsFlags
 	nf.register(fs, false)
@@ -176,6 +177,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	cfg.DeadlineSource = fs.sourceOf("drain-deadline")
 	cfg.GracePeriodSource = fs.sourceOf("grace-period")
 	cfg.StatusAddrSet, cfg.AdminAddrSet = fs.isSet("status-addr"), fs.isSet("admin-addr")
+	cfg.StatusAddrSource = fs.sourceOf("status-addr")
 	cfg.ProxyKind = proxyKind.val
 	cfg.AppPorts = appPorts
 	cfg.ProbePorts = probePorts

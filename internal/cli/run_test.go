@@ -11,6 +11,7 @@ import (
 	"github.com/draind/draind/internal/appprocs"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/istio"
 	"github.com/draind/draind/internal/probes"
 )
 
@@ -143,7 +144,7 @@ func TestRunModeFlagsReadTheirLists(t *testing.T) {
 		{"tracker", flows.Words(flows.TrackerModes, "|"), func(c agent.Config) string { return string(c.Tracker) }},
 		{"app-procs", flows.Words(appprocs.Modes, "|"), func(c agent.Config) string { return string(c.AppProcs) }},
 		{"host-network", flows.Words(agent.HostNetworks, "|"), func(c agent.Config) string { return string(c.HostNetwork) }},
-		{"proxy", flows.Words(agent.ProxyKinds, "|"), func(c agent.Config) string { return string(c.ProxyKind) }},
+		{"proxy", flows.Words(istio.ProxyKinds, "|"), func(c agent.Config) string { return string(c.ProxyKind) }},
 		{"app-exit", flows.Words(drain.AppExits, "|"), func(c agent.Config) string { return string(c.Drain.AppExit) }},
 		{"exit-with-app", flows.Words(drain.ExitWithApps, "|"), func(c agent.Config) string { return string(c.Drain.ExitWithApp) }},
 		{"events", flows.Words(agent.EventsModes, "|"), func(c agent.Config) string { return string(c.Events) }},

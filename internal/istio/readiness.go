@@ -1,4 +1,4 @@
-package agent
+package istio
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// pilotAgentReadiness asks pilot-agent's own readiness (GET /healthz/ready
+// Readiness asks pilot-agent's own readiness (GET /healthz/ready
 // on its status port, over loopback): Envoy got its first CDS and LDS from
 // istiod, went LIVE with its workers started, and Istio's DNS proxy is
 // ready. draind's readiness adds it to its own under pilot-agent, so that
@@ -19,20 +19,21 @@ import (
 // Istio's did, and 503 from the drain's first moment, which Istio's does
 // not (pilot-agent keeps answering 200 until its own SIGTERM, which
 // draind sends only at the very end, if ever).
-type pilotAgentReadiness struct {
+type Readiness struct {
 	url string
 	c   *http.Client
 }
 
-func newPilotAgentReadiness(statusPort uint16) *pilotAgentReadiness {
-	return &pilotAgentReadiness{
+// NewReadiness asks pilot-agent's readiness on its status port.
+func NewReadiness(statusPort uint16) *Readiness {
+	return &Readiness{
 		url: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(int(statusPort))) + "/healthz/ready",
 		c:   &http.Client{Timeout: time.Second, Transport: &http.Transport{MaxIdleConns: 1, IdleConnTimeout: 30 * time.Second}},
 	}
 }
 
-// ready is one probe: true on a 200, else why not.
-func (r *pilotAgentReadiness) ready(ctx context.Context) (bool, string) {
+// Ready is one probe: true on a 200, else why not.
+func (r *Readiness) Ready(ctx context.Context) (bool, string) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.url, nil)
 	if err != nil {
 		return false, "pilot-agent readiness: " + err.Error()
@@ -51,7 +52,7 @@ func (r *pilotAgentReadiness) ready(ctx context.Context) (bool, string) {
 }
 
 // Close drops its idle connection.
-func (r *pilotAgentReadiness) Close() error {
+func (r *Readiness) Close() error {
 	r.c.CloseIdleConnections()
 	return nil
 }
