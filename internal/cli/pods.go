@@ -1,5 +1,9 @@
 package cli
 
+// `draind pods`: the node's view, each pod asked at once, its draind over
+// the pod's loopback or its flows from the kernel (pods_target.go finds a
+// pod's draind, pods_render.go writes the table).
+
 import (
 	"context"
 	"encoding/json"
@@ -10,11 +14,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -22,187 +22,14 @@ import (
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/cri"
 	"github.com/draind/draind/internal/flows"
-	"github.com/draind/draind/internal/istio"
 	"github.com/draind/draind/internal/namespace"
-	"github.com/draind/draind/internal/rootfs"
 	"github.com/draind/draind/internal/sockdiag"
 )
-
-// criTimeout bounds a node command's calls to the runtime (the pod's
-// lookup, the node's listing).
-const criTimeout = 5 * time.Second
 
 // podProbes is how many pods `draind pods` asks at once: a node's 110
 // pods in seven rounds of --timeout at worst, while one CPU's worth of
 // sock_diag dumps and HTTP calls never floods the node.
 const podProbes = 16
-
-// criFlags is --cri-endpoint, with crictl's variable as an alias.
-type criFlags struct {
-	endpoint string
-	fs       *flagSet
-}
-
-func (c *criFlags) register(fs *flagSet) {
-	c.fs = fs
-	fs.StringVar(&c.endpoint, "cri-endpoint", "", "the container runtime's CRI socket (unix:///PATH); unset: the node's kubelet's, else "+strings.Join(cri.DefaultEndpoints, " or "))
-	fs.alias("cri-endpoint", envAlias{name: "CONTAINER_RUNTIME_ENDPOINT"})
-}
-
-// dial finds the endpoint and connects. Its errors are usage errors (exit
-// 2), one line naming the endpoint and why it was chosen.
-func (c *criFlags) dial(ctx context.Context, cmd string) (*cri.Client, cri.Endpoint, error) {
-	ctx, cancel := context.WithTimeout(ctx, criTimeout)
-	defer cancel()
-	ep, err := cri.Locate(ctx, c.endpoint, c.fs.sourceOf("cri-endpoint"))
-	if err != nil {
-		return nil, ep, usageErr("%s: %v", cmd, err)
-	}
-	client, err := cri.Dial(ctx, ep.Socket)
-	if err != nil {
-		return nil, ep, usageErr("%s: cri endpoint %s (%s): %v", cmd, ep.Address, ep.Why, err)
-	}
-	return client, ep, nil
-}
-
-// podTarget is the pod --pod named, as conns and watch looked into it.
-type podTarget struct {
-	Pod cri.Pod `json:"pod"`
-	// Container is --container; PID the process whose network namespace
-	// was entered (the sandbox's, or that container's).
-	Container string       `json:"container,omitempty"`
-	PID       int          `json:"pid,omitempty"`
-	CRI       cri.Endpoint `json:"cri"`
-	Runtime   string       `json:"runtime"`
-}
-
-// label names the target in the output's header and summary (raw: a
-// table prints it through printable).
-func (t *podTarget) label() string {
-	via := "pid " + strconv.Itoa(t.PID)
-	if t.Container != "" {
-		via = "container " + t.Container + ", " + via
-	}
-	if t.PID == 0 {
-		via = "netns " + t.Pod.NetNSPath
-	}
-	return fmt.Sprintf("pod %s (%s)", t.Pod.String(), via)
-}
-
-// criLine says where the pod was found: the runtime, its endpoint and why.
-func (t *podTarget) criLine() string {
-	return fmt.Sprintf("found through %s at %s (%s)", cell(t.Runtime, headerWidth), cell(t.CRI.Address, headerWidth), cell(t.CRI.Why, whyWidth))
-}
-
-// jsonMembers are the target as more members of a JSON object
-// (",\"target\":{...}").
-func (t *podTarget) jsonMembers() []byte {
-	b, err := json.Marshal(t)
-	if err != nil {
-		return nil
-	}
-	return append([]byte(`,"target":`), b...)
-}
-
-// registerPod adds --pod, --container and --cri-endpoint (conns, watch).
-func (n *nsFlags) registerPod(fs *flagSet) {
-	fs.StringVar(&n.pod, "pod", "", "look into this pod's network namespace: NAMESPACE/NAME, found through the node's CRI socket")
-	fs.StringVar(&n.container, "container", "", "with --pod: enter through this container's process (default: the pod's sandbox)")
-	n.cri.register(fs)
-}
-
-// validatePod checks --pod against the other targets.
-func (n *nsFlags) validatePod(cmd string) error {
-	if n.pod == "" {
-		if n.container != "" {
-			return usageErr("%s: --container needs --pod", cmd)
-		}
-		return nil
-	}
-	if n.netns != "" || n.pid != 0 {
-		return usageErr("%s: --pod is exclusive with --pid and --netns", cmd)
-	}
-	if _, _, ok := splitPod(n.pod); !ok {
-		return usageErr("%s: --pod %q: want NAMESPACE/NAME", cmd, n.pod)
-	}
-	return nil
-}
-
-func splitPod(s string) (ns, name string, ok bool) {
-	ns, name, ok = strings.Cut(s, "/")
-	return ns, name, ok && ns != "" && name != "" && !strings.Contains(name, "/")
-}
-
-// openTarget opens the namespace --pod names, through the CRI (n.target
-// records it), or the one --pid or --netns name. An unknown pod, a pod of
-// another node and a missing CRI socket are usage errors (exit 2).
-func (n *nsFlags) openTarget(ctx context.Context, cmd string) (*namespace.Net, error) {
-	if n.pod == "" {
-		return n.open()
-	}
-	client, ep, err := n.cri.dial(ctx, cmd)
-	if err != nil {
-		return nil, err
-	}
-	defer client.Close()
-	ctx, cancel := context.WithTimeout(ctx, criTimeout)
-	defer cancel()
-	podNS, name, _ := splitPod(n.pod)
-	pod, err := client.FindPod(ctx, podNS, name)
-	if errors.Is(err, cri.ErrPodNotFound) || errors.Is(err, cri.ErrPodNotReady) {
-		return nil, usageErr("%s: pod %s: %v (%s at %s: %s)", cmd, n.pod, err, client.Runtime, ep.Address, ep.Why)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%s: pod %s: %w", cmd, n.pod, err)
-	}
-	t := &podTarget{Pod: *pod, PID: pod.PID, CRI: ep, Runtime: client.Runtime, Container: n.container}
-	if n.container != "" {
-		cs, err := client.Containers(ctx, pod)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", cmd, err)
-		}
-		i := slices.IndexFunc(cs, func(c cri.Container) bool { return c.Name == n.container })
-		if i < 0 || cs[i].PID == 0 {
-			names := make([]string, len(cs))
-			for j, c := range cs {
-				names[j] = c.Name
-			}
-			return nil, usageErr("%s: pod %s has no running container %q (running: %s)", cmd, n.pod, n.container, strings.Join(names, ", "))
-		}
-		t.PID = cs[i].PID
-	}
-	ns, err := openPodNetNS(ep, &t.Pod, t.PID)
-	if err != nil {
-		return nil, fmt.Errorf("%s: pod %s: %w", cmd, n.pod, err)
-	}
-	n.target = t
-	return ns, nil
-}
-
-// label names what conns and watch look into.
-func (n *nsFlags) label(ns *namespace.Net) string {
-	if n.target != nil {
-		return n.target.label()
-	}
-	return ns.Name()
-}
-
-// openPodNetNS opens a pod's network namespace: through a process of the
-// pod (its PID on the node, which this process sees with hostPID), else
-// through the path the runtime names, under the node's root as reached
-// from here.
-func openPodNetNS(ep cri.Endpoint, pod *cri.Pod, pid int) (*namespace.Net, error) {
-	if pid > 0 {
-		ns, err := namespace.ByPID(pid)
-		if err == nil || pod.NetNSPath == "" {
-			return ns, err
-		}
-	}
-	if pod.NetNSPath == "" {
-		return nil, errors.New("the runtime names no process and no network namespace of it")
-	}
-	return namespace.Open(ep.HostRoot + pod.NetNSPath)
-}
 
 // podsOptions are `draind pods`' flags.
 type podsOptions struct {
@@ -478,82 +305,6 @@ func flowSummary(ns *namespace.Net, p flows.Policy) (flows.Summary, error) {
 	return sum, err
 }
 
-// findDraind is the pod's container that runs `draind run`, and where
-// its status server is; nil when none does. The address can depend on
-// a file in the container (Istio's annotations): read inside its root,
-// within ctx; what cannot be read is an error, with the container named.
-func findDraind(ctx context.Context, cs []cri.Container) (*draindRef, error) {
-	for _, c := range cs {
-		annotations := func() ([]byte, error) { return nil, nil }
-		if c.PID > 0 {
-			annotations = func() ([]byte, error) { return containerAnnotations(ctx, c.PID) }
-		}
-		addr, from, ok, err := draindStatusAddr(c.Args, c.Env, annotations)
-		if !ok {
-			continue
-		}
-		ref := &draindRef{Container: c.Name, StatusAddr: addr, From: from}
-		if err != nil {
-			ref.StatusAddr, ref.From = "", ""
-		}
-		return ref, err
-	}
-	return nil, nil
-}
-
-// containerAnnotations reads Istio's annotations file where pilot-agent
-// reads it, relative to its working directory, inside its container's
-// root (/proc/PID/root): links in the container resolve there, never in
-// this process's root.
-func containerAnnotations(ctx context.Context, pid int) ([]byte, error) {
-	proc := "/proc/" + strconv.Itoa(pid)
-	cwd, err := rootfs.Cwd(proc)
-	if err != nil {
-		return nil, err
-	}
-	return istio.ReadAnnotationsFile(ctx, proc+"/root", filepath.Join(cwd, istio.PodAnnotations))
-}
-
-// draindStatusAddr says whether a container's argv runs `draind run`
-// (draind as argv[0], or after an init wrapper), and the address to dial
-// in the pod for its status server: where that draind listens
-// (istio.StatusAddrOf, from its argv and environment, and under
-// pilot-agent Istio's settings from its environment and the annotations
-// file annotations reads, as run reads them), an address on every
-// interface dialled on loopback, which /debug/state requires. An
-// annotations file that cannot be read or parsed is an error (ok still
-// true): run would have refused it.
-func draindStatusAddr(args, env []string, annotations func() ([]byte, error)) (addr, from string, ok bool, err error) {
-	in, lookup, ok := istio.RunArgs(args, env)
-	if !ok {
-		return "", "", false, nil
-	}
-	if in.NeedsSettings() {
-		if in.Settings, err = istio.ReadFrom(lookup, istio.PodAnnotations, annotations); err != nil {
-			return "", "", true, err
-		}
-	}
-	a := istio.StatusAddrOf(in)
-	return loopbackAddr(a.Addr), a.From, true, nil
-}
-
-// loopbackAddr is where a status server listening at addr is dialled
-// from inside its pod: loopback for an unspecified host (or none).
-func loopbackAddr(addr string) string {
-	host, port, err := agent.SplitHostPort(addr)
-	if err != nil {
-		return addr
-	}
-	ip, perr := netip.ParseAddr(host)
-	switch {
-	case host == "" || perr == nil && ip.IsUnspecified() && ip.Is4():
-		host = "127.0.0.1"
-	case perr == nil && ip.IsUnspecified():
-		host = "::1"
-	}
-	return net.JoinHostPort(host, strconv.Itoa(int(port)))
-}
-
 // readPodState asks a pod's draind where its drain stands (GET
 // /debug/state), over a TCP connection made inside the pod's network
 // namespace, within ctx.
@@ -609,99 +360,6 @@ func dialIn(ctx context.Context, ns *namespace.Net, ap netip.AddrPort) (net.Conn
 		c = nil
 	}
 	return c, err
-}
-
-// writeNodeView writes the view as a table, one line per pod, sorted by
-// namespace and name (the runtime's listing is).
-func writeNodeView(w io.Writer, v *nodeView) error {
-	fmt.Fprintf(w, "%s pods on this node: %d (%s at %s: %s; each asked for at most %s)\n",
-		v.Time.Format("15:04:05"), len(v.Pods), cell(v.Runtime, headerWidth), cell(v.CRI.Address, headerWidth), cell(v.CRI.Why, whyWidth),
-		time.Duration(v.TimeoutMS)*time.Millisecond)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POD\tDRAIND\tPHASE\tTRIGGER\tSINCE\tDEADLINE IN\tHOLDS / FLOWS")
-	for i := range v.Pods {
-		c := podCells(&v.Pods[i])
-		fmt.Fprintln(tw, strings.Join(c[:], "\t"))
-	}
-	return tw.Flush()
-}
-
-// The widths of the table's cells that hold strings from outside (the
-// runtime's names, a pod's draind's answer, errors quoting either): each
-// is escaped (printable) and cut there; -o json has them whole.
-const (
-	podWidth     = 80  // namespace/name: 63 and 1 and, rarely, up to 253
-	nameWidth    = 40  // a container's name, a phase, a trigger, a hold's kind
-	errorWidth   = 160 // an error, which may quote a pod's answer
-	headerWidth  = 120 // the runtime's name and address
-	whyWidth     = 400 // why that endpoint: the kubelet, and those not trusted
-	commWidth    = 32  // a process's name (15 bytes, escaped)
-	endWhyWidth  = 40
-	holdKindWide = 24
-)
-
-// podCells are a row's table cells.
-func podCells(r *podRow) [7]string {
-	c := [7]string{cell(r.Namespace+"/"+r.Name, podWidth), "-", "-", "-", "-", "-", "-"}
-	if d := r.Draind; d != nil {
-		c[1] = cell(d.Container, nameWidth) + ":?" // its settings unread: the error says why
-		if _, port, err := agent.SplitHostPort(d.StatusAddr); err == nil {
-			c[1] = cell(d.Container, nameWidth) + ":" + strconv.Itoa(int(port))
-		}
-	}
-	switch {
-	case r.Error != "":
-		c[2], c[6] = "?", cell(r.Error, errorWidth)
-	case r.State != nil:
-		st := r.State
-		c[2] = cell(st.Phase, nameWidth)
-		if st.Trigger != "" {
-			c[3], c[4], c[5] = cell(st.Trigger, nameWidth), msString(st.SinceTriggerMS), msString(st.DeadlineInMS)
-		}
-		c[6] = holdsCell(st)
-	case r.Flows != nil:
-		s := r.Flows
-		c[6] = fmt.Sprintf("no draind: app listeners %d, inbound %d, outbound %d; proxy listeners %d, flows %d",
-			s.AppListeners, s.AppInbound, s.AppOutbound, s.ProxyListeners, s.ProxyFlows)
-	case r.HostNetwork:
-		c[6] = "no draind; host network (its flows are the node's)"
-	}
-	return c
-}
-
-// maxHolds and maxHoldText bound the holds cell: the table stays one
-// line a pod; -o json has them all.
-const (
-	maxHolds    = 3
-	maxHoldText = 60
-)
-
-// holdsCell is what holds the drain now, or how it ended.
-func holdsCell(st *agent.PodState) string {
-	if e := st.End; e != nil {
-		s := fmt.Sprintf("ended: %s after %s", cell(e.Why, endWhyWidth), msString(e.TookMS))
-		if e.Cut {
-			s += fmt.Sprintf(", cut by the deadline (%d flows, %d app processes open)", e.OpenFlows, e.AppProcesses)
-		}
-		return s
-	}
-	if len(st.Holds) == 0 {
-		return "-"
-	}
-	var parts []string
-	for i, h := range st.Holds {
-		if i == maxHolds {
-			parts = append(parts, fmt.Sprintf("+%d more", len(st.Holds)-i))
-			break
-		}
-		parts = append(parts, cell(h.Kind, holdKindWide)+": "+cell(h.What, maxHoldText))
-	}
-	return strings.Join(parts, "; ")
-}
-
-// msString is a span in ms as a short duration (0.1 s precision).
-func msString(ms int64) string {
-	return (time.Duration(ms) * time.Millisecond).Round(100 * time.Millisecond).String()
 }
 
 func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }
