@@ -181,13 +181,16 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if a.proxy, err = proxy.Start(cfg.Command, cfg.Proxy); err != nil {
 		return Result{}, err
 	}
-	// From here on the proxy must not outlive us: every return path below
-	// ends with it stopped (the machine's stop, or here).
+	// From here on the proxy must not outlive us: the machine stops it,
+	// and an error return, whichever, kills it here (an Envoy left behind
+	// would hold the pod's ports with no draind to drain it).
+	defer func() {
+		if err != nil {
+			a.proxy.Signal(syscall.SIGKILL)
+			<-a.proxy.Exited()
+		}
+	}()
 	log.Info("proxy started", logevent.ProxyStarted.Field(), zap.Int("pid", a.proxy.Pid()), zap.Strings("command", cfg.Command))
-	killProxy := func() {
-		a.proxy.Signal(syscall.SIGKILL)
-		<-a.proxy.Exited()
-	}
 
 	// The status server and the signal forwarder start now, before the
 	// eBPF objects load: readiness waits on Envoy, not on the verifier, and
@@ -255,7 +258,6 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		closers = append(closers, a.procs.Close)
 	}
 	if trErr != nil {
-		killProxy()
 		return Result{}, fmt.Errorf("tracker: %w", trErr)
 	}
 	closers = append(closers, a.tracker.Close)
@@ -263,7 +265,6 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	load, first := a.tracker.Opened()
 	log.Info("tracker", logevent.Tracker.Field(), zap.Stringer("mode", mode), zap.String("reason", why), zap.Duration("probe_load", load), zap.Duration("first_snapshot", first))
 	if why := a.exitWithAppRefused(); why != "" {
-		killProxy()
 		return Result{}, configErr("--exit-with-app %s: %s", cfg.Drain.ExitWithApp, why)
 	}
 	log.Info("pod shape", logevent.PodShape.Field(), zap.Stringer("shape", cfg.Drain.StartShape()), zap.String("exit_with_app", string(cfg.Drain.ExitWithApp)))
