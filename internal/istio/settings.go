@@ -122,21 +122,21 @@ func ReadFrom(lookup func(string) (string, bool), name string, readAnnotations f
 		v, _ := lookup(ProxyConfigEnv)
 		s.ProxyConfig = true
 		if err := s.apply(v, ProxyConfigEnv); err != nil {
-			return s, fmt.Errorf("%s: %v", ProxyConfigEnv, err)
+			return s, fmt.Errorf("%s: %w", ProxyConfigEnv, err)
 		}
 	}
 	b, err := readAnnotations()
 	if err != nil {
-		return s, fmt.Errorf("%s: %v", name, err)
+		return s, fmt.Errorf("%s: %w", name, err)
 	}
 	annos, err := parseDownwardAnnotations(b)
 	if err != nil {
-		return s, fmt.Errorf("%s: %v", name, err)
+		return s, fmt.Errorf("%s: %w", name, err)
 	}
 	if v, ok := annos[annotationProxyConfig]; ok {
 		from := "annotation " + annotationProxyConfig
 		if err := s.apply(v, from); err != nil {
-			return s, fmt.Errorf("%s, %s: %v", name, from, err)
+			return s, fmt.Errorf("%s, %s: %w", name, from, err)
 		}
 	}
 	if v, ok := annos[annotationStatusPort]; ok {
