@@ -368,9 +368,9 @@ func (s *Sim) handleDrainListeners(w http.ResponseWriter, r *http.Request) {
 	_, inboundOnly := q["inboundonly"]
 	_, graceful := q["graceful"]
 	_, skipExit := q["skip_exit"]
-	// After 1.39 (non_graceful_drain_notifies_connections) a drain without
+	// Since 1.40 (non_graceful_drain_notifies_connections) a drain without
 	// graceful drains connections too, and skip_exit is allowed with it.
-	eventGen := s.cfg.DrainGeneration == DrainConnectionEvent
+	eventGen := s.cfg.DrainGeneration != Drain139
 	if skipExit && !graceful && !eventGen {
 		s.reply(w, http.StatusBadRequest, textPlain, "skip_exit requires graceful\n")
 		return

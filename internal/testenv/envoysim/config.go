@@ -36,14 +36,19 @@ const (
 	// Drain139 is Envoy through 1.39.x: a drain acts only when a response
 	// is sent on a connection (DrainDecision polled in encodeHeaders).
 	Drain139 = "1.39"
-	// DrainConnectionEvent is Envoy after 1.39 (runtime guards
+	// Drain140 is Envoy 1.40.x (runtime guards
 	// envoy.reloadable_features.use_connection_event_drain and
 	// non_graceful_drain_notifies_connections, both on): the drain is pushed
-	// to every connection of the drained listeners; the gradual ramp runs
-	// over half the drain time; connections not yet draining are drained
-	// proactively at a random moment in the last third of the drain time
-	// (before drain time - drain_timeout); a drain without graceful drains
-	// connections too, and skip_exit no longer needs graceful.
+	// to every connection of the drained listeners, but still acts only
+	// when a response is sent on a connection; the gradual ramp runs over
+	// the whole drain time from whole seconds elapsed (no drain in the first
+	// second); a drain without graceful drains connections too, and
+	// skip_exit no longer needs graceful.
+	Drain140 = "1.40"
+	// DrainConnectionEvent is Envoy main after 1.40.0: as [Drain140], but
+	// the gradual ramp runs over half the drain time and connections not
+	// yet draining are drained proactively at a random moment in the last
+	// third of the drain time (before drain time - drain_timeout).
 	DrainConnectionEvent = "connection_event"
 )
 
@@ -65,7 +70,8 @@ type Config struct {
 	DrainTime time.Duration
 	// DrainStrategy is --drain-strategy: "gradual" (default) or "immediate".
 	DrainStrategy string
-	// DrainGeneration is [Drain139] (default) or [DrainConnectionEvent].
+	// DrainGeneration is [Drain139] (default), [Drain140] or
+	// [DrainConnectionEvent].
 	DrainGeneration string
 	// ParentShutdownTime is --parent-shutdown-time-s, only reported. Default 900 s.
 	ParentShutdownTime time.Duration
@@ -350,9 +356,9 @@ func (c Config) withDefaults() (Config, error) {
 	switch c.DrainGeneration {
 	case "":
 		c.DrainGeneration = Drain139
-	case Drain139, DrainConnectionEvent:
+	case Drain139, Drain140, DrainConnectionEvent:
 	default:
-		return c, fmt.Errorf("drain generation %q: want %s or %s", c.DrainGeneration, Drain139, DrainConnectionEvent)
+		return c, fmt.Errorf("drain generation %q: want %s, %s or %s", c.DrainGeneration, Drain139, Drain140, DrainConnectionEvent)
 	}
 	if c.StartupDelay < 0 || c.StatsFlushInterval < 0 {
 		return c, fmt.Errorf("negative startup delay or stats flush interval")

@@ -49,9 +49,9 @@
 // next HTTP/2 response is preceded by a GOAWAY with last-stream-id 2^31-1,
 // and the final GOAWAY follows after the listener's drain_timeout (5 s);
 // idle connections get nothing. That is Envoy through 1.39
-// ([Drain139]); [DrainConnectionEvent] is the drain after 1.39, which also
-// drains connections on their own in the last third of the drain time
-// ([Config.DrainGeneration]). The
+// ([Drain139]) and 1.40 ([Drain140]); [DrainConnectionEvent] is the drain
+// of Envoy main after 1.40.0, which also drains connections on their own
+// in the last third of the drain time ([Config.DrainGeneration]). The
 // listeners keep accepting for the drain time, then stop; with skip_exit
 // they never stop. The sim never exits on its own, and neither /ready nor
 // server.state changes. POST /healthcheck/fail turns /ready and server_info

@@ -243,9 +243,11 @@ func (l *listener) upstream(c *conn) (string, error) {
 // the k-th. Below one second of drain time (envoysim only) it is
 // continuous: elapsed/drain time.
 //
-// With the connection-event generation it is Network::shouldDrainClose
+// Since 1.40 it is Network::shouldDrainClose
 // (source/common/network/drain_close_util.cc) on the drain event the
-// connection was given: immediate closes at once; gradual ramps over
+// connection was given: immediate closes at once; gradual, in 1.40.0,
+// trunc(elapsed_s) > rand % drain_time_s (never in the first second); on
+// main after 1.40.0 (the connection-event generation) it ramps over
 // ceil(drain time / 2) whole seconds: trunc(elapsed_s) > rand % ramp_s,
 // and always once elapsed_s reaches the ramp.
 func (l *listener) drainClose() bool {
@@ -261,6 +263,21 @@ func (l *listener) drainClose() bool {
 	}
 	if s.cfg.DrainStrategy == "immediate" || d.done {
 		return true
+	}
+	if s.cfg.DrainGeneration == Drain140 {
+		// Network::shouldDrainClose as 1.40.0 has it: whole seconds since
+		// the connection was told, against the whole drain time, so never
+		// in the first second (test/integration/drain_close_integration_test.cc,
+		// DrainCloseGradualViaConnectionDrain).
+		secs := int64(s.cfg.DrainTime / time.Second)
+		elapsed := time.Since(l.drainStart)
+		if elapsed >= s.cfg.DrainTime {
+			return true
+		}
+		if secs == 0 {
+			return rand.Float64() < float64(elapsed)/float64(s.cfg.DrainTime)
+		}
+		return int64(elapsed/time.Second) > rand.Int64N(secs)
 	}
 	if s.cfg.DrainGeneration == DrainConnectionEvent {
 		ramp := int64((s.cfg.DrainTime/2 + time.Second - 1) / time.Second)

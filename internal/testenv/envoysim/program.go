@@ -70,7 +70,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		startupDelay    = fs.Duration("startup-delay", 0, "time to go LIVE")
 		flushInterval   = fs.Duration("stats-flush-interval", 0, "refresh server.* gauges only at start and on this period (0: on every read)")
 		statsMatcher    = fs.String("stats-matcher", "", "stats_matcher preset: istio (no downstream_cx_active gauges), istio_exit_on_zero or reject_all")
-		drainGen        = fs.String("drain-generation", "", "how a drain reaches connections: 1.39 (default: on each response) or connection_event (Envoy after 1.39)")
+		drainGen        = fs.String("drain-generation", "", "how a drain reaches connections: 1.39 (default: on each response), 1.40 (a pushed drain event, still on each response) or connection_event (Envoy main after 1.40.0: also proactively)")
 		faultAdmin      = fs.String("fault-admin", "", "admin fault: hang, 500, garbage or slow")
 		faultDelay      = fs.Duration("fault-admin-delay", 0, "delay every admin answer by this long (slow: default 2s)")
 		faultExit       = fs.Int("fault-exit-at-start", 0, "exit with this code instead of going LIVE")
