@@ -1,6 +1,12 @@
 package drain
 
-import "time"
+import (
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/draind/draind/internal/logevent"
+)
 
 // CompletionInput is everything --exit-with-app decides on. It is plain
 // data, so the decision is a pure function, table-tested on its own (as
@@ -105,4 +111,91 @@ func AppCompletion(in CompletionInput) Completion {
 		return Completion{State: AppNotStarted}
 	}
 	return Completion{Done: true, After: max(in.StartTimeout-in.Watching, 0), State: AppNeverSeen}
+}
+
+// appWatch is the loop's state for --exit-with-app while Ready.
+type appWatch struct {
+	// since is when Run began watching the app (its process source is
+	// live by then): --app-start-timeout counts from it.
+	since time.Time
+	// failedSeq is the last failed main exit said to stay (success
+	// mode), so that each is logged once.
+	failedSeq uint64
+	// timer runs while the app looks done, for the verdict's After (the
+	// restart grace, the rest of the start timeout); nil while not armed.
+	timer *time.Timer
+	// on is the verdict timer waits on: a new one restarts the wait.
+	on completionKey
+}
+
+// completionKey tells AppCompletion's verdicts apart.
+type completionKey struct {
+	state AppState
+	seq   uint64
+}
+
+func (c Completion) key() completionKey { return completionKey{c.State, c.Seq} }
+
+// completion applies AppCompletion to what the app's view says now, and
+// returns the main exit it read. The count is read first: an app that
+// leaves after it has its exit read.
+func (m *Machine) completion() (Completion, MainExit) {
+	n, view := m.apps.Count()
+	exit, has := m.apps.MainExit()
+	return AppCompletion(CompletionInput{
+		Mode: m.cfg.ExitWithApp, View: view, Procs: n, Main: exit, HasMain: has,
+		Watching: time.Since(m.app.since), StartTimeout: m.cfg.AppStartTimeout, RestartGrace: m.cfg.restartGrace(),
+	}), exit
+}
+
+// watchAppDone arms the wait when the app looks done (the restart grace,
+// or the rest of the start timeout for an app never seen), and disarms it
+// when the app is back (a crashed container the kubelet restarted) or
+// first appears.
+func (m *Machine) watchAppDone() {
+	c, exit := m.completion()
+	if c.State == AppFailedKept && c.Seq != m.app.failedSeq {
+		m.app.failedSeq = c.Seq
+		m.log.Info("the app's main process ended without success under --exit-with-app success: the proxy stays for its restart (restartPolicy OnFailure); with restartPolicy Never use --exit-with-app any",
+			zap.String("main_exit", exit.Status))
+	}
+	switch {
+	case c.Done && (m.app.timer == nil || c.key() != m.app.on):
+		if m.app.timer != nil {
+			m.app.timer.Stop() // it came back and left again: a new wait
+		}
+		if c.State == AppNeverSeen {
+			m.log.Info("no app process seen yet: the proxy waits for the app's first one, at most --app-start-timeout since draind began watching (an app that already ran and exited cannot be told from one not started)",
+				logevent.AppNotSeenYet.Field(), zap.Duration("app_start_timeout", m.cfg.AppStartTimeout), zap.Duration("left", c.After))
+		} else {
+			// A success is the app's work done: a Job's container is not
+			// restarted after it. A failure, or an exit draind could not
+			// read, may be a crash the kubelet restarts: the restart grace.
+			m.log.Info("the app's processes are gone: the proxy stops after the restart grace unless the app comes back",
+				zap.String("main_exit", exit.Status), zap.Stringer("app", c.State), zap.Duration("grace", c.After), zap.String("exit_with_app", string(m.cfg.ExitWithApp)))
+		}
+		m.app.timer, m.app.on = time.NewTimer(c.After), c.key()
+	case !c.Done && m.app.timer != nil:
+		m.app.timer.Stop()
+		m.app.timer = nil
+		if m.app.on.state == AppNeverSeen {
+			m.log.Info("an app process is seen: the proxy stays for it", zap.Stringer("app", c.State))
+		} else {
+			m.log.Info("the app is back within the restart grace: the proxy stays", logevent.AppBack.Field(), zap.Stringer("app", c.State))
+		}
+	}
+}
+
+// appDoneWaited is the end of the wait watchAppDone armed: the app still
+// done on the same verdict, it starts the drain (CauseAppDone).
+func (m *Machine) appDoneWaited() {
+	c, _ := m.completion()
+	if !c.Done || c.key() != m.app.on || m.Phase() != Ready {
+		return
+	}
+	if c.State == AppNeverSeen {
+		m.log.Warn("no app process seen within --app-start-timeout: the app is taken as done, having run and exited before draind could watch it (an app container started beside draind and shorter than its start-up); its exit code is unknown to draind, which stops the proxy and exits 0: the app container's own exit code decides the Job. Gate the app on `draind wait` (postStart) for its exit code to be seen",
+			logevent.AppNeverSeen.Field(), zap.Duration("app_start_timeout", m.cfg.AppStartTimeout), zap.Duration("watching", time.Since(m.app.since)))
+	}
+	m.begin(CauseAppDone)
 }

@@ -2,7 +2,10 @@ package drain
 
 import (
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // TestAppCompletion: --exit-with-app's rules, over plain data. The app
@@ -59,4 +62,142 @@ func TestAppCompletion(t *testing.T) {
 			}
 		})
 	}
+}
+
+// --- --exit-with-app (Jobs) ------------------------------------------------
+
+func TestExitWithApp(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		mode  ExitWithApp
+		code  int
+		stops bool
+	}{
+		{"success mode, exit 0", ExitWithAppSuccess, 0, true},
+		{"success mode, exit 1 (OnFailure restarts it)", ExitWithAppSuccess, 1, false},
+		{"any mode, exit 1", ExitWithAppAny, 1, true},
+		{"any mode, killed", ExitWithAppAny, -1, true},
+		{"off", ExitWithAppOff, 0, false},
+	} {
+		t.Run(tc.name, inBubble(func(t *testing.T) {
+			r := newRig(t, withConfig(func(c *Config) { c.ExitWithApp = tc.mode; c.AppRestartGrace = 50 * time.Millisecond }))
+			r.waitPhase(Ready)
+			r.apps.mainExits(tc.code)
+			if !tc.stops {
+				r.notDone(300 * time.Millisecond)
+				if r.m.Phase() != Ready {
+					t.Fatalf("phase %s after the app's exit, want ready", r.m.Phase())
+				}
+				r.m.Trigger(CauseSignal) // the pod's end
+				r.wantResult(r.result(), 0, true, "drained")
+				return
+			}
+			r.wantResult(r.result(), 0, true, "drained")
+			if r.m.Cause() != CauseAppDone {
+				t.Errorf("drain cause %s, want app-done", r.m.Cause())
+			}
+		}))
+	}
+}
+
+func TestExitWithAppRestartWithinGrace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, withConfig(func(c *Config) { c.ExitWithApp = ExitWithAppAny; c.AppRestartGrace = 300 * time.Millisecond }))
+		r.waitPhase(Ready)
+		for i := range 3 { // a crash loop: killed, back 100 ms later
+			r.apps.mainExits(-1)
+			r.notDone(100 * time.Millisecond) // inside the grace: the proxy stays
+			r.apps.set(1)
+			r.waitFor("the app's return", func() bool {
+				return r.count(logevent.AppBack) == i+1
+			})
+		}
+		r.notDone(500 * time.Millisecond)
+		if r.m.Phase() != Ready || r.count(logevent.AppBack) != 3 {
+			t.Fatalf("phase %s; log:\n%s", r.m.Phase(), r.log())
+		}
+		r.m.Quit()
+		r.result()
+	})
+}
+
+// An app never seen since the machine began watching (a Job's app
+// container that ran and left before draind's process source was live, or
+// one not started yet): --app-start-timeout after the machine's start,
+// the app is taken as done and the proxy stops, exit 0; an app that
+// appears before keeps it, and its own exit decides.
+func TestExitWithAppNeverSeen(t *testing.T) {
+	const timeout = 2 * time.Second
+	for _, tc := range []struct {
+		name    string
+		mode    ExitWithApp
+		timeout time.Duration
+		appears time.Duration // the app's first process comes then (0: never)
+		blip    bool          // and goes without an exit (taken for another container's)
+		stops   bool
+	}{
+		{"success, never seen", ExitWithAppSuccess, timeout, 0, false, true},
+		{"any, never seen", ExitWithAppAny, timeout, 0, false, true},
+		{"success, seen late, exit 0", ExitWithAppSuccess, timeout, timeout / 2, false, true},
+		{"a process taken for the app for a moment", ExitWithAppSuccess, timeout, timeout / 2, true, true},
+		{"no start timeout: awaited", ExitWithAppSuccess, 0, 0, false, false},
+	} {
+		t.Run(tc.name, inBubble(func(t *testing.T) {
+			start := time.Now()
+			r := newRig(t, setup(func(r *rig) { r.apps = newFakeApps(0, ProcsComplete) }),
+				withConfig(func(c *Config) { c.ExitWithApp, c.AppStartTimeout = tc.mode, tc.timeout }))
+			r.waitPhase(Ready)
+			if tc.timeout > 0 {
+				r.waitForLog(logevent.AppNotSeenYet, "app_start_timeout", tc.timeout.String())
+			}
+			switch {
+			case tc.appears > 0 && tc.blip:
+				time.Sleep(tc.appears - time.Since(start))
+				r.apps.set(1)
+				r.notDone(timeout / 4)
+				r.apps.set(0) // no main exit: still never seen
+			case tc.appears > 0:
+				time.Sleep(tc.appears - time.Since(start))
+				r.apps.set(1)
+				r.notDone(2 * timeout) // past the start timeout: the app is there
+				r.apps.mainExits(0)
+			}
+			if !tc.stops {
+				r.notDone(time.Hour)
+				r.m.Trigger(CauseSignal)
+				r.wantResult(r.result(), 0, true, "drained")
+				return
+			}
+			res := r.result()
+			r.wantResult(res, 0, true, "drained")
+			if r.m.Cause() != CauseAppDone {
+				t.Errorf("drain cause %s, want app-done", r.m.Cause())
+			}
+			never := r.count(logevent.AppNeverSeen)
+			if took := time.Since(start); (tc.appears == 0 || tc.blip) && (never != 1 || took < timeout || took >= timeout+timeout/4) {
+				// The fake clock: the start timeout, not extended by a process
+				// that came and went.
+				t.Errorf("stopped %s after the start with %d app_never_seen lines, want at %s with one; log:\n%s", took, never, timeout, r.log())
+			}
+			if tc.appears > 0 && !tc.blip && never != 0 {
+				t.Errorf("an app seen late was taken as never seen; log:\n%s", r.log())
+			}
+		}))
+	}
+}
+
+// A main exit whose code draind could not read (its event lost, inferred
+// from a snapshot) ends the proxy after the restart grace in success mode
+// too: a Job must not hang on it.
+func TestExitWithAppUnknownExit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, withConfig(func(c *Config) { c.ExitWithApp = ExitWithAppSuccess; c.AppRestartGrace = 300 * time.Millisecond }))
+		r.waitPhase(Ready)
+		start := time.Now()
+		r.apps.mainExitsUnknown()
+		r.wantResult(r.result(), 0, true, "drained")
+		if took := time.Since(start); took < 300*time.Millisecond || r.m.Cause() != CauseAppDone {
+			t.Errorf("stopped %s after the exit by %s, want after the 300ms grace by app-done; log:\n%s", took, r.m.Cause(), r.log())
+		}
+	})
 }

@@ -28,10 +28,21 @@
 //
 // # Goroutines
 //
-// Run starts two helpers and stops both before it returns: the start-up
-// watcher (asks Admin.Live until Envoy is LIVE, only while Starting) and
-// the drain_listeners retrier (only while draining). Trigger and Quit may
-// be called from any goroutine; they never block.
+// Run starts its helpers and stops each before it returns: the start-up
+// watcher (asks Admin.Live until Envoy is LIVE, only while Starting), the
+// drain_listeners retrier (only while draining), and the work at LIVE.
+// Trigger and Quit may be called from any goroutine; they never block.
+//
+// # Files
+//
+// machine.go is the machine itself: its type, New, Run and the phase
+// changes; parts.go its inputs' interfaces. Each rule keeps its pure
+// function and its share of the loop's state and methods in one file:
+// evaluate.go (the gate's evaluation; the gate itself in gate.go),
+// rotation.go (the min-drain, --min-drain auto), untold.go, native_sidecar.go
+// (a native sidecar's SIGTERM), late_stop.go, completion.go
+// (--exit-with-app), envoy.go (the admin API's calls), stop.go (the
+// deadline and the stop), state.go (the published State).
 //
 // # Logging
 //

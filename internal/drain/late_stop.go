@@ -1,6 +1,12 @@
 package drain
 
-import "time"
+import (
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/draind/draind/internal/logevent"
+)
 
 // The late stop: a native sidecar's gate deadline reached while its app
 // still runs.
@@ -15,13 +21,9 @@ import "time"
 // container has exited (or was killed at the grace period's end), and
 // kills it no sooner than 2 s after that (kuberuntime's
 // minimumGracePeriodInSeconds), so a proxy kept until the app's exit
-// costs nothing but draind's own margin. `make bench-rollout`'s 40 pods
-// deleted at once, draind above pilot-agent injected as a native sidecar:
-// the apps, told to stop only once out of rotation (9–11 s on that
-// saturated node), called out until 24–25 s after the deletion. Stopped
-// at the gate deadline (19.5 s), 17 of 800 calls failed in one run; held
-// to the deadline less 1.5 s (23.5 s), 23 in a heavier one; pilot-agent
-// alone, which stops at the kubelet's SIGTERM, lost none.
+// costs nothing but draind's own margin, and an app that calls out late
+// in its shutdown keeps its proxy (the measurements: docs/design.md, "The
+// drain machine", the late stop).
 //
 // So a native sidecar still awaiting its SIGTERM at the gate deadline
 // (PastGateDeadline) holds for its app to LateGateDeadline: the pod's
@@ -91,4 +93,62 @@ func (c Config) lateEnd() time.Duration {
 		grace = c.Deadline + GraceMargin
 	}
 	return max(grace, c.Deadline)
+}
+
+// lateState is the loop's state for the late stop.
+type lateState struct {
+	// held is set once the gate deadline came before a native sidecar's
+	// SIGTERM and the gate held on to the late one: the stop then skips
+	// SIGTERM after a quit that worked.
+	held bool
+	// appGone is set once the app went past the gate deadline (the
+	// SIGTERM, or seen gone): the gate then gets LateAppGoneWait, once.
+	appGone bool
+}
+
+// gateDeadline is when, after the trigger, the gate stops waiting for the
+// app: the late gate deadline once the gate held on to it, or while
+// PastGateDeadline would hold it (a native sidecar awaiting its SIGTERM).
+func (m *Machine) gateDeadline() time.Duration {
+	if m.late.held || PastGateDeadline(GateInput{AwaitSignal: m.native.awaitSignal, NoProxy: m.cfg.Prestop}) {
+		return m.cfg.LateGateDeadline()
+	}
+	return m.cfg.GateDeadline()
+}
+
+// holdPastGateDeadline is the gate deadline's check: a native sidecar
+// still awaiting its SIGTERM (PastGateDeadline) holds on to the late gate
+// deadline, once. It reports whether it did.
+func (m *Machine) holdPastGateDeadline() bool {
+	if m.late.held {
+		return false
+	}
+	in, _ := m.baseInput()
+	left := m.cfg.LateGateDeadline() - time.Since(m.started)
+	if !PastGateDeadline(in) || left <= 0 {
+		return false
+	}
+	m.late.held = true
+	m.end.deadline = time.NewTimer(left)
+	fields := []zap.Field{logevent.GateDeadlineLate.Field(), zap.Duration("after", time.Since(m.started)),
+		zap.Duration("late_gate_deadline", m.cfg.LateGateDeadline())}
+	if m.apps != nil {
+		fields = append(fields, zap.Int("app_processes", in.AppProcs), zap.Bool("app_processes_complete", in.ProcView == ProcsComplete))
+	}
+	m.log.Info("gate deadline reached before the kubelet's SIGTERM (native sidecar: the app still runs): the proxy stays for the app's calls until the late gate deadline; the stop then skips SIGTERM after a quit that works",
+		fields...)
+	m.publish(m.eval.curHolds, nil) // the State's deadline moved
+	return true
+}
+
+// lateAppGone runs after each evaluation that left the gate shut: past the
+// gate deadline only the app held, and once it is gone (the SIGTERM, or
+// seen gone) the gate gets LateAppGoneWait, then the deadline's stop.
+func (m *Machine) lateAppGone() {
+	if !m.late.held || m.native.awaitSignal || m.late.appGone {
+		return
+	}
+	m.late.appGone = true
+	m.end.deadline.Stop()
+	m.end.deadline = time.NewTimer(max(0, min(LateAppGoneWait, m.cfg.LateGateDeadline()-time.Since(m.started))))
 }

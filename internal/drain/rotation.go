@@ -2,7 +2,12 @@ package drain
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/draind/draind/internal/logevent"
 )
 
 // The out-of-rotation rule (--min-drain auto, docs/design.md "Out of
@@ -297,4 +302,85 @@ type RotationEnd struct {
 func NewRotationEnd(in RotationInput, v RotationVerdict) RotationEnd {
 	return RotationEnd{Took: in.Now.Sub(in.Start), Why: v.Why, Connections: in.Since.Count, Window: v.Window,
 		Account: v.Quiet(in), Peers: in.Since.Peers, MeanGap: v.Gap, Before: in.Before}
+}
+
+// rotationState is the loop's state for the min-drain: a fixed wait, or
+// --min-drain auto's wait for the pod to leave rotation.
+type rotationState struct {
+	// timer ends the min-drain: a fixed one's end, or (auto) the moment
+	// the pod is out if nothing arrives meanwhile. Nil while not armed.
+	timer *time.Timer
+	// arrivals counts new connections (Parts.Arrivals; nil: the rule
+	// knows no rate and sees no arrival).
+	arrivals Arrivals
+	// before is what arrived before the trigger: the rate that sizes the
+	// quiet window.
+	before ArrivalsBefore
+	// end is how the wait ended, once over (Rotation): atomic, for the
+	// status server.
+	end atomic.Pointer[RotationEnd]
+}
+
+// Rotation is how the adaptive wait ended (false before, or without one).
+func (m *Machine) Rotation() (RotationEnd, bool) {
+	if r := m.rotation.end.Load(); r != nil {
+		return *r, true
+	}
+	return RotationEnd{}, false
+}
+
+// minDrainHold is what holds while Draining.
+func (m *Machine) minDrainHold() Hold {
+	if m.cfg.MinDrainAuto {
+		return Hold{HoldMinDrain, fmt.Sprintf("waiting to leave rotation (auto: %s to %s)", m.cfg.RotationFloor, m.cfg.RotationCeiling)}
+	}
+	return Hold{HoldMinDrain, "--min-drain " + m.cfg.MinDrain.String()}
+}
+
+// rotationInput is the out-of-rotation rule's input now.
+func (m *Machine) rotationInput() RotationInput {
+	in := RotationInput{Start: m.started, Now: time.Now(), Before: m.rotation.before, Floor: m.cfg.RotationFloor, Ceiling: m.cfg.RotationCeiling}
+	if m.rotation.arrivals != nil {
+		in.Since = m.rotation.arrivals.Since()
+	}
+	return in
+}
+
+// checkRotation applies the rule (--min-drain auto): out, the wait ends
+// and the gate takes over; otherwise the min-drain timer is armed for the
+// moment the pod is out if nothing arrives meanwhile (a connection that
+// does moves it later, seen then). No wake-up per connection.
+func (m *Machine) checkRotation() {
+	in := m.rotationInput()
+	v := OutOfRotation(in)
+	if !v.Out {
+		m.rotation.timer = time.NewTimer(v.At.Sub(in.Now))
+		return
+	}
+	if m.rotation.arrivals != nil {
+		m.rotation.arrivals.End()
+	}
+	end := NewRotationEnd(in, v)
+	m.rotation.end.Store(&end)
+	p := in.Since.Peers
+	m.log.Info("out of rotation", logevent.OutOfRotation.Field(), zap.Duration("took", end.Took), zap.Stringer("why", v.Why),
+		zap.String("account", end.Account), zap.Int64("connections", in.Since.Count),
+		zap.Int64("from_pods", p.Pod), zap.Int64("from_node", p.Node), zap.Int64("from_other", p.Other), zap.Int64("from_unknown", p.Unknown),
+		zap.Int64("probes_left_out", p.Probes), zap.Duration("quiet", in.Now.Sub(quietFrom(in))), zap.Duration("window", v.Window),
+		zap.Duration("mean_gap", v.Gap), zap.Bool("rate_known", in.Before.Known), zap.String("rate_source", in.Before.Source),
+		zap.Int64("connections_before", in.Before.Count), zap.Duration("before_span", in.Before.Span),
+		zap.Float64("took_ms", float64(end.Took.Microseconds())/1e3))
+	m.enter(Gating, zap.Duration("since_drain", end.Took), zap.Any("flows", m.flows.Observe()))
+}
+
+// endMinDrain ends the min-drain before its time (a native sidecar's app
+// gone: nothing can be served any more).
+func (m *Machine) endMinDrain() {
+	if m.rotation.timer != nil {
+		m.rotation.timer.Stop()
+		m.rotation.timer = nil
+	}
+	if m.cfg.MinDrainAuto && m.rotation.arrivals != nil {
+		m.rotation.arrivals.End()
+	}
 }

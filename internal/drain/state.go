@@ -105,3 +105,35 @@ func kindsOf(holds []Hold) []HoldKind {
 	}
 	return k
 }
+
+// State is where the drain stands (a copy: the caller may keep it).
+func (m *Machine) State() State { return m.state.Load().st }
+
+// Watch is State, and a channel closed once a newer State is published:
+// a caller waits on a change without polling.
+func (m *Machine) Watch() (State, <-chan struct{}) {
+	p := m.state.Load()
+	return p.st, p.next
+}
+
+// publish makes a new State current: holds is what holds from now on,
+// end how the drain ended (nil before). Run's goroutine only.
+func (m *Machine) publish(holds []Hold, end *StateEnd) {
+	now := time.Now()
+	if !m.started.IsZero() {
+		m.eval.held.observe(now, kindsOf(holds))
+	}
+	m.eval.curHolds = holds
+	st := State{Phase: m.Phase(), Cause: m.Cause(), Shape: m.cfg.StartShape(),
+		Holds: slices.Clone(holds), Held: m.eval.held.result(), Since: now, End: end}
+	if c := m.Cause(); c != CauseNone {
+		st.Shape = m.shape(c)
+		st.Triggered, st.Deadline = m.started, m.started.Add(m.gateDeadline())
+	}
+	if r, ok := m.Rotation(); ok {
+		st.Rotation = &r
+	}
+	if old := m.state.Swap(&published{st: st, next: make(chan struct{})}); old != nil {
+		close(old.next)
+	}
+}

@@ -1,6 +1,13 @@
 package drain
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/draind/draind/internal/logevent"
+)
 
 // Untold keep-alives: the connections Envoy's drain never reaches.
 //
@@ -12,9 +19,8 @@ import "time"
 // Once out of rotation the app is told to stop (its preStop hook, the
 // out-of-rotation wait, returns and the kubelet sends SIGTERM); the
 // client's next request on that connection then reaches an app that no
-// longer accepts, and Envoy answers 503. `make bench-rollout` lost one
-// such keep-alive request in three of six scale-downs. So when the
-// out-of-rotation wait ends, before the app hears of it, draind closes
+// longer accepts, and Envoy answers 503 (measured: docs/design.md,
+// "Untold keep-alives"). So when the out-of-rotation wait ends, before the app hears of it, draind closes
 // (FIN) Envoy's downstream connections idle since before the drain
 // began: their clients open new ones, which the Service now sends
 // elsewhere. A server closing an idle keep-alive is ordinary HTTP (Go's
@@ -90,4 +96,50 @@ type UntoldCloser interface {
 	// milliseconds: it runs on the machine's goroutine, before the
 	// out-of-rotation wait's callers hear that it ended.
 	CloseUntold(toldFrom time.Time) UntoldClosed
+}
+
+// untoldState is the loop's state for the untold keep-alives.
+type untoldState struct {
+	// closer closes them (Parts.Untold; nil: not done).
+	closer UntoldCloser
+	// result is what closing them did, once done (Untold): atomic, for
+	// the status server.
+	result atomic.Pointer[UntoldClosed]
+}
+
+// Untold is what closing the untold keep-alives did (false before it ran,
+// or when it does not: UntoldCloser).
+func (m *Machine) Untold() (UntoldClosed, bool) {
+	if r := m.untold.result.Load(); r != nil {
+		return *r, true
+	}
+	return UntoldClosed{}, false
+}
+
+// closeUntold closes Envoy's untold keep-alives (Untold), once, as the
+// min-drain ends.
+func (m *Machine) closeUntold() {
+	if m.untold.closer == nil {
+		return
+	}
+	var toldFrom time.Time
+	if ns := m.envoy.dlAt.Load(); ns != 0 {
+		toldFrom = time.Unix(0, ns)
+	}
+	start := time.Now()
+	r := m.untold.closer.CloseUntold(toldFrom)
+	m.untold.result.Store(&r)
+	if r.Found == 0 && r.Err == nil {
+		return
+	}
+	took := time.Since(start)
+	fields := []zap.Field{logevent.UntoldClosed.Field(), zap.Int("found", r.Found), zap.Int("closed", r.Closed), zap.Strings("picked", r.Picked),
+		zap.Bool("drain_listeners_done", !toldFrom.IsZero()), zap.String("rule", UntoldRule(!toldFrom.IsZero(), r.ToldFrom)),
+		zap.Float64("took_ms", float64(took.Microseconds())/1e3)}
+	if r.Err != nil {
+		m.log.Warn("some idle keep-alives Envoy's drain never told could not be closed: their clients may send one more request after the app stops accepting",
+			append(fields, zap.Error(r.Err))...)
+		return
+	}
+	m.log.Info("closed the idle keep-alives Envoy's drain never told: their clients reconnect elsewhere", fields...)
 }
