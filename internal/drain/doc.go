@@ -30,8 +30,11 @@
 //
 // Run starts its helpers and stops each before it returns: the start-up
 // watcher (asks Admin.Live until Envoy is LIVE, only while Starting), the
-// drain_listeners retrier (only while draining), and the work at LIVE.
-// Trigger and Quit may be called from any goroutine; they never block.
+// drain_listeners retrier (only while draining), and the admin calls the
+// loop needs answered (the work at LIVE, the gate's ask of Envoy's count),
+// run beside it so that a hung admin API holds no trigger, quit or exit;
+// only the stop's quit runs on the loop. Trigger and Quit may be called
+// from any goroutine; they never block.
 //
 // # Files
 //

@@ -14,7 +14,9 @@ import (
 
 // The machine's calls to Envoy's admin API: the watch for LIVE, the work
 // at LIVE, drain_listeners, the gauge check and the count the gate asks.
-// The watch, the work at LIVE and drain_listeners run beside the loop.
+// Each runs beside the loop, never on it (the quit aside: it is a stop
+// step, stop.go), so a hung admin API never holds a trigger, a quit or
+// the proxy's exit.
 
 // DrainListenersState is where the drain_listeners call stands.
 type DrainListenersState int32
@@ -53,7 +55,8 @@ const adminQuiet = 2 * time.Second
 // envoyState is the machine's side of the admin API.
 type envoyState struct {
 	// work runs f on a goroutine Run owns, with a context Run cancels and
-	// waits on as it returns (set by Run): the work at LIVE runs there.
+	// waits on as it returns (set by Run): the admin calls the loop needs
+	// answered run there.
 	work func(f func(context.Context))
 	// liveC is closed once Envoy is LIVE (watchLive); stopLive ends that
 	// watch, which polls only until Ready.
@@ -74,6 +77,21 @@ type envoyState struct {
 	// quietUntil is when the count may be asked again after a failed ask
 	// (adminQuiet): a hung admin API costs its timeout once, not per look.
 	quietUntil time.Time
+	// asking is set while the gate's ask runs beside the loop (askActive):
+	// one at a time. answers brings its answer to the loop, and answer
+	// keeps it for the evaluation right after.
+	asking  bool
+	answers chan activeAnswer
+	answer  *activeAnswer
+}
+
+// activeAnswer is one ask of Envoy's active downstream connections.
+type activeAnswer struct {
+	// asked is set when Envoy keeps the gauges, so ActiveDownstream was
+	// called and returned n, err; otherwise the kernel decides alone.
+	asked bool
+	n     int
+	err   error
 }
 
 // DrainListeners is where the drain_listeners call stands, and how many
@@ -150,7 +168,7 @@ func (m *Machine) onLive() {
 }
 
 // checkGauges asks, once it can be answered, whether Envoy keeps the
-// listener gauges the gate would read.
+// listener gauges the gate would read. It runs beside the loop.
 func (m *Machine) checkGauges(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	present, err := m.admin.Gauges(cctx)
@@ -228,30 +246,68 @@ func (m *Machine) stopDrainListeners() {
 }
 
 // envoyCount puts Envoy's own count of its active downstream connections
-// into in, when the gate needs it (gateInput).
-func (m *Machine) envoyCount(ctx context.Context, in *GateInput) {
-	if m.Gauges() == GaugesUnknown {
-		m.checkGauges(ctx) // the check at LIVE failed, or never ran
+// into in, when the gate needs it (gateInput). It reports false while the
+// count is being asked: the loop goes on meanwhile, and the answer's
+// arrival evaluates the gate again. The gate then decides as it would have
+// with the answer in hand, on views read as it arrives.
+func (m *Machine) envoyCount(in *GateInput) bool {
+	answer := m.envoy.answer
+	m.envoy.answer = nil // it serves the evaluation right after it, or none
+	if answer != nil {
+		if answer.asked && answer.err == nil {
+			in.EnvoyKnown, in.EnvoyActive = true, answer.n
+		}
+		return true
 	}
-	if m.Gauges() != GaugesPresent {
+	switch m.Gauges() {
+	case GaugesAbsent:
+		return true
+	case GaugesPresent:
+		if time.Now().Before(m.envoy.quietUntil) {
+			return true // it failed a moment ago: the kernel decides meanwhile
+		}
+	}
+	m.askActive()
+	return false
+}
+
+// askActive asks, beside the loop, whether Envoy keeps the listener gauges
+// if that is not known yet (the check at LIVE failed, or never ran), then
+// its count; the answer comes back through answers (onActive).
+func (m *Machine) askActive() {
+	if m.envoy.asking {
 		return
 	}
-	if time.Now().Before(m.envoy.quietUntil) {
-		return // it failed a moment ago: the kernel decides meanwhile
-	}
-	actx, cancel := context.WithTimeout(ctx, activeTimeout)
-	n, err := m.admin.ActiveDownstream(actx)
-	cancel()
+	m.envoy.asking = true
+	m.envoy.work(func(ctx context.Context) {
+		var a activeAnswer
+		if m.Gauges() == GaugesUnknown {
+			m.checkGauges(ctx)
+		}
+		if m.Gauges() == GaugesPresent {
+			actx, cancel := context.WithTimeout(ctx, activeTimeout)
+			a.n, a.err = m.admin.ActiveDownstream(actx)
+			cancel()
+			a.asked = true
+		}
+		m.envoy.answers <- a // one ask at a time: the buffer never fills
+	})
+}
+
+// onActive takes in the answer of askActive, on the loop, for the
+// evaluation that follows.
+func (m *Machine) onActive(a activeAnswer) {
+	m.envoy.asking = false
 	switch {
-	case err == nil:
-		in.EnvoyKnown, in.EnvoyActive = true, n
-	case errors.Is(err, ErrNoGauges):
+	case !a.asked, a.err == nil:
+	case errors.Is(a.err, ErrNoGauges):
 		if m.envoy.gauges.Swap(int32(GaugesAbsent)) != int32(GaugesAbsent) {
 			m.log.Warn("Envoy keeps no downstream_cx_active listener gauges: the kernel's view of Envoy's downstream connections decides alone",
 				logevent.NoListenerGauges.Field())
 		}
 	default:
 		m.envoy.quietUntil = time.Now().Add(adminQuiet)
-		m.log.Debug("admin active connections", zap.Error(err))
+		m.log.Debug("admin active connections", zap.Error(a.err))
 	}
+	m.envoy.answer = &a
 }

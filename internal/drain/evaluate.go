@@ -1,7 +1,6 @@
 package drain
 
 import (
-	"context"
 	"slices"
 	"time"
 
@@ -41,9 +40,12 @@ type evalState struct {
 }
 
 // evaluate looks at the gate once; done means the machine ended.
-func (m *Machine) evaluate(ctx context.Context) (Result, bool) {
-	in, fv := m.gateInput(ctx)
+func (m *Machine) evaluate() (Result, bool) {
+	in, fv, ready := m.gateInput()
 	m.seeAppGone(in, fv) // the gate's own rule lets it through; this says so, once
+	if !ready {
+		return Result{}, false // Envoy's count is being asked; its answer brings the next look
+	}
 	v := m.eval.gate.Step(in)
 	if v.Open {
 		return m.stop("drained", true), true
@@ -166,9 +168,10 @@ func envoyOnlyHold(in GateInput, v Verdict) bool {
 // gateInput gathers the gate's inputs, and the flow view it read. It asks
 // Envoy's admin API only when the app is done and the kernel sees no live
 // downstream flow (otherwise Envoy certainly has some), so a busy drain
-// does not hammer the admin API.
-func (m *Machine) gateInput(ctx context.Context) (GateInput, FlowView) {
-	in, fv := m.baseInput()
+// does not hammer the admin API. ready is false while that ask runs
+// (envoyCount).
+func (m *Machine) gateInput() (in GateInput, fv FlowView, ready bool) {
+	in, fv = m.baseInput()
 	switch {
 	case !AppGone(in):
 		m.eval.appGoneAt = time.Time{}
@@ -178,17 +181,18 @@ func (m *Machine) gateInput(ctx context.Context) (GateInput, FlowView) {
 		in.DownstreamParked = fv.DownstreamParked
 	}
 	if m.admin == nil {
-		return in, fv
+		return in, fv, true
 	}
 	if live := in.Downstream - in.DownstreamIdle; live > 0 {
+		m.envoy.answer = nil
 		in.EnvoyKnown, in.EnvoyActive = true, live // the kernel's count stands in
-		return in, fv
+		return in, fv, true
 	}
 	if done, _ := AppDone(in); !done {
-		return in, fv
+		m.envoy.answer = nil
+		return in, fv, true
 	}
-	m.envoyCount(ctx, &in)
-	return in, fv
+	return in, fv, m.envoyCount(&in)
 }
 
 // baseInput is the gate's input from draind's own views (the flows, the

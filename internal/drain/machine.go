@@ -59,7 +59,7 @@ type Machine struct {
 	state atomic.Pointer[published]
 
 	// envoy is the admin API's side: the live watch, drain_listeners, the
-	// gauges (envoy.go).
+	// gauges and the count the gate asks beside the loop (envoy.go).
 	envoy envoyState
 	// eval is the gate's evaluation: the gate, what holds, when to look
 	// again (evaluate.go).
@@ -123,6 +123,7 @@ func New(cfg Config, parts Parts) *Machine {
 		inputs: make(chan input, 8),
 	}
 	m.eval.gate = Gate{Settle: cfg.Settle}
+	m.envoy.answers = make(chan activeAnswer, 1)
 	m.rotation.arrivals = parts.Arrivals
 	m.untold.closer = parts.Untold
 	m.phase.Store(int32(Starting))
@@ -161,7 +162,7 @@ func (m *Machine) Config() Config { return m.cfg }
 // is done or the deadline). Cancelling ctx stops the proxy at once.
 func (m *Machine) Run(ctx context.Context) Result {
 	defer m.stopTimers()
-	// The admin calls at LIVE run beside the loop (onLive): a hung admin
+	// The admin calls run beside the loop (envoyState.work): a hung admin
 	// API must not hold a SIGTERM or the proxy's exit. They end with Run.
 	workCtx, cancelWork := context.WithCancel(ctx)
 	var work sync.WaitGroup
@@ -206,7 +207,7 @@ func (m *Machine) Run(ctx context.Context) Result {
 			m.sockets.Observe(time.Now(), m.flows.Observe().AppListeners)
 			fc = flowsChanged
 		case p == Gating:
-			if res, done := m.evaluate(ctx); done {
+			if res, done := m.evaluate(); done {
 				return res
 			}
 			m.lateAppGone()
@@ -227,6 +228,8 @@ func (m *Machine) Run(ctx context.Context) Result {
 			m.onTrigger(in.cause)
 		case <-m.envoy.liveC:
 			m.onLive()
+		case a := <-m.envoy.answers:
+			m.onActive(a)
 		case <-chanOf(m.rotation.timer):
 			m.rotation.timer = nil
 			if m.cfg.MinDrainAuto && m.Phase() == Draining {
