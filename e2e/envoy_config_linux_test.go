@@ -20,6 +20,7 @@ import (
 	"github.com/draind/draind/internal/testenv/envoysim"
 	"github.com/draind/draind/internal/testenv/envoysim/conformance"
 	"github.com/draind/draind/internal/testenv/mesh"
+	"github.com/draind/draind/internal/testenv/testapp"
 )
 
 // Issue 23: Envoy as users configure it. Each test runs envoysim with a
@@ -340,28 +341,18 @@ func TestRScenarioDrainGenerations(t *testing.T) {
 					time.Sleep(20 * time.Millisecond)
 				}
 			})
-			long := make(chan error, 1)
-			var longEnd time.Time
-			wg.Go(func() {
-				c := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer()}, Timeout: 30 * time.Second}
-				defer c.CloseIdleConnections()
-				resp, err := c.Get("http://" + podIP + ":15006/slow?ms=5000")
-				if err == nil {
-					_, err = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if err == nil && resp.StatusCode != 200 {
-						err = fmt.Errorf("status %d", resp.StatusCode)
-					}
-				}
-				longEnd = time.Now()
-				long <- err
-			})
-			time.Sleep(500 * time.Millisecond)
+			c := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer()}, Timeout: 30 * time.Second}
+			defer c.CloseIdleConnections()
+			long := inFlight(t, c, "http://"+podIP+":15006"+slowPath(5*time.Second))
 			p.terminate()
-			time.Sleep(500 * time.Millisecond)
+			time.Sleep(500 * time.Millisecond) // the short clients still come as endpoints propagate
 			close(stop)
 			wg.Wait()
-			longErr := <-long
+			lr := <-long
+			longErr, longEnd := lr.Err, lr.At
+			if longErr == nil && lr.Code != 200 {
+				longErr = fmt.Errorf("status %d", lr.Code)
+			}
 			code, took := p.waitExit(25 * time.Second)
 			p.app.wait(10 * time.Second)
 			ok, _, fail, appExit := p.appCalls()
@@ -508,23 +499,16 @@ func TestStatsCallsPerDrain(t *testing.T) {
 			time.Sleep(100 * time.Millisecond) // the proxy's log lines come through a pipe
 			probeCalls, _ := adminCalls(p.draindLog.String()[probesFrom:])
 			before := len(p.draindLog.String())
-			done := make(chan struct{})
+			var done <-chan testapp.Reply
+			c := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer()}, Timeout: 30 * time.Second}
 			if tc.inFlight {
-				go func() {
-					defer close(done)
-					c := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer()}, Timeout: 30 * time.Second}
-					defer c.CloseIdleConnections()
-					if resp, err := c.Get("http://" + podIP + ":15006/slow?ms=2000"); err == nil {
-						io.Copy(io.Discard, resp.Body)
-						resp.Body.Close()
-					}
-				}()
-				time.Sleep(200 * time.Millisecond)
-			} else {
-				close(done)
+				done = inFlight(t, c, "http://"+podIP+":15006"+slowPath(2*time.Second))
 			}
 			p.terminate()
-			<-done
+			if done != nil {
+				<-done
+				c.CloseIdleConnections()
+			}
 			code, took := p.waitExit(15 * time.Second)
 			calls, total := adminCalls(p.draindLog.String()[before:])
 			row := fmt.Sprintf("%-40s | 5 readiness probes: GET /stats %d, GET /ready %d | drain: GET /stats %d | POST /drain_listeners %d | POST /quitquitquit %d | other %d | drain %s (exit %d)",

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"syscall"
@@ -12,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/draind/draind/internal/logevent"
+	"github.com/draind/draind/internal/testenv/testapp"
 )
 
 // Envoy's faults (envoysim's, docs/envoysim.md) and draind's own death.
@@ -149,24 +149,10 @@ func runFault(t *testing.T, fc faultCase) {
 
 	// A request in flight at the trigger, on a connection of its own that
 	// the client closes after the response.
-	type answer struct {
-		code int
-		err  error
-	}
-	inflight := make(chan answer, 1)
+	var inflight <-chan testapp.Reply
 	if fc.traffic {
 		hc := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer(), DisableKeepAlives: true}, Timeout: 60 * time.Second}
-		go func() {
-			resp, err := hc.Get("http://" + podIP + ":15006/slow?ms=1000")
-			if err != nil {
-				inflight <- answer{err: err}
-				return
-			}
-			_, err = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			inflight <- answer{resp.StatusCode, err}
-		}()
-		time.Sleep(200 * time.Millisecond)
+		inflight = inFlight(t, hc, "http://"+podIP+":15006"+slowPath(time.Second))
 	}
 	triggered := fc.act(t, p, proxy)
 	if !triggered {
@@ -196,9 +182,9 @@ func runFault(t *testing.T, fc faultCase) {
 		attempted++
 		select {
 		case a := <-inflight:
-			if a.err != nil || a.code != 200 {
+			if a.Err != nil || a.Code != 200 {
 				failed++
-				fails = append(fails, fmt.Sprintf("in-flight request: %d %v", a.code, a.err))
+				fails = append(fails, fmt.Sprintf("in-flight request: %d %v", a.Code, a.Err))
 			}
 		case <-time.After(10 * time.Second):
 			failed++

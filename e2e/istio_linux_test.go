@@ -311,28 +311,25 @@ func (p *istioPod) poll(port, path string, stop <-chan struct{}) func() []pollRe
 	return func() []pollResult { wg.Wait(); mu.Lock(); defer mu.Unlock(); return out }
 }
 
-// slowRequest sends GET /slow?ms=ms through Envoy's inbound listener.
+// answer is how a request through Envoy's inbound listener ended.
 type answer struct {
 	code int
 	err  error
 	at   time.Time
 }
 
+// slowRequest sends GET /slow?ms=ms through Envoy's inbound listener and
+// returns once it is in flight.
 func (p *istioPod) slowRequest(ms int) <-chan answer {
-	ch := make(chan answer, 1)
+	p.t.Helper()
 	// No client timeout: a request that never ends stays in flight until
 	// the proxy goes.
 	c := &http.Client{Transport: p.client.Transport}
+	reply := inFlight(p.t, c, "http://"+podIP+":15006"+slowPath(time.Duration(ms)*time.Millisecond))
+	ch := make(chan answer, 1)
 	go func() {
-		resp, err := c.Get(fmt.Sprintf("http://%s:15006/slow?ms=%d", podIP, ms))
-		a := answer{err: err}
-		if err == nil {
-			_, a.err = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			a.code = resp.StatusCode
-		}
-		a.at = time.Now()
-		ch <- a
+		r := <-reply
+		ch <- answer{r.Code, r.Err, r.At}
 	}()
 	return ch
 }
@@ -360,7 +357,6 @@ func (p *istioPod) checkStarted() {
 func (p *istioPod) terminateClassic(t *testing.T) {
 	t.Helper()
 	slow := p.slowRequest(4000)
-	time.Sleep(300 * time.Millisecond) // in flight
 	stop := make(chan struct{})
 	appProbes := p.poll(istioStatusPort, appProbePath, stop)
 	readiness := p.poll(draindStatusPort, "/healthz/ready", stop)
@@ -493,7 +489,6 @@ func TestIstioPilotAgentNative(t *testing.T) {
 	p.checkStarted()
 
 	slow := p.slowRequest(4000)
-	time.Sleep(300 * time.Millisecond)
 	stop := make(chan struct{})
 	appProbes := p.poll(istioStatusPort, appProbePath, stop)
 	readiness := p.poll(draindStatusPort, "/healthz/ready", stop)
@@ -532,7 +527,6 @@ func TestIstioTerminationDrainDuration(t *testing.T) {
 		p.start()
 		decided := p.waitLog(5*time.Second, logevent.DeadlineDecided, nil)
 		slow := p.slowRequest(120000)
-		time.Sleep(300 * time.Millisecond)
 		p.terminate()
 		code, took := p.waitExit(45 * time.Second)
 		reached := p.logLines(logevent.DeadlineReached)
@@ -555,7 +549,6 @@ func TestIstioTerminationDrainDuration(t *testing.T) {
 		p.start()
 		decided := p.waitLog(5*time.Second, logevent.DeadlineDecided, nil)
 		slow := p.slowRequest(10000)
-		time.Sleep(300 * time.Millisecond)
 		p.terminate()
 		a := <-slow
 		code, took := p.waitExit(30 * time.Second)

@@ -195,26 +195,6 @@ func proxyAsRole(args []string) int {
 	return fail("exec", err)
 }
 
-// streamHandler is the app's gRPC-style server stream: n chunks, ms apart,
-// then the grpc-status trailer.
-func streamHandler(w http.ResponseWriter, r *http.Request) {
-	n, _ := strconv.Atoi(r.URL.Query().Get("n"))
-	ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
-	w.Header().Set("Trailer", "Grpc-Status")
-	w.Header().Set("Content-Type", "application/grpc")
-	rc := http.NewResponseController(w)
-	for i := range n {
-		fmt.Fprintf(w, "chunk %d\n", i)
-		rc.Flush()
-		select {
-		case <-time.After(time.Duration(ms) * time.Millisecond):
-		case <-r.Context().Done():
-			return
-		}
-	}
-	w.Header().Set("Grpc-Status", "0")
-}
-
 // holdOutbound makes one HTTP/1.1 call to addr and returns its keep-alive
 // connection, left open.
 func holdOutbound(addr string) (net.Conn, error) {
@@ -249,7 +229,11 @@ func holdOutbound(addr string) (net.Conn, error) {
 // Envoy (server: envoy), never from the app directly.
 type meshLoad struct {
 	stopShort chan struct{}
-	wg        sync.WaitGroup
+	// shortRuns is closed once the first short request was answered.
+	shortRuns chan struct{}
+	// longFrom is when the long requests were sent.
+	longFrom time.Time
+	wg       sync.WaitGroup
 
 	mu                    sync.Mutex
 	shortOK, shortFail    int
@@ -258,9 +242,23 @@ type meshLoad struct {
 	lastDone, lastLongEnd time.Time
 }
 
+// startMeshLoad starts the load and returns once the long requests are in
+// flight and a short one was answered.
 func (p *pod) startMeshLoad(long int, longFor time.Duration) *meshLoad {
-	l := &meshLoad{stopShort: make(chan struct{})}
+	p.t.Helper()
+	l := &meshLoad{stopShort: make(chan struct{}), shortRuns: make(chan struct{})}
 	url := "http://" + podIP + ":" + appPort
+	check := func(code int, h http.Header, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case code != 200:
+			return fmt.Errorf("status %d", code)
+		case h.Get("Server") != "envoy":
+			return fmt.Errorf("answered by %q, not through Envoy", h.Get("Server"))
+		}
+		return nil
+	}
 	get := func(c *http.Client, path string) error {
 		resp, err := c.Get(url + path)
 		if err != nil {
@@ -268,15 +266,7 @@ func (p *pod) startMeshLoad(long int, longFor time.Duration) *meshLoad {
 		}
 		_, err = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		switch {
-		case err != nil:
-			return err
-		case resp.StatusCode != 200:
-			return fmt.Errorf("status %d", resp.StatusCode)
-		case resp.Header.Get("Server") != "envoy":
-			return fmt.Errorf("answered by %q, not through Envoy", resp.Header.Get("Server"))
-		}
-		return nil
+		return check(resp.StatusCode, resp.Header, err)
 	}
 	record := func(ok *int, bad *int, err error, what string) {
 		l.mu.Lock()
@@ -292,7 +282,7 @@ func (p *pod) startMeshLoad(long int, longFor time.Duration) *meshLoad {
 	short := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer()}, Timeout: 10 * time.Second}
 	l.wg.Go(func() {
 		defer short.CloseIdleConnections() // the client leaves: its keep-alive closes
-		for {
+		for first := true; ; first = false {
 			select {
 			case <-l.stopShort:
 				return
@@ -300,21 +290,31 @@ func (p *pod) startMeshLoad(long int, longFor time.Duration) *meshLoad {
 			}
 			err := get(short, "/")
 			record(&l.shortOK, &l.shortFail, err, "short")
+			if first {
+				close(l.shortRuns)
+			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	})
+	l.longFrom = time.Now()
 	for range long {
+		c := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer()}, Timeout: 30 * time.Second}
+		start := time.Now()
+		reply := inFlight(p.t, c, url+slowPath(longFor))
 		l.wg.Go(func() {
-			c := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer()}, Timeout: 30 * time.Second}
 			defer c.CloseIdleConnections()
-			start := time.Now()
-			err := get(c, fmt.Sprintf("/slow?ms=%d", longFor.Milliseconds()))
-			record(&l.longOK, &l.longFail, err, "long")
+			r := <-reply
+			record(&l.longOK, &l.longFail, check(r.Code, r.Header, r.Err), "long")
 			l.mu.Lock()
-			l.longTook = append(l.longTook, time.Since(start).Round(time.Millisecond).String())
-			l.lastLongEnd = time.Now()
+			l.longTook = append(l.longTook, r.At.Sub(start).Round(time.Millisecond).String())
+			l.lastLongEnd = r.At
 			l.mu.Unlock()
 		})
+	}
+	select {
+	case <-l.shortRuns:
+	case <-time.After(inFlightWithin):
+		p.t.Fatalf("no short request answered within %s", inFlightWithin)
 	}
 	return l
 }
@@ -364,8 +364,10 @@ func runMeshR(t *testing.T, mode mesh.Mode, matcher string) rRow {
 	m.startDraind("--min-drain", "1s", "--tracker", "ebpf", "--app-procs", "ebpf")
 	m.wantSources("ebpf", "ebpf")
 	state := m.wantGauges(matcher)
-	l := m.startMeshLoad(2, 7*time.Second)
-	time.Sleep(1500 * time.Millisecond) // short load running, long requests in flight
+	l := m.startMeshLoad(2, 7*time.Second) // short load running, long requests in flight
+	// The requests' age at SIGTERM, not their being in flight: they end
+	// 5.5 s after it, before the app's calls do.
+	time.Sleep(time.Until(l.longFrom.Add(1500 * time.Millisecond)))
 	m.terminate()
 	time.Sleep(500 * time.Millisecond) // endpoints propagate: clients still come
 	close(l.stopShort)

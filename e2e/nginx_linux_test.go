@@ -96,14 +96,16 @@ type download struct {
 	at  time.Time
 }
 
+// startDownload returns once the response's headers have arrived: the
+// download is then in flight, not hoped to be.
 func startDownload(p *pod, url string) chan download {
 	done := make(chan download, 1)
+	resp, err := p.client.Get(url)
+	if err != nil {
+		done <- download{err: err, at: time.Now()}
+		return done
+	}
 	go func() {
-		resp, err := p.client.Get(url)
-		if err != nil {
-			done <- download{err: err, at: time.Now()}
-			return
-		}
 		n, err := io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		done <- download{n: n, err: err, at: time.Now()}
@@ -121,7 +123,6 @@ func TestPrestopNginx(t *testing.T) {
 	p := newPod(t)
 	ng := startNginx(t, p, 3*nginxRate) // ~3 s
 	dl := startDownload(p, "http://"+podIP+":8080/big")
-	time.Sleep(300 * time.Millisecond)
 	quitAt := time.Now()
 	ng.quit()
 
@@ -184,7 +185,6 @@ func TestRunNginxAppExitWait(t *testing.T) {
 	ng := startNginx(t, p, 2*nginxRate) // ~2 s
 	p.startDraind([]string{"--min-drain", "200ms", "--app-exit", "wait"})
 	dl := startDownload(p, "http://"+podIP+":15006/big") // through Envoy
-	time.Sleep(300 * time.Millisecond)
 	p.terminate()
 	ng.quit()
 	masterGone := make(chan time.Time, 1)

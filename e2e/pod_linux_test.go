@@ -26,6 +26,7 @@ import (
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/testenv/envoysim"
+	"github.com/draind/draind/internal/testenv/testapp"
 	"github.com/draind/draind/internal/testenv/testutil"
 )
 
@@ -68,10 +69,9 @@ func envoysimRole(args []string) int {
 	return envoysim.Main(context.Background(), args, os.Stdout, os.Stderr)
 }
 
-// appRole is the pod's application: an HTTP server (/slow?ms=N,
-// /stream?n=N&ms=M: a gRPC-style server stream of N chunks M ms apart
-// ending with a grpc-status trailer, /) that, on SIGTERM, does what
-// --on-term says:
+// appRole is the pod's application: an HTTP server (testapp's /slow?ms=N,
+// /stream?n=N&ms=M and /; /big?mib=N, /burst?n=N) that, on SIGTERM, does
+// what --on-term says:
 //
 //	exit      exit at once
 //	ignore    keep running (the kubelet will SIGKILL it)
@@ -121,12 +121,7 @@ func appRole(args []string) int {
 		return 1
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
-		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
-		time.Sleep(time.Duration(ms) * time.Millisecond)
-		fmt.Fprintf(w, "slept %d ms\n", ms)
-	})
-	mux.HandleFunc("/stream", streamHandler)
+	testapp.Handle(mux) // /, /slow, /inflight, /stream: the kubelet's test app serves them too
 	// /big?mib=N answers N MiB, as fast as the reader takes them.
 	mux.HandleFunc("/big", func(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.Atoi(r.URL.Query().Get("mib"))
@@ -138,7 +133,6 @@ func appRole(args []string) int {
 			}
 		}
 	})
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "app ok\n") })
 	// /burst?n=N runs N short-lived processes at once: a fork storm.
 	mux.HandleFunc("/burst", func(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
@@ -528,6 +522,51 @@ func logTime(line map[string]any) time.Time {
 // poll), and stays far above what a shared machine's scheduling adds: CI
 // once saw 54 ms where this machine gives 1-7 ms.
 const stopFollowsWithin = 2 * time.Second
+
+// inFlightWithin bounds how long a request takes to reach the app, or a
+// stream's first chunk to come back: a failure past it, far above what a
+// loaded machine adds, not a figure.
+const inFlightWithin = 20 * time.Second
+
+// inFlight sends GET url (the app's /slow) with c and returns once the
+// app says the request waits in its handler (testapp.InFlight): what a
+// test that terminates "with a request in flight" needs to know, not
+// guess with a sleep. It fails the test if that does not come.
+func inFlight(t testing.TB, c *http.Client, url string) <-chan testapp.Reply {
+	t.Helper()
+	reply, err := testapp.InFlight(t.Context(), c, url, inFlightWithin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reply
+}
+
+// streamInFlight sends GET url (the app's /stream) with c and returns once
+// the response's headers, flushed with the first chunk, have come back:
+// the stream is then in flight. The reply comes once its body was read.
+func streamInFlight(t testing.TB, c *http.Client, url string) <-chan testapp.Reply {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	done := make(chan testapp.Reply, 1)
+	go func() {
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- testapp.Reply{Code: resp.StatusCode, Close: resp.Close, Header: resp.Header, Body: string(b), Trailer: resp.Trailer, Err: err, At: time.Now()}
+	}()
+	return done
+}
+
+// slowPath is the app's /slow for d.
+func slowPath(d time.Duration) string {
+	return fmt.Sprintf("/slow?ms=%d", d.Milliseconds())
+}
 
 // phaseTime is when draind logged entering phase.
 func (p *pod) phaseTime(phase string) time.Time {

@@ -66,12 +66,11 @@ func TestPodCgroupTracking(t *testing.T) {
 				t.Errorf("Ready: %s, want nothing attached", l)
 			}
 
-			// A stream opened 1 s before SIGTERM, a request 300 ms before
+			// A stream opened 1 s before SIGTERM, a request in flight at
 			// it: each ends at its time after SIGTERM.
 			openedBefore := p.inbound(fmt.Sprintf("/stream?n=%d&ms=100", (time.Second+ends[flowOpenedBefore]).Milliseconds()/100))
-			time.Sleep(700 * time.Millisecond)
-			inFlight := p.inbound(fmt.Sprintf("/slow?ms=%d", (300*time.Millisecond + ends[flowInFlight]).Milliseconds()))
-			time.Sleep(300 * time.Millisecond)
+			time.Sleep(time.Second) // the stream's age at SIGTERM (inbound waited for it to be in flight)
+			inFlight := p.inbound(slowPath(ends[flowInFlight]))
 			p.terminate()
 
 			p.waitLog(10*time.Second, logevent.TrackingLive, nil)
@@ -179,8 +178,7 @@ func TestPodCgroupTracking(t *testing.T) {
 		if l := draindLinks(t, pid); l.tcpState != 0 || l.cgroup != 0 || len(nodeWideLinks(l)) != 0 {
 			t.Errorf("Ready: %s, want nothing attached", l)
 		}
-		inFlight := p.inbound("/slow?ms=2000")
-		time.Sleep(300 * time.Millisecond)
+		inFlight := p.inbound(slowPath(2 * time.Second))
 		p.terminate()
 
 		p.waitLog(10*time.Second, logevent.TrackingLive, nil)
@@ -417,26 +415,26 @@ type inboundResult struct {
 	err      error
 }
 
-// inbound starts a call of path (/slow?ms=N or /stream?n=N&ms=M).
+// inbound starts a call of path (/slow?ms=N or /stream?n=N&ms=M) and
+// returns once it is in flight.
 func (p *pod) inbound(path string) *inboundCall {
+	p.t.Helper()
 	c := &inboundCall{path: path, until: time.Now().Add(handlerTime(path)), done: make(chan inboundResult, 1)}
 	hc := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer(), DisableKeepAlives: true}, Timeout: 30 * time.Second}
+	get := inFlight
+	if strings.HasPrefix(path, "/stream") {
+		get = streamInFlight
+	}
+	reply := get(p.t, hc, "http://"+podIP+":15006"+path)
 	go func() {
-		var r inboundResult
-		defer func() { c.done <- r }()
-		resp, err := hc.Get("http://" + podIP + ":15006" + path)
-		if err != nil {
-			r.err = err
-			return
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		r.code, r.err = resp.StatusCode, err
+		r := <-reply
+		res := inboundResult{code: r.Code, err: r.Err}
 		if strings.HasPrefix(path, "/stream") {
-			r.complete = resp.Trailer.Get("Grpc-Status") == "0"
+			res.complete = r.Trailer.Get("Grpc-Status") == "0"
 		} else {
-			r.complete = strings.HasPrefix(string(b), "slept ")
+			res.complete = strings.HasPrefix(r.Body, "slept ")
 		}
+		c.done <- res
 	}()
 	return c
 }

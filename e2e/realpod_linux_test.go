@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -82,19 +83,7 @@ func TestSlowRequestIsNotIdle(t *testing.T) {
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	slow := make(chan error, 1)
-	go func() {
-		resp, err := p.client.Get("http://" + podIP + ":15006/slow?ms=8000")
-		if err == nil {
-			_, err = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != 200 {
-				err = http.ErrNotSupported
-			}
-		}
-		slow <- err
-	}()
-	time.Sleep(300 * time.Millisecond)
+	slow := inFlight(t, p.client, "http://"+podIP+":15006"+slowPath(8*time.Second))
 	p.terminate()
 	// The keep-alive's downstream flow stops holding once idle past 2 s.
 	var released time.Duration
@@ -104,7 +93,10 @@ func TestSlowRequestIsNotIdle(t *testing.T) {
 			break
 		}
 	}
-	err = <-slow
+	r := <-slow
+	if err = r.Err; err == nil && r.Code != 200 {
+		err = fmt.Errorf("status %d", r.Code)
+	}
 	doneAt := time.Since(idleFrom)
 	code, _ := p.waitExit(20 * time.Second)
 	t.Logf("keep-alive released %s after it went idle; the 8 s request done %s after; draind exit %d", released, doneAt, code)
@@ -126,35 +118,21 @@ func TestDrainListenersRetriedWhenAdminStalls(t *testing.T) {
 	p := newPod(t)
 	p.startApp("--on-term", "graceful")
 	p.startDraind([]string{"--min-drain", "200ms"})
-	inflight := make(chan *http.Response, 1)
-	errc := make(chan error, 1)
-	go func() {
-		resp, err := p.client.Get("http://" + podIP + ":15006/slow?ms=3000")
-		if err != nil {
-			errc <- err
-			return
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		inflight <- resp
-	}()
-	time.Sleep(200 * time.Millisecond)
+	inflight := inFlight(t, p.client, "http://"+podIP+":15006"+slowPath(3*time.Second))
 	setFault(t, p, `{"admin":"hang"}`)
 	p.terminate()
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // the stall, lifted within the request's 3 s
 	setFault(t, p, `{"admin":""}`)
-	var resp *http.Response
-	select {
-	case err := <-errc:
-		t.Fatalf("the request in flight: %v", err)
-	case resp = <-inflight:
+	resp := <-inflight
+	if resp.Err != nil {
+		t.Fatalf("the request in flight: %v", resp.Err)
 	}
 	p.client.CloseIdleConnections()
 	attempts := p.waitLog(5*time.Second, logevent.DrainListenersSent, nil)["attempts"]
 	code, _ := p.waitExit(20 * time.Second)
-	t.Logf("drain_listeners sent after %v attempts; in-flight response %d, Connection: close %v; draind exit %d", attempts, resp.StatusCode, resp.Close, code)
-	if resp.StatusCode != 200 || !resp.Close {
-		t.Errorf("response %d, Connection: close %v: want 200 and close", resp.StatusCode, resp.Close)
+	t.Logf("drain_listeners sent after %v attempts; in-flight response %d, Connection: close %v; draind exit %d", attempts, resp.Code, resp.Close, code)
+	if resp.Code != 200 || !resp.Close {
+		t.Errorf("response %d, Connection: close %v: want 200 and close", resp.Code, resp.Close)
 	}
 	if n, _ := attempts.(float64); n < 2 {
 		t.Errorf("drain_listeners went through after %v attempts: the stall did not happen", attempts)

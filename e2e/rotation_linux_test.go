@@ -481,24 +481,8 @@ func TestRotationClosesUntoldKeepAlives(t *testing.T) {
 	}()
 
 	hc := &http.Client{Transport: &http.Transport{DialContext: p.remote.Dialer()}, Timeout: 20 * time.Second}
-	fetch := func(path string) (string, error) {
-		resp, err := hc.Get(base + path)
-		if err != nil {
-			return "", err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err == nil && resp.StatusCode != 200 {
-			err = &statusErr{resp.StatusCode}
-		}
-		return string(b), err
-	}
-	var wg sync.WaitGroup
-	var slow, stream string
-	var slowErr, streamErr error
-	wg.Go(func() { slow, slowErr = fetch("/slow?ms=4000") })
-	wg.Go(func() { stream, streamErr = fetch("/stream?n=20&ms=300") })
-	time.Sleep(500 * time.Millisecond) // both in flight, the idle one idle
+	slowReply := inFlight(t, hc, base+slowPath(4*time.Second))
+	streamReply := streamInFlight(t, hc, base+"/stream?n=20&ms=300")
 
 	p.drainedAt = time.Now()
 	p.draind.Signal(syscall.SIGTERM)
@@ -510,18 +494,18 @@ func TestRotationClosesUntoldKeepAlives(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the idle connection still open 10 s after the wait ended; log:\n%s", p.draindLog.String())
 	}
-	wg.Wait()
+	slow, stream := <-slowReply, <-streamReply
 	if code, _ := p.waitExit(30 * time.Second); code != 0 {
 		t.Fatalf("draind exited %d; log:\n%s", code, p.draindLog.String())
 	}
 	if outcome != "out-of-rotation" {
 		t.Errorf("the wait said %q", outcome)
 	}
-	if slowErr != nil || !strings.Contains(slow, "slept 4000 ms") {
-		t.Errorf("the slow request: %q, %v", slow, slowErr)
+	if slow.Err != nil || slow.Code != 200 || !strings.Contains(slow.Body, "slept 4000 ms") {
+		t.Errorf("the slow request: %d %q, %v", slow.Code, slow.Body, slow.Err)
 	}
-	if streamErr != nil || !strings.Contains(stream, "chunk 19") {
-		t.Errorf("the stream: %q, %v", stream, streamErr)
+	if stream.Err != nil || stream.Code != 200 || !strings.Contains(stream.Body, "chunk 19") {
+		t.Errorf("the stream: %d %q, %v", stream.Code, stream.Body, stream.Err)
 	}
 	// The idle client never closes its end: Envoy let the connection go
 	// anyway, or the gate would have held to the deadline.

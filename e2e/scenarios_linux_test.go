@@ -89,43 +89,26 @@ func TestLongRequestCompletes(t *testing.T) {
 	p := newPod(t)
 	p.startApp("--on-term", "graceful")
 	p.startDraind([]string{"--min-drain", "200ms"})
-	type result struct {
-		code int
-		body string
-		err  error
-		at   time.Time
-	}
-	done := make(chan result, 1)
-	go func() {
-		resp, err := p.client.Get("http://" + podIP + ":15006/slow?ms=5000")
-		if err != nil {
-			done <- result{err: err, at: time.Now()}
-			return
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		done <- result{code: resp.StatusCode, body: string(b), at: time.Now()}
-	}()
-	time.Sleep(300 * time.Millisecond) // the request is in flight
+	done := inFlight(t, p.client, "http://"+podIP+":15006"+slowPath(5*time.Second))
 	p.terminate()
 	r := <-done
-	if r.err != nil || r.code != 200 {
-		t.Fatalf("in-flight request: %d %q %v; log:\n%s", r.code, r.body, r.err, p.draindLog.String())
+	if r.Err != nil || r.Code != 200 {
+		t.Fatalf("in-flight request: %d %q %v; log:\n%s", r.Code, r.Body, r.Err, p.draindLog.String())
 	}
 	p.client.CloseIdleConnections() // the client hangs up, as Connection: close asks
 	code, took := p.waitExit(15 * time.Second)
 	_, _, appExit := p.appResults()
 	stopping := p.phaseTime("stopping")
-	last := r.at
+	last := r.At
 	if appExit.After(last) {
 		last = appExit
 	}
-	t.Logf("request done %s after SIGTERM; app exited at +%s; quitquitquit at +%s: %s after the later of the two; draind exit %d at +%s",
-		r.at.Sub(p.drainedAt), appExit.Sub(p.drainedAt), stopping.Sub(p.drainedAt), stopping.Sub(last), code, took)
+	t.Logf("request done %s after SIGTERM (Connection: close %v); app exited at +%s; quitquitquit at +%s: %s after the later of the two; draind exit %d at +%s",
+		r.At.Sub(p.drainedAt), r.Close, appExit.Sub(p.drainedAt), stopping.Sub(p.drainedAt), stopping.Sub(last), code, took)
 	if code != 0 {
 		t.Fatalf("exit %d; log:\n%s", code, p.draindLog.String())
 	}
-	if stopping.Before(r.at) || stopping.Before(appExit) {
+	if stopping.Before(r.At) || stopping.Before(appExit) {
 		t.Errorf("proxy stopped before the request finished or the app exited")
 	}
 }

@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"io"
-	"net/http"
 	"syscall"
 	"testing"
 	"time"
@@ -36,20 +34,7 @@ func TestNativeSidecar(t *testing.T) {
 	p.startApp("--on-term", "graceful", "--linger", "1s", "--outbound-count", "10", "--outbound-pause", "250ms")
 	p.startDraind([]string{"--min-drain", "1s", "--tracker", "ebpf", "--app-procs", "ebpf"})
 	p.wantSources("ebpf", "ebpf")
-	type answer struct {
-		resp *http.Response
-		err  error
-	}
-	slow := make(chan answer, 1)
-	go func() {
-		resp, err := p.client.Get("http://" + podIP + ":15006/slow?ms=3000")
-		if err == nil {
-			_, err = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		slow <- answer{resp, err}
-	}()
-	time.Sleep(100 * time.Millisecond)
+	slow := inFlight(t, p.client, "http://"+podIP+":15006"+slowPath(3*time.Second))
 
 	hookAt := time.Now()
 	p.app.Signal(syscall.SIGTERM)
@@ -71,9 +56,9 @@ func TestNativeSidecar(t *testing.T) {
 	quit := p.phaseTime("stopping")
 	draining := p.waitLog(time.Second, logevent.Phase, map[string]any{"phase": "draining"})
 	t.Logf("native sidecar: hook returned in %s; drain_listeners at +%v; request %v (Connection: close %v); %d calls ok (%d with Connection: close), %d failed; app exited +%s; quitquitquit %s after it; draind exit %d %s after it, no SIGTERM",
-		hookDone.Sub(hookAt), drainSent["ts"], a.err, a.resp != nil && a.resp.Close, ok, closed, fail, appExit.Sub(hookAt), quit.Sub(appExit), exit, took)
-	if a.err != nil || a.resp.StatusCode != 200 || !a.resp.Close {
-		t.Errorf("the request in flight: %v; want 200 with Connection: close", a.err)
+		hookDone.Sub(hookAt), drainSent["ts"], a.Err, a.Close, ok, closed, fail, appExit.Sub(hookAt), quit.Sub(appExit), exit, took)
+	if a.Err != nil || a.Code != 200 || !a.Close {
+		t.Errorf("the request in flight: %d, %v; want 200 with Connection: close", a.Code, a.Err)
 	}
 	if ok != 10 || closed != 0 || fail != 0 {
 		t.Errorf("outbound calls: %d ok, %d told to close, %d failed; want 10, 0, 0", ok, closed, fail)

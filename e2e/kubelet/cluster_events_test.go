@@ -87,8 +87,7 @@ func eventsDrain(t *testing.T, tc eventsCase) {
 	logs, logsDone := followLog(t, ctx, ns, pod.Name, "envoy")
 
 	// The request in flight, through the sidecar's inbound listener.
-	answered := getInFlight(fmt.Sprintf("http://%s:15006/slow?ms=%d", pod.Status.PodIP, tc.requestMS), 30*time.Second)
-	time.Sleep(500 * time.Millisecond)
+	answered := getInFlight(t, fmt.Sprintf("http://%s:15006/slow?ms=%d", pod.Status.PodIP, tc.requestMS), 30*time.Second)
 	if err := kube.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}

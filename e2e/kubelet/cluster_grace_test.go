@@ -63,8 +63,7 @@ func graceDrain(t *testing.T, src string, grace int, request time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	logs, logsDone := followLog(t, ctx, ns, pod.Name, container)
-	answered := getInFlight(fmt.Sprintf("http://%s:%d/slow?ms=%d", pod.Status.PodIP, port, request.Milliseconds()), 2*time.Minute)
-	time.Sleep(500 * time.Millisecond)
+	answered := getInFlight(t, fmt.Sprintf("http://%s:%d/slow?ms=%d", pod.Status.PodIP, port, request.Milliseconds()), 2*time.Minute)
 	deleted := time.Now()
 	if err := kube.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)

@@ -7,9 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -403,19 +401,7 @@ func TestClusterNodeView(t *testing.T) {
 	live := startLines(t, bin, "pods", "-o", "json", "-w", "500ms", "--timeout", "1s")
 
 	// A slow request in flight to held-by-request's app.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	slow := make(chan error, 1)
-	go func() {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+pods["held-by-request"]+":8080/slow?ms=45000", nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		slow <- err
-	}()
-	time.Sleep(time.Second)
+	slow := getInFlight(t, "http://"+pods["held-by-request"]+":8080/slow?ms=45000", 2*time.Minute)
 
 	// hung: its draind stopped; the kernel still completes connections
 	// to its status port.
@@ -501,8 +487,8 @@ func TestClusterNodeView(t *testing.T) {
 		t.Errorf("the live view showed held-by-request's phases %v, want ready then gating", phases)
 	}
 	select {
-	case err := <-slow:
-		t.Errorf("the slow request ended before the checks: %v", err)
+	case a := <-slow:
+		t.Errorf("the slow request ended before the checks: %q, %v", a.body, a.err)
 	default:
 	}
 }

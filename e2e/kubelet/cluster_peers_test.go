@@ -84,8 +84,7 @@ func TestClusterRotationNodeClients(t *testing.T) {
 	// A request in flight through the pod's own Envoy holds its gate past
 	// the wait for rotation: meanwhile `draind pods -o json` shows what the
 	// rule counted.
-	slow := getInFlight("http://"+net.JoinHostPort(pod.Status.PodIP, "15006")+"/slow?ms=8000", 20*time.Second)
-	time.Sleep(300 * time.Millisecond)
+	slow := getInFlight(t, "http://"+net.JoinHostPort(pod.Status.PodIP, "15006")+"/slow?ms=8000", 20*time.Second)
 	if err := kube.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/draind/draind/e2e/kubelet/internal/cluster"
 	"github.com/draind/draind/e2e/kubelet/internal/images"
 	"github.com/draind/draind/internal/logevent"
+	"github.com/draind/draind/internal/testenv/testapp"
 )
 
 // requireCluster skips a test that needs the cluster when make
@@ -424,23 +425,25 @@ type answer struct {
 	at   time.Time
 }
 
-// getInFlight sends GET url, one connection, within timeout, and hands
-// its answer over on the channel once it comes.
-func getInFlight(url string, timeout time.Duration) <-chan answer {
+// getInFlight sends GET url (testapp's /slow), one connection, within
+// timeout, and returns once the app says the request waits in its handler
+// (testapp.InFlight): it is then in flight through the pod's proxy, not
+// hoped to be. Its answer comes on the channel; the test's end cancels
+// it.
+func getInFlight(t *testing.T, url string, timeout time.Duration) <-chan answer {
+	t.Helper()
+	hc := &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true}}
+	reply, err := testapp.InFlight(t.Context(), hc, url, timeout)
+	if err != nil {
+		t.Fatal(err)
+	}
 	answered := make(chan answer, 1)
 	go func() {
-		hc := &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true}}
-		resp, err := hc.Get(url)
-		if err != nil {
-			answered <- answer{err: err, at: time.Now()}
-			return
+		r := <-reply
+		if r.Err == nil && r.Code != http.StatusOK {
+			r.Err = fmt.Errorf("status %d", r.Code)
 		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err == nil && resp.StatusCode != http.StatusOK {
-			err = fmt.Errorf("status %s", resp.Status)
-		}
-		answered <- answer{string(b), err, time.Now()}
+		answered <- answer{r.Body, r.Err, r.At}
 	}()
 	return answered
 }

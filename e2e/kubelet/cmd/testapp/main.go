@@ -1,5 +1,5 @@
 // Command testapp is the application container of the e2e pods: an HTTP
-// server (/, /slow?ms=N) whose behaviour on SIGTERM is chosen by flags, or
+// server (internal/testenv/testapp's /, /slow?ms=N and /stream) whose behaviour on SIGTERM is chosen by flags, or
 // a batch task (--job) that makes its calls and exits with a chosen code
 // (or fails its first run: --fail-once).
 //
@@ -32,11 +32,12 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/draind/draind/internal/testenv/testapp"
 )
 
 func main() {
@@ -125,12 +126,7 @@ func run(args []string) int {
 		return 1
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
-		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
-		time.Sleep(time.Duration(ms) * time.Millisecond)
-		fmt.Fprintf(w, "slept %d ms\n", ms)
-	})
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "app ok\n") })
+	testapp.Handle(mux) // /, /slow, /inflight, /stream: the pod harness's app (e2e/) serves them too
 	var terminating atomic.Bool
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		if terminating.Load() {
