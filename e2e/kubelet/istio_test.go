@@ -203,7 +203,7 @@ func TestIstioInjectedUnderLoad(t *testing.T) {
 			}
 			o := terminateUnderLoad(t, pd)
 			o.log(t, tc.name)
-			o.checkProtected(t, 2*time.Second)
+			o.checkProtected(t)
 			logs := pd.draindLog(-1)
 			stop := findLogWith(logs, logevent.Phase, "phase", "stopping")
 			drain := findLogWith(logs, logevent.Phase, "phase", "draining")
@@ -225,7 +225,7 @@ func TestIstioInjectedUnderLoad(t *testing.T) {
 			if pa == nil || fmt.Sprint(pa["status_addr"]) != ":15022" {
 				t.Errorf("draind did not take pilot-agent's side: %v", pa)
 			}
-			// 0-50 ms after the app's exit; classic: after min-drain too.
+			// Soon after the app's exit; classic: after min-drain too.
 			// Native: without waiting for the kubelet's SIGTERM to
 			// istio-proxy (its turn comes 33-224 ms after the app's exit
 			// here: docs/kubernetes.md), which finds draind gone, and the
@@ -237,12 +237,12 @@ func TestIstioInjectedUnderLoad(t *testing.T) {
 					t.Errorf("istio-proxy ran %d times, want once: the kubelet must not restart a sidecar that ends during the pod's termination", n)
 				}
 			}
-			// Scaled: 50 ms on a real node, stretched under emulation
-			// (make e2e-kubelet-vm: 74 and 176 ms there beside a CI run).
-			bound := scaled(50 * time.Millisecond)
-			if d := quit.Sub(after); quit.IsZero() || after.IsZero() || d < 0 || d > bound || quit.Before(appExit) || !tc.native && quit.Before(minDrainEnd) {
+			// How soon is reported above and measured by
+			// tools/bench/exit.sh; the bound only tells a stop that
+			// followed the app from one that waited for something else.
+			if d := quit.Sub(after); quit.IsZero() || after.IsZero() || d < 0 || d > stopFollowsWithin || quit.Before(appExit) || !tc.native && quit.Before(minDrainEnd) {
 				t.Errorf("/quitquitquit %s after %s (%s after the app's exit, %s after min-drain's end): want 0-%s, after the app and min-drain",
-					fmtDur(d), what, fmtDur(quit.Sub(appExit)), fmtDur(quit.Sub(minDrainEnd)), bound)
+					fmtDur(d), what, fmtDur(quit.Sub(appExit)), fmtDur(quit.Sub(minDrainEnd)), stopFollowsWithin)
 			}
 			want := "signal"
 			if tc.native {

@@ -154,11 +154,11 @@ func TestInitWrapperEntrypoint(t *testing.T) {
 			t.Logf("%s: own container as draind logged it: %q; the proxy told to quit %s after the app's exit (target 0–50 ms; the app's container exit in the CRI: %s after the app's): %s; wrapper's container exit %d",
 				name, own, fmtDur(quit), fmtDur(o.appExit.Sub(appExit)), why, o.proxyCode)
 			report.add("scenario", name+": app exit → proxy told to quit", fmtDur(quit)+" (target 0–50 ms); own container "+strings.Join(own, ", "))
-			o.checkProtected(t, 2*time.Second)
+			o.checkProtected(t)
 			if !hasComm(own, "tini") {
 				t.Errorf("draind's own container, as logged, has no tini: %q", own)
 			}
-			if appExit.IsZero() || !stopped || quit < 0 || quit > 2*time.Second || strings.Contains(why, "deadline") {
+			if appExit.IsZero() || !stopped || quit < 0 || quit > stopFollowsWithin || strings.Contains(why, "deadline") {
 				t.Errorf("the proxy told to quit %s after the app's exit (%q, seen %v): want soon after, not at the deadline", fmtDur(quit), why, stopped)
 			}
 			if o.trigger != "signal" {
@@ -275,7 +275,7 @@ func TestJobRootProxyPostStartHook(t *testing.T) {
 			if trigger != "app-done" || px.exitCode != 0 || px.finished.IsZero() || px.finished.Before(appExit) {
 				t.Errorf("drain trigger %q, draind exit %d at %v, the app's at %v: want app-done, 0, after the app", trigger, px.exitCode, px.finished, appExit)
 			}
-			if appExit.IsZero() || !stopped || quit < 0 || quit > 2*time.Second {
+			if appExit.IsZero() || !stopped || quit < 0 || quit > stopFollowsWithin {
 				t.Errorf("the proxy told to quit %s after the app's exit (%q, seen %v): want soon after", fmtDur(quit), why, stopped)
 			}
 		})

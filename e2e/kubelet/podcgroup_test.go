@@ -106,7 +106,7 @@ func TestPodCgroupUnderKubelet(t *testing.T) {
 	report.add("scenario", name+": tracking", fmt.Sprintf("scope=%s reason=%q; drain trigger %s, last in-flight request ended %s, proxy asked to quit %s (%s after)",
 		scope, reason, o.rel(draining), o.rel(lastEnd), o.rel(stopping), fmtDur(stopping.Sub(lastEnd))))
 
-	o.checkProtected(t, 2*time.Second)
+	o.checkProtected(t)
 	if o.trigger != "signal" {
 		t.Errorf("drain trigger %q, want signal", o.trigger)
 	}

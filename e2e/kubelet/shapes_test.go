@@ -61,7 +61,7 @@ func TestNativeSidecar(t *testing.T) {
 	if hook > 2*time.Second {
 		t.Errorf("draind drain took %s: it must return at once", fmtDur(hook))
 	}
-	o.checkProtected(t, 2*time.Second)
+	o.checkProtected(t)
 }
 
 // jobRow is one Job pod: the app's task (10 calls through the proxy after
@@ -234,7 +234,7 @@ func TestSidecarRestartedWhileAppRuns(t *testing.T) {
 			o.log(t, name)
 			t.Logf("%s: draind restarted (attempt %d) and ready %s after SIGKILL; its app liveness: %s, app processes %v", name, second.attempt, fmtDur(restarted), o.liveness, o.livenessAppProcs)
 			report.add("scenario", name+" restart→ready", fmtDur(restarted))
-			o.checkProtected(t, 2*time.Second)
+			o.checkProtected(t)
 			if n, ok := o.livenessAppProcs.(float64); !ok || n < 1 {
 				t.Errorf("the restarted draind found %v app processes, want the running app's", o.livenessAppProcs)
 			}
