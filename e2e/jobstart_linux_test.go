@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"os/exec"
 	"runtime"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -131,28 +129,12 @@ func TestJobAppStartsBesideDraind(t *testing.T) {
 // sawMainExit reports whether draind logged the app's main process gone
 // with status (e.g. "exit 0").
 func (p *pod) sawMainExit(status string) bool {
-	for _, l := range p.logLinesMsg("the app's processes are gone") {
+	for _, l := range p.logLines(logevent.AppGone) {
 		if l["main_exit"] == status {
 			return true
 		}
 	}
 	return false
-}
-
-// logLinesMsg returns draind's JSON log lines whose message starts with
-// prefix (lines that carry no event).
-func (p *pod) logLinesMsg(prefix string) []map[string]any {
-	var out []map[string]any
-	for line := range strings.SplitSeq(p.draindLog.String(), "\n") {
-		var m map[string]any
-		if json.Unmarshal([]byte(line), &m) != nil {
-			continue
-		}
-		if msg, _ := m["msg"].(string); strings.HasPrefix(msg, prefix) {
-			out = append(out, m)
-		}
-	}
-	return out
 }
 
 // A Job with draind as a native sidecar (no --exit-with-app): the app

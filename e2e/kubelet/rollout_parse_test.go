@@ -37,7 +37,7 @@ func TestRolloutLogParsing(t *testing.T) {
 		`2026-11-28T13:00:03.950000001Z {"level":"info","ts":"2026-11-28T13:00:03.950Z","msg":"phase","event":"phase","phase":"draining"}`,
 		`2026-11-28T13:00:04.000000002Z 2026-11-28T13:00:04.000000Z	info	pilot-agent's own line, not JSON`,
 		`2026-11-28T13:00:06.000000001Z {"level":"info","ts":"2026-11-28T13:00:06.250Z","msg":"phase","event":"phase","phase":"gating"}`,
-		`2026-11-28T13:00:06.000000002Z {"level":"info","ts":"2026-11-28T13:00:06.254Z","msg":"closed the idle keep-alives","event":"untold_closed","found":3,"closed":2}`,
+		`2026-11-28T13:00:06.000000002Z {"level":"info","ts":"2026-11-28T13:00:06.254Z","msg":"closed the untold keep-alives","event":"untold_closed","found":3,"closed":2}`,
 		`2026-11-28T13:00:06.300000001Z {"level":"info","ts":"2026-11-28T13:00:06.300Z","msg":"gate holds","event":"gate_holds","hold_kinds":["app-procs"]}`,
 		`2026-11-28T13:00:07.600000001Z {"level":"info","ts":"2026-11-28T13:00:07.600Z","msg":"phase","event":"phase","phase":"stopping"}`,
 	}, "\n")

@@ -156,8 +156,8 @@ func (m *Machine) watchAppDone() {
 	c, exit := m.completion()
 	if c.State == AppFailedKept && c.Seq != m.app.failedSeq {
 		m.app.failedSeq = c.Seq
-		m.log.Info("the app's main process ended without success under --exit-with-app success: the proxy stays for its restart (restartPolicy OnFailure); with restartPolicy Never use --exit-with-app any",
-			zap.String("main_exit", exit.Status))
+		// docs/configuration.md: under restartPolicy Never, "any" is the policy.
+		m.log.Info("app failed: the proxy stays for its restart", logevent.AppFailedKept.Field(), zap.String("main_exit", exit.Status))
 	}
 	switch {
 	case c.Done && (m.app.timer == nil || c.key() != m.app.on):
@@ -165,13 +165,13 @@ func (m *Machine) watchAppDone() {
 			m.app.timer.Stop() // it came back and left again: a new wait
 		}
 		if c.State == AppNeverSeen {
-			m.log.Info("no app process seen yet: the proxy waits for the app's first one, at most --app-start-timeout since draind began watching (an app that already ran and exited cannot be told from one not started)",
+			m.log.Info("no app process seen yet: waiting for the first",
 				logevent.AppNotSeenYet.Field(), zap.Duration("app_start_timeout", m.cfg.AppStartTimeout), zap.Duration("left", c.After))
 		} else {
 			// A success is the app's work done: a Job's container is not
 			// restarted after it. A failure, or an exit draind could not
 			// read, may be a crash the kubelet restarts: the restart grace.
-			m.log.Info("the app's processes are gone: the proxy stops after the restart grace unless the app comes back",
+			m.log.Info("app gone: the proxy stops after the restart grace", logevent.AppGone.Field(),
 				zap.String("main_exit", exit.Status), zap.Stringer("app", c.State), zap.Duration("grace", c.After), zap.String("exit_with_app", string(m.cfg.ExitWithApp)))
 		}
 		m.app.timer, m.app.on = time.NewTimer(c.After), c.key()
@@ -179,9 +179,9 @@ func (m *Machine) watchAppDone() {
 		m.app.timer.Stop()
 		m.app.timer = nil
 		if m.app.on.state == AppNeverSeen {
-			m.log.Info("an app process is seen: the proxy stays for it", zap.Stringer("app", c.State))
+			m.log.Info("app process seen: the proxy stays", logevent.AppSeen.Field(), zap.Stringer("app", c.State))
 		} else {
-			m.log.Info("the app is back within the restart grace: the proxy stays", logevent.AppBack.Field(), zap.Stringer("app", c.State))
+			m.log.Info("app back within the restart grace", logevent.AppBack.Field(), zap.Stringer("app", c.State))
 		}
 	}
 }
@@ -194,7 +194,8 @@ func (m *Machine) appDoneWaited() {
 		return
 	}
 	if c.State == AppNeverSeen {
-		m.log.Warn("no app process seen within --app-start-timeout: the app is taken as done, having run and exited before draind could watch it (an app container started beside draind and shorter than its start-up); its exit code is unknown to draind, which stops the proxy and exits 0: the app container's own exit code decides the Job. Gate the app on `draind wait` (postStart) for its exit code to be seen",
+		// What it means and how to avoid it: docs/design.md, "When is the app done".
+		m.log.Warn("no app process seen in --app-start-timeout: taken as done",
 			logevent.AppNeverSeen.Field(), zap.Duration("app_start_timeout", m.cfg.AppStartTimeout), zap.Duration("watching", time.Since(m.app.since)))
 	}
 	m.begin(CauseAppDone)

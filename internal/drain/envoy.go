@@ -180,7 +180,7 @@ func (m *Machine) checkGauges(ctx context.Context) {
 		m.envoy.gauges.Store(int32(GaugesPresent))
 	default:
 		m.envoy.gauges.Store(int32(GaugesAbsent))
-		m.log.Warn("Envoy keeps no downstream_cx_active listener gauges (e.g. Istio's stats matcher without EXIT_ON_ZERO_ACTIVE_CONNECTIONS): the kernel's view of Envoy's downstream connections decides alone",
+		m.log.Warn("no listener gauges in Envoy: the kernel's view decides",
 			logevent.NoListenerGauges.Field())
 	}
 }
@@ -217,7 +217,7 @@ func (m *Machine) startDrainListeners() {
 			}
 			if e := err.Error(); e != lastErr {
 				lastErr = e
-				m.log.Warn("drain_listeners failed; retrying until it succeeds or the drain ends", logevent.DrainListenersFailed.Field(), zap.Error(err), zap.Int64("attempts", m.envoy.dlTries.Load()))
+				m.log.Warn("drain_listeners failed; retrying", logevent.DrainListenersFailed.Field(), zap.Error(err), zap.Int64("attempts", m.envoy.dlTries.Load()))
 			}
 			select {
 			case <-ctx.Done():
@@ -302,7 +302,7 @@ func (m *Machine) onActive(a activeAnswer) {
 	case !a.asked, a.err == nil:
 	case errors.Is(a.err, ErrNoGauges):
 		if m.envoy.gauges.Swap(int32(GaugesAbsent)) != int32(GaugesAbsent) {
-			m.log.Warn("Envoy keeps no downstream_cx_active listener gauges: the kernel's view of Envoy's downstream connections decides alone",
+			m.log.Warn("no listener gauges in Envoy: the kernel's view decides",
 				logevent.NoListenerGauges.Field())
 		}
 	default:

@@ -135,8 +135,7 @@ func (m *Machine) holdPastGateDeadline() bool {
 	if m.apps != nil {
 		fields = append(fields, zap.Int("app_processes", in.AppProcs), zap.Bool("app_processes_complete", in.ProcView == ProcsComplete))
 	}
-	m.log.Info("gate deadline reached before the kubelet's SIGTERM (native sidecar: the app still runs): the proxy stays for the app's calls until the late gate deadline; the stop then skips SIGTERM after a quit that works",
-		fields...)
+	m.log.Info("gate deadline before SIGTERM: held to the late gate deadline", fields...)
 	m.publish(m.eval.curHolds, nil) // the State's deadline moved
 	return true
 }

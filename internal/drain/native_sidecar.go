@@ -35,11 +35,11 @@ func (m *Machine) onSignalAfterPrestop(p Phase) {
 	m.sockets = SocketsOnly{} // every app container has exited
 	if p == Draining && m.appGone() {
 		m.endMinDrain()
-		m.log.Info("SIGTERM after the preStop drain with the app gone (native sidecar): min-drain ends now", logevent.SigtermEndsMinDrain.Field())
+		m.log.Info("SIGTERM after preStop, app gone: min-drain ends", logevent.SigtermEndsMinDrain.Field())
 		m.enter(Gating, zap.Duration("since_drain", time.Since(m.started)), zap.Any("flows", m.flows.Observe()))
 		return
 	}
-	m.log.Info("SIGTERM after the preStop drain (native sidecar): the gate no longer waits for it", logevent.SigtermAfterPrestop.Field())
+	m.log.Info("SIGTERM after preStop: no longer awaited", logevent.SigtermAfterPrestop.Field())
 }
 
 // seeAppGone stops the wait for the SIGTERM once a native sidecar sees the
@@ -52,7 +52,7 @@ func (m *Machine) seeAppGone(in GateInput, fv FlowView) bool {
 	}
 	m.native.awaitSignal = false
 	draining := m.Phase() == Draining
-	m.log.Info("the app is seen gone (native sidecar): the kubelet's SIGTERM, which follows it, is not waited for",
+	m.log.Info("app seen gone: the kubelet's SIGTERM is not awaited",
 		logevent.AppGoneEndsAwait.Field(), zap.Bool("min_drain_ended", draining), zap.Duration("since_drain", time.Since(m.started)))
 	if draining {
 		m.endMinDrain()

@@ -39,11 +39,11 @@ func (m *Machine) deadline() Result {
 		m.end.cut.AppProcesses = n
 		fields = append(fields, zap.Int("app_processes", n), zap.Bool("app_processes_complete", view == ProcsComplete))
 	}
-	msg := "drain deadline reached: stopping the proxy with flows still open"
 	if m.cfg.Prestop {
-		msg = "prestop deadline reached: returning with app flows still open"
+		m.log.Warn("prestop deadline reached with app flows open", fields...)
+	} else {
+		m.log.Warn("drain deadline reached: stopping with flows open", fields...)
 	}
-	m.log.Warn(msg, fields...)
 	for _, f := range open {
 		m.log.Warn("open flow at deadline", logevent.OpenFlowAtDeadline.Field(),
 			zap.String("local", f.Local.String()), zap.String("remote", f.Remote.String()),

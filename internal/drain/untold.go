@@ -137,9 +137,9 @@ func (m *Machine) closeUntold() {
 		zap.Bool("drain_listeners_done", !toldFrom.IsZero()), zap.String("rule", UntoldRule(!toldFrom.IsZero(), r.ToldFrom)),
 		zap.Float64("took_ms", float64(took.Microseconds())/1e3)}
 	if r.Err != nil {
-		m.log.Warn("some idle keep-alives Envoy's drain never told could not be closed: their clients may send one more request after the app stops accepting",
+		m.log.Warn("some untold keep-alives could not be closed",
 			append(fields, zap.Error(r.Err))...)
 		return
 	}
-	m.log.Info("closed the idle keep-alives Envoy's drain never told: their clients reconnect elsewhere", fields...)
+	m.log.Info("closed the untold keep-alives", fields...)
 }

@@ -68,6 +68,15 @@ const (
 	DrainListenersGaveUp Event = "drain_listeners_gave_up"
 	// AppBack: the app came back within the restart grace.
 	AppBack Event = "app_back"
+	// AppGone: under --exit-with-app, the app's processes are gone; the
+	// proxy stops after the restart grace unless it comes back (fields
+	// main_exit, app, grace).
+	AppGone Event = "app_gone"
+	// AppFailedKept: under --exit-with-app success, the app's main
+	// process failed; the proxy stays for its restart (field main_exit).
+	AppFailedKept Event = "app_failed_kept"
+	// AppSeen: under --exit-with-app, the first app process is seen.
+	AppSeen Event = "app_seen"
 	// AppNotSeenYet: under --exit-with-app, no app process seen since
 	// draind began watching: it waits for one, at most
 	// --app-start-timeout.
