@@ -41,7 +41,7 @@ func init() {
 }
 
 // istioStatusPort is pilot-agent's (Istio's default); draindStatusPort is
-// where draind puts its own next to it (agent.PilotAgentStatusPort).
+// where draind puts its own next to it (istio.FirstFreePort).
 const (
 	istioStatusPort  = "15020"
 	draindStatusPort = "15022"
