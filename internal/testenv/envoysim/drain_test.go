@@ -316,8 +316,7 @@ func TestDrainGradualFirstSecond(t *testing.T) {
 		}
 	}
 	if time.Since(start) >= time.Second || n < 30 {
-		t.Logf("only %d responses in the first second: not judged", n)
-		return
+		t.Skipf("only %d responses in the first second (a loaded machine): nothing to judge", n)
 	}
 	if closed == 0 || closed == n {
 		t.Errorf("%d of %d responses drain-closed in the first second of a 3 s drain, want about a third", closed, n)
