@@ -15,6 +15,7 @@ import (
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/envoy"
 	"github.com/draind/draind/internal/flows"
+	"github.com/draind/draind/internal/logevent"
 )
 
 // arrivals is drain.Arrivals (--min-drain auto): before the trigger,
@@ -151,7 +152,8 @@ func (a *arrivals) Begin(at time.Time) drain.ArrivalsBefore {
 			counter, last, counterName = passiveOpensCounter, n, "kernel PassiveOpens"
 			filter.traffic = func(*flows.Flow) bool { return false }
 		} else {
-			a.log.Warn("--min-drain auto in sock_diag mode, and neither Envoy's listener counters nor the kernel's count of accepted connections can be read: arrivals shorter than the poll go unseen", zap.Error(err))
+			// Arrivals shorter than the poll then go unseen.
+			a.log.Warn("no arrival counter: polling sees only longer ones", logevent.ArrivalsUncounted.Field(), zap.Error(err))
 		}
 	}
 	ch, unwatch := a.tr.Watch(4096)

@@ -114,7 +114,8 @@ func (a *agent) dropPrivileges() {
 		return // logged at start
 	}
 	if n := waitLoaderThreadsGone(200 * time.Millisecond); n > 0 {
-		a.log.Warn("capabilities: eBPF loader threads still alive at the drop; they keep theirs until they end", zap.Int("threads", n))
+		// They keep their capabilities until they end.
+		a.log.Warn("eBPF loader threads alive at the capability drop", logevent.Capabilities.Field(), zap.String("stage", "loader_threads"), zap.Int("threads", n))
 	}
 	cur, err := privs.Current()
 	if err != nil {

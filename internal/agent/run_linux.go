@@ -372,8 +372,8 @@ func (a *agent) startEvents() *kubeevents.Reporter {
 	a.log.Info("kubernetes events on the pod: the drain's start and end", logevent.KubeEvents.Field(), zap.Bool("enabled", true),
 		zap.String("api_server", ic.Server), zap.String("pod", p.Name), zap.String("namespace", p.Namespace), zap.String("uid", p.UID), zap.String("node", p.Node))
 	if p.UID == "" {
-		a.log.Warn(kubeevents.PodUIDEnv+" is unset (the downward API's metadata.uid): the Events are posted, but kubectl describe pod lists a pod's Events by its UID and will not show them",
-			logevent.KubeEvents.Field())
+		// kubectl describe pod lists a pod's Events by its UID.
+		a.log.Warn("POD_UID unset: describe pod will not show the Events", logevent.KubeEvents.Field(), zap.String("env", kubeevents.PodUIDEnv))
 	}
 	return r
 }
@@ -402,11 +402,13 @@ func logIstio(log *zap.Logger, cfg *Config, ist istioResolved) {
 	}
 	log.Info("drain deadline", logevent.DeadlineDecided.Field(), zap.Duration("deadline", cfg.Drain.Deadline), zap.String("decided_by", ist.deadlineFrom))
 	if ist.exitOnZero {
-		log.Info(istio.ExitOnZeroEnv+" is subsumed: draind always waits for the drained connections to close, and for the app's work (it reads the kernel, not Envoy's downstream_cx_active)",
-			zap.Duration("min_drain", cfg.Drain.MinDrain), zap.Duration("deadline", cfg.Drain.Deadline))
+		// draind always waits for the drained connections and the app's work.
+		log.Info("EXIT_ON_ZERO_ACTIVE_CONNECTIONS is subsumed", logevent.ExitOnZeroSubsumed.Field(), zap.String("env", istio.ExitOnZeroEnv), zap.Duration("min_drain", cfg.Drain.MinDrain), zap.Duration("deadline", cfg.Drain.Deadline))
 	}
 	if cfg.pilotAgent() {
-		log.Info("proxy is pilot-agent: it keeps its status port; draind signals its PID alone and stops Envoy through Envoy's admin API", logevent.ProxyIsPilotAgent.Field(),
+		// It keeps its status port; draind signals its PID alone and
+		// stops Envoy through Envoy's admin API.
+		log.Info("proxy is pilot-agent", logevent.ProxyIsPilotAgent.Field(),
 			zap.Uint16("pilot_agent_status_port", ist.settings.StatusPort), zap.String("status_port_from", cmp.Or(ist.settings.StatusPortFrom, "default")),
 			zap.String("status_addr", cfg.StatusAddr), zap.String("admin_addr", cfg.AdminAddr))
 	}
@@ -589,7 +591,7 @@ func (v *liveViews) Start() error {
 func (v *liveViews) run(part string, run func(context.Context) error) {
 	v.wg.Go(func() {
 		if err := run(v.ctx); err != nil {
-			v.a.log.Error(part+" stopped", zap.Error(err))
+			v.a.log.Error("live view stopped", logevent.LiveViewStopped.Field(), zap.String("part", part), zap.Error(err))
 		}
 	})
 }

@@ -276,7 +276,9 @@ func (a adminView) Live(ctx context.Context) (bool, string) {
 	switch {
 	case errors.Is(err, envoy.ErrStatAbsent):
 		if sh.readyFallback.CompareAndSwap(false, true) {
-			sh.log.Warn("readiness comes from Envoy's GET /ready from now on: its stats lack server.state or listener_manager.workers_started (a stats_matcher rejects them); /ready says LIVE when Envoy's init is done, an event-loop turn before its workers start", logevent.ReadinessFromReady.Field(),
+			// Why, and what /ready misses: docs/design.md, "Start-up: readiness
+			// waits on Envoy, not on draind".
+			sh.log.Warn("readiness from Envoy's GET /ready: its stats lack the state", logevent.ReadinessFromReady.Field(),
 				zap.Error(err))
 		}
 		return a.ready(ctx)
@@ -313,7 +315,9 @@ func (a adminView) AtLive(ctx context.Context) {
 	}
 	ls, err := a.c.Listeners(ctx)
 	if err != nil {
-		sh.log.Warn("could not read Envoy's listeners (/listeners, /config_dump): --exclude-listeners names match stat names only, and traffic_direction is not checked", zap.Error(err))
+		// --exclude-listeners then matches stat names only, and
+		// traffic_direction goes unchecked.
+		sh.log.Warn("Envoy's listeners unreadable: names match stats only", logevent.ListenersUnread.Field(), zap.Error(err))
 		return
 	}
 	ex := a.c.Exclude()
@@ -325,7 +329,7 @@ func (a adminView) AtLive(ctx context.Context) {
 		}
 		sh.log.Info("listeners excluded from the drain", logevent.ListenersExcluded.Field(), zap.Strings("names", ex.Names), zap.Stringer("resolved", resolved))
 		if len(unmatched) > 0 {
-			sh.log.Warn("--exclude-listeners names no listener of Envoy's (its listener names and stat scopes); kept as stat names", zap.Strings("names", unmatched))
+			sh.log.Warn("--exclude-listeners: no such listener; kept as stat names", logevent.ListenersUnmatched.Field(), zap.Strings("unmatched", unmatched))
 		}
 	}
 	if !sh.inboundOnly || len(ls) == 0 {
@@ -339,7 +343,9 @@ func (a adminView) AtLive(ctx context.Context) {
 		names = append(names, fmt.Sprintf("%s (%s)", l.Name, directionName(l.Direction)))
 	}
 	sh.drainAll.Store(true)
-	sh.log.Warn("no Envoy listener has traffic_direction INBOUND: POST /drain_listeners?inboundonly&graceful would drain nothing (no Connection: close, no GOAWAY); draind drains every listener instead, without stopping any (graceful&skip_exit)", logevent.NoInboundListener.Field(),
+	// inboundonly would drain nothing (no Connection: close, no
+	// GOAWAY): every listener is drained, none stopped (skip_exit).
+	sh.log.Warn("no INBOUND listener: draining every listener", logevent.NoInboundListener.Field(),
 		zap.Strings("listeners", names))
 }
 

@@ -125,6 +125,21 @@ const (
 	ReadinessFromReady Event = "readiness_from_ready"
 	// NoInboundListener: no Envoy listener is INBOUND: every listener drains.
 	NoInboundListener Event = "no_inbound_listener"
+	// ListenersUnmatched: --exclude-listeners names that match no
+	// listener of Envoy's; kept as stat names (field unmatched).
+	ListenersUnmatched Event = "listeners_unmatched"
+	// ListenersUnread: Envoy's listeners could not be read; listener
+	// names match stat names only.
+	ListenersUnread Event = "listeners_unread"
+	// ArrivalsUncounted: --min-drain auto without an arrival counter
+	// (Envoy's or the kernel's): only the poll sees arrivals.
+	ArrivalsUncounted Event = "arrivals_uncounted"
+	// ExitOnZeroSubsumed: Istio's EXIT_ON_ZERO_ACTIVE_CONNECTIONS is set;
+	// draind's drain does what it asks and more.
+	ExitOnZeroSubsumed Event = "exit_on_zero_subsumed"
+	// LiveViewStopped: a view live during the drain stopped with an error
+	// (field part).
+	LiveViewStopped Event = "live_view_stopped"
 	// ListenersExcluded: Envoy listeners excluded from the drain by name.
 	ListenersExcluded Event = "listeners_excluded"
 	// Resynced: the flow tracker resynced after lost events.
