@@ -67,7 +67,8 @@ func (a *agent) raisePrivileges() error {
 		if err != nil {
 			return err
 		}
-		a.log.Warn(warning, zap.String("env", AllowUndroppedCapsEnv))
+		a.log.Warn("capabilities not dropped", logevent.Capabilities.Field(), zap.String("stage", "unsupported"),
+			zap.String("detail", warning), zap.String("env", AllowUndroppedCapsEnv))
 		return nil
 	}
 	before, after, err := privs.RaiseEffective()

@@ -90,11 +90,11 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	}
 	if d, warn := cfg.Drain.Reconcile(cfg.DeadlineSet); warn != "" {
 		cfg.Drain = d
-		log.Warn(warn)
+		log.Warn("deadlines reconciled", logevent.DeadlinesReconciled.Field(), zap.String("detail", warn))
 	}
 	logIstio(log, &cfg, ist)
 	if warn := cfg.Drain.GraceWarning(cfg.GracePeriod); warn != "" {
-		log.Warn(warn, logevent.GraceWarning.Field())
+		log.Warn("drain deadline past the grace period", logevent.GraceWarning.Field(), zap.String("detail", warn))
 	}
 	a := &agent{cfg: cfg, log: log}
 	if os.Getenv("GOGC") == "" {
@@ -398,7 +398,7 @@ func (a *agent) flushEvents(r *kubeevents.Reporter) {
 // which setting gave it, the warnings, and under pilot-agent the ports.
 func logIstio(log *zap.Logger, cfg *Config, ist istioResolved) {
 	for _, w := range ist.warnings {
-		log.Warn(w)
+		log.Warn("Istio setting", logevent.IstioSetting.Field(), zap.String("detail", w))
 	}
 	log.Info("drain deadline", logevent.DeadlineDecided.Field(), zap.Duration("deadline", cfg.Drain.Deadline), zap.String("decided_by", ist.deadlineFrom))
 	if ist.exitOnZero {

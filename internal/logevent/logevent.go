@@ -114,8 +114,15 @@ const (
 	ProxyIsPilotAgent Event = "proxy_is_pilot_agent"
 	// DeadlineDecided: the drain deadline and what decided it.
 	DeadlineDecided Event = "deadline_decided"
-	// GraceWarning: the drain deadline does not fit the default grace period.
+	// GraceWarning: the drain deadline does not fit the default grace period
+	// (field detail).
 	GraceWarning Event = "grace_warning"
+	// DeadlinesReconciled: the deadlines given did not fit together and
+	// were changed (field detail).
+	DeadlinesReconciled Event = "deadlines_reconciled"
+	// IstioSetting: an Istio setting draind reads is deprecated or
+	// ignored (field detail).
+	IstioSetting Event = "istio_setting"
 	// Capabilities: draind's capabilities at a stage (field stage).
 	Capabilities Event = "capabilities"
 	// CapabilityMissing: draind lacks a capability it would use after
