@@ -267,7 +267,8 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if why := a.exitWithAppRefused(); why != "" {
 		return Result{}, configErr("--exit-with-app %s: %s", cfg.Drain.ExitWithApp, why)
 	}
-	log.Info("pod shape", logevent.PodShape.Field(), zap.Stringer("shape", cfg.Drain.StartShape()), zap.String("exit_with_app", string(cfg.Drain.ExitWithApp)))
+	log.Info("pod shape", logevent.PodShape.Field(), zap.Stringer("shape", cfg.Drain.StartShape()),
+		zap.String("shape_means", cfg.Drain.StartShape().Describe()), zap.String("exit_with_app", string(cfg.Drain.ExitWithApp)))
 	a.dropPrivileges() // privs: eBPF loaded, namespaces open, proxy started: keep only what the run still uses
 	// Start-up's garbage (decoded BTF, the first snapshot's buffers) goes
 	// back to the kernel now, not at some later collection: the idle RSS.

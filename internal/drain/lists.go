@@ -44,7 +44,11 @@ var podShapeNames = [...]string{
 	ShapeClassicSidecar: "classic sidecar (SIGTERM with the app)",
 }
 
-func (s PodShape) String() string {
+// String is the shape's token, as Name: log fields hold a token.
+func (s PodShape) String() string { return s.Name() }
+
+// Describe says in a sentence what the shape means, for the start-up line.
+func (s PodShape) Describe() string {
 	if int(s) >= len(podShapeNames) {
 		return "unknown"
 	}
