@@ -95,8 +95,23 @@ func (c Config) lateEnd() time.Duration {
 	return max(grace, c.Deadline)
 }
 
+// KubeletLagAllowance is how long past the late gate deadline a native
+// sidecar still awaiting its SIGTERM keeps holding for its app. The late
+// gate deadline is the grace period by draind's clock, but the kubelet
+// stops the app, then the sidecar, at its own pace: under a burst of
+// deletions on a loaded node it sent an app its SIGTERM after that
+// deadline, with the app's calls still to make through the proxy
+// (docs/design.md, "The late stop"). The kubelet SIGTERMs the
+// sidecar only once the app has exited, so holding costs nothing; the
+// allowance bounds a SIGTERM that never comes (a drain asked by hand).
+const KubeletLagAllowance = 30 * time.Second
+
 // lateState is the loop's state for the late stop.
 type lateState struct {
+	// lagging is set once the late gate deadline came with the SIGTERM
+	// still awaited: the hold goes on (KubeletLagAllowance), and the stop
+	// after it runs at the kubelet's pace, not the grace period's.
+	lagging bool
 	// held is set once the gate deadline came before a native sidecar's
 	// SIGTERM and the gate held on to the late one: the stop then skips
 	// SIGTERM after a quit that worked.
@@ -140,6 +155,21 @@ func (m *Machine) holdPastGateDeadline() bool {
 	return true
 }
 
+// holdPastLateGateDeadline is the late gate deadline's check: a native
+// sidecar still awaiting its SIGTERM (the kubelet lags behind the grace
+// period) holds on for KubeletLagAllowance more, once. It reports whether
+// it did.
+func (m *Machine) holdPastLateGateDeadline() bool {
+	if !m.late.held || m.late.lagging || m.late.appGone || !m.native.awaitSignal {
+		return false
+	}
+	m.late.lagging = true
+	m.end.deadline = time.NewTimer(KubeletLagAllowance)
+	m.log.Warn("late gate deadline before SIGTERM: the kubelet lags; held", logevent.KubeletLags.Field(),
+		zap.Duration("after", time.Since(m.started)), zap.Duration("allowance", KubeletLagAllowance))
+	return true
+}
+
 // lateAppGone runs after each evaluation that left the gate shut: past the
 // gate deadline only the app held, and once it is gone (the SIGTERM, or
 // seen gone) the gate gets LateAppGoneWait, then the deadline's stop.
@@ -149,5 +179,9 @@ func (m *Machine) lateAppGone() {
 	}
 	m.late.appGone = true
 	m.end.deadline.Stop()
-	m.end.deadline = time.NewTimer(max(0, min(LateAppGoneWait, m.cfg.LateGateDeadline()-time.Since(m.started))))
+	wait := LateAppGoneWait
+	if !m.late.lagging {
+		wait = max(0, min(wait, m.cfg.LateGateDeadline()-time.Since(m.started)))
+	}
+	m.end.deadline = time.NewTimer(wait)
 }

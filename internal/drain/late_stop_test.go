@@ -107,6 +107,37 @@ func TestLateStop(t *testing.T) {
 		r.m.Trigger(CauseSignal)
 		r.wantResult(r.result(), 0, true, "drained")
 	}))
+	t.Run("the kubelet lags past the late gate deadline", inBubble(func(t *testing.T) {
+		// Under a burst the kubelet SIGTERMed an app after the grace
+		// period by draind's clock: the sidecar, not SIGTERMed until the
+		// app exits, holds on for it.
+		r := newRig(t, withoutApps(), withConfig(deadline))
+		r.waitPhase(Ready)
+		start := time.Now()
+		r.m.Trigger(CausePreStop)
+		r.waitPhase(Gating)
+		time.Sleep(r.m.Config().LateGateDeadline() + 10*time.Millisecond)
+		r.notDone(5 * time.Second)
+		if r.count(logevent.KubeletLags) != 1 {
+			t.Fatalf("no kubelet_lags line; log:\n%s", r.log())
+		}
+		sigAt := time.Since(start)
+		r.m.Trigger(CauseSignal)
+		r.wantResult(r.result(), 0, true, "drained")
+		if took := time.Since(start) - sigAt; took > KubeletSidecarGrace {
+			t.Errorf("ended %s after the SIGTERM, past the kubelet's %s", took, KubeletSidecarGrace)
+		}
+	}))
+	t.Run("no SIGTERM ever: the lag allowance ends it", inBubble(func(t *testing.T) {
+		r := newRig(t, withoutApps(), withConfig(deadline))
+		r.waitPhase(Ready)
+		r.m.Trigger(CausePreStop)
+		r.wantResult(r.result(), 0, false, "deadline")
+		want := r.m.Config().LateGateDeadline() + KubeletLagAllowance
+		if st := r.m.State(); st.End == nil || st.End.Took != want {
+			t.Errorf("stopping began %v after the trigger, want %s", st.End, want)
+		}
+	}))
 	t.Run("past the gate deadline only the app holds", inBubble(func(t *testing.T) {
 		// No process view: the SIGTERM says the app is gone. Envoy still
 		// counts a connection, which held the gate to its deadline: the
@@ -140,8 +171,10 @@ func TestLateStop(t *testing.T) {
 		r.m.Trigger(CauseSignal)
 		r.wantResult(r.result(), 0, true, "drained")
 	}))
-	t.Run("the late stop fits the grace period without SIGTERM", inBubble(func(t *testing.T) {
-		// The app never exits; the proxy takes the quit but does not exit.
+	t.Run("without SIGTERM the late stop ends after the lag allowance", inBubble(func(t *testing.T) {
+		// The app never exits, and no SIGTERM comes (the kubelet sends it
+		// once the app has exited); the proxy takes the quit but does not
+		// exit.
 		r := newRig(t, withConfig(deadline), setup(func(r *rig) { r.proxy.noExitOn = true }))
 		r.waitPhase(Ready)
 		start := time.Now()
@@ -152,8 +185,8 @@ func TestLateStop(t *testing.T) {
 		if s := r.proxy.sent(); !slices.Equal(s, []syscall.Signal{syscall.SIGKILL}) {
 			t.Errorf("signals %v, want SIGKILL alone after the quit", s)
 		}
-		if cfg := r.m.Config(); took > cfg.lateEnd() || took < cfg.LateGateDeadline() {
-			t.Errorf("ended %s after the trigger: want between the late gate deadline %s and the grace period %s", took, cfg.LateGateDeadline(), cfg.lateEnd())
+		if cfg := r.m.Config(); took > cfg.LateGateDeadline()+KubeletLagAllowance+cfg.StopTimeout+KillWait || took < cfg.LateGateDeadline()+KubeletLagAllowance {
+			t.Errorf("ended %s after the trigger: want the late gate deadline %s and the lag allowance %s, then the stop", took, cfg.LateGateDeadline(), KubeletLagAllowance)
 		}
 	}))
 	t.Run("a failed quit still gets SIGTERM", inBubble(func(t *testing.T) {
@@ -167,8 +200,8 @@ func TestLateStop(t *testing.T) {
 		if s := r.proxy.sent(); !slices.Equal(s, []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}) {
 			t.Errorf("signals %v, want SIGTERM then SIGKILL", s)
 		}
-		if took := time.Since(start); took > r.m.Config().lateEnd() {
-			t.Errorf("ended %s after the trigger, past the grace period", took)
+		if cfg := r.m.Config(); time.Since(start) > cfg.LateGateDeadline()+KubeletLagAllowance+2*cfg.StopTimeout+KillWait {
+			t.Errorf("ended %s after the trigger, past the lag allowance and the stop", time.Since(start))
 		}
 	}))
 	t.Run("a classic sidecar: the gate deadline stands", inBubble(func(t *testing.T) {

@@ -242,7 +242,7 @@ func (m *Machine) Run(ctx context.Context) Result {
 			m.appDoneWaited()
 		case <-chanOf(m.end.deadline):
 			m.end.deadline = nil
-			if m.holdPastGateDeadline() {
+			if m.holdPastGateDeadline() || m.holdPastLateGateDeadline() {
 				break
 			}
 			return m.deadline()

@@ -159,6 +159,9 @@ func (m *Machine) stepWait(sig syscall.Signal) time.Duration {
 		// pilot-agent's, after Envoy's), and inside what the kubelet
 		// grants after its SIGTERM.
 		end := m.started.Add(m.cfg.lateEnd() - KillWait)
+		if m.late.lagging {
+			end = time.Now().Add(m.cfg.StopTimeout) // past the grace period: the kubelet's pace
+		}
 		if k := m.native.signalAt.Add(KubeletSidecarGrace - KillWait); !m.native.signalAt.IsZero() && k.Before(end) {
 			end = k
 		}

@@ -151,6 +151,10 @@ const (
 	ListenersExcluded Event = "listeners_excluded"
 	// Resynced: the flow tracker resynced after lost events.
 	Resynced Event = "resynced"
+	// KubeletLags: a native sidecar's late gate deadline came before its
+	// SIGTERM; it holds KubeletLagAllowance more for its app (fields
+	// after, allowance).
+	KubeletLags Event = "kubelet_lags"
 	// ResyncFailed: the resync after lost events failed; the next loss
 	// or snapshot tries again (fields lost, error).
 	ResyncFailed Event = "resync_failed"
