@@ -674,6 +674,7 @@ func terminationSummary(t *testing.T, st rolloutStrategy, pods []*podLife, t0 ti
 	var late, pastGrace []string
 	for _, p := range pods {
 		app := p.log("app")
+		failedBefore := callsFailed
 		for _, l := range strings.Split(app, "\n") {
 			at, body := splitTimestamp(l)
 			f := strings.Fields(body)
@@ -686,6 +687,16 @@ func terminationSummary(t *testing.T, st rolloutStrategy, pods []*podLife, t0 ti
 			case "fail":
 				callsFailed++
 				t.Logf("  %s outbound call failed at +%s: %s; %s", p.name, fmtDur(at.Sub(t0)), body, p.stepAt(at))
+			}
+		}
+		if callsFailed > failedBefore && st.draind {
+			// What draind decided, for a pod whose app lost a call: the
+			// timeline says when, these lines say why.
+			for _, l := range strings.Split(p.log(p.proxy), "\n") {
+				if strings.Contains(l, `"level":"warn"`) || strings.Contains(l, `"event":"phase"`) || strings.Contains(l, `"event":"gate_holds"`) ||
+					strings.Contains(l, `"event":"app_gone_ends_await"`) || strings.Contains(l, `"event":"gate_deadline_late"`) || strings.Contains(l, `"event":"sigterm_after_prestop"`) {
+					t.Logf("    %s draind: %s", p.name, l)
+				}
 			}
 		}
 		if p.deleting.IsZero() || p.gone.IsZero() {
