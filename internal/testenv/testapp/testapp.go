@@ -141,7 +141,10 @@ func InFlight(ctx context.Context, c *http.Client, target string, wait time.Dura
 	for end := time.Now().Add(wait); ; time.Sleep(5 * time.Millisecond) {
 		select {
 		case r := <-done:
-			return nil, fmt.Errorf("GET %s ended before it was seen waiting: %d %v", target, r.Code, r.Err)
+			if r.Err != nil {
+				return nil, fmt.Errorf("GET %s ended before it was seen waiting: %w", target, r.Err)
+			}
+			return nil, fmt.Errorf("GET %s ended before it was seen waiting: %d", target, r.Code)
 		default:
 		}
 		if resp, err := ask.Get(askURL); err == nil {
