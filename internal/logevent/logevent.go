@@ -18,161 +18,169 @@ func (e Event) Field() zap.Field { return zap.String(Key, string(e)) }
 
 // The drain machine's events (package drain).
 const (
-	// Phase: the machine entered a phase (field phase).
+	// Phase says the machine entered a phase (field phase).
 	Phase Event = "phase"
-	// GateHolds: what holds the gate changed.
+	// GateHolds says what holds the gate changed.
 	GateHolds Event = "gate_holds"
-	// TriggerIgnored: a trigger came while already draining.
+	// TriggerIgnored says a trigger came while already draining.
 	TriggerIgnored Event = "trigger_ignored"
-	// SigtermEndsMinDrain: a native sidecar's SIGTERM after the preStop
-	// drain, the app gone: the min-drain ends.
+	// SigtermEndsMinDrain marks a native sidecar's SIGTERM after the
+	// preStop drain, the app gone: the min-drain ends.
 	SigtermEndsMinDrain Event = "sigterm_ends_min_drain"
-	// OutOfRotation: --min-drain auto's wait ended (fields took, why:
+	// OutOfRotation says --min-drain auto's wait ended (fields took, why:
 	// quiet, floor or ceiling, connections, window).
 	OutOfRotation Event = "out_of_rotation"
-	// UntoldClosed: as the min-drain ended, Envoy's downstream
-	// keep-alives idle since before its drain began were shut (a FIN to each client)
-	// (fields found, closed; error when some were not).
+	// UntoldClosed says that, as the min-drain ended, Envoy's downstream
+	// keep-alives idle since before its drain began were shut (a FIN to
+	// each client) (fields found, closed; error when some were not).
 	UntoldClosed Event = "untold_closed"
-	// AppGoneEndsAwait: a native sidecar drained from its preStop hook saw
-	// the app gone before the kubelet's SIGTERM: it no longer waits for it
-	// (field min_drain_ended: the min-drain was still running).
+	// AppGoneEndsAwait says a native sidecar drained from its preStop hook
+	// saw the app gone before the kubelet's SIGTERM: it no longer waits for
+	// it (field min_drain_ended: the min-drain was still running).
 	AppGoneEndsAwait Event = "app_gone_ends_await"
-	// SigtermAfterPrestop: a native sidecar's SIGTERM after the preStop
-	// drain: the gate no longer waits for it.
+	// SigtermAfterPrestop marks a native sidecar's SIGTERM after the
+	// preStop drain: the gate no longer waits for it.
 	SigtermAfterPrestop Event = "sigterm_after_prestop"
-	// NoListenerGauges: Envoy keeps no downstream_cx_active listener gauges.
+	// NoListenerGauges says Envoy keeps no downstream_cx_active listener
+	// gauges.
 	NoListenerGauges Event = "no_listener_gauges"
-	// TrackingLive: the live views started at the trigger.
+	// TrackingLive says the live views started at the trigger.
 	TrackingLive Event = "tracking_live"
-	// PodCgroup: the pod's cgroup found under --cgroup-root.
+	// PodCgroup names the pod's cgroup found under --cgroup-root.
 	PodCgroup Event = "pod_cgroup"
-	// TCPTracking: which sockets' changes run the TCP programs once
+	// TCPTracking says which sockets' changes run the TCP programs once
 	// attached ("scope": pod-cgroup or node, and why node).
 	TCPTracking Event = "tcp_tracking"
-	// AppTracking: how the app's processes are followed once started
+	// AppTracking says how the app's processes are followed once started
 	// ("via": cgroup-events, sched-tracepoints or proc-polling, and why).
 	AppTracking Event = "app_tracking"
-	// TrackingFailed: the live views did not start.
+	// TrackingFailed says the live views did not start.
 	TrackingFailed Event = "tracking_failed"
-	// GateDeadlineLate: the gate deadline came before a native sidecar's
-	// SIGTERM (its app still runs); the gate holds on to the late gate
-	// deadline (fields after, late_gate_deadline; app_processes and
+	// GateDeadlineLate says the gate deadline came before a native
+	// sidecar's SIGTERM (its app still runs); the gate holds on to the late
+	// gate deadline (fields after, late_gate_deadline; app_processes and
 	// app_processes_complete with a process view).
 	GateDeadlineLate Event = "gate_deadline_late"
-	// DrainListenersSent: POST /drain_listeners succeeded.
+	// DrainListenersSent says POST /drain_listeners succeeded.
 	DrainListenersSent Event = "drain_listeners_sent"
-	// DrainListenersFailed: an attempt failed (logged once per error).
+	// DrainListenersFailed says an attempt failed (logged once per error).
 	DrainListenersFailed Event = "drain_listeners_failed"
-	// DrainListenersGaveUp: the drain ended before drain_listeners succeeded.
+	// DrainListenersGaveUp says the drain ended before drain_listeners
+	// succeeded.
 	DrainListenersGaveUp Event = "drain_listeners_gave_up"
-	// AppBack: the app came back within the restart grace.
+	// AppBack says the app came back within the restart grace.
 	AppBack Event = "app_back"
-	// AppGone: under --exit-with-app, the app's processes are gone; the
-	// proxy stops after the restart grace unless it comes back (fields
-	// main_exit, app, grace).
+	// AppGone says that, under --exit-with-app, the app's processes are
+	// gone; the proxy stops after the restart grace unless it comes back
+	// (fields main_exit, app, grace).
 	AppGone Event = "app_gone"
-	// AppFailedKept: under --exit-with-app success, the app's main
-	// process failed; the proxy stays for its restart (field main_exit).
+	// AppFailedKept says that, under --exit-with-app success, the app's
+	// main process failed; the proxy stays for its restart (field
+	// main_exit).
 	AppFailedKept Event = "app_failed_kept"
-	// AppSeen: under --exit-with-app, the first app process is seen.
+	// AppSeen says that, under --exit-with-app, the first app process is
+	// seen.
 	AppSeen Event = "app_seen"
-	// AppNotSeenYet: under --exit-with-app, no app process seen since
-	// draind began watching: it waits for one, at most
+	// AppNotSeenYet says that, under --exit-with-app, no app process has
+	// been seen since draind began watching: it waits for one, at most
 	// --app-start-timeout.
 	AppNotSeenYet Event = "app_not_seen_yet"
-	// AppNeverSeen: --app-start-timeout passed without an app process:
+	// AppNeverSeen says --app-start-timeout passed without an app process:
 	// the app is taken as done before draind watched (exit code unknown).
 	AppNeverSeen Event = "app_never_seen"
-	// DeadlineReached: the drain (or prestop) deadline passed with flows
-	// still open.
+	// DeadlineReached says the drain (or prestop) deadline passed with
+	// flows still open.
 	DeadlineReached Event = "deadline_reached"
-	// OpenFlowAtDeadline: one flow still open at the deadline.
+	// OpenFlowAtDeadline names one flow still open at the deadline.
 	OpenFlowAtDeadline Event = "open_flow_at_deadline"
 )
 
 // The agent's events (package agent) and the flow tracker's (package flows).
 const (
-	// ProxyStarted: the proxy's process started.
+	// ProxyStarted says the proxy's process started.
 	ProxyStarted Event = "proxy_started"
-	// EarlyExits: under --exit-with-app, whether the recorder of the pod's
-	// other containers' exits runs from draind's start (pod, or why not).
+	// EarlyExits says, under --exit-with-app, whether the recorder of the
+	// pod's other containers' exits runs from draind's start (pod, or why
+	// not).
 	EarlyExits Event = "early_exits"
-	// SignalReceived: draind received a signal (field signal).
+	// SignalReceived says draind received a signal (field signal).
 	SignalReceived Event = "signal"
-	// Tracker: how sockets are followed (field mode).
+	// Tracker says how sockets are followed (field mode).
 	Tracker Event = "tracker"
-	// AppLiveness: what tells the app is alive (field source).
+	// AppLiveness says what tells the app is alive (field source).
 	AppLiveness Event = "app_liveness"
-	// PodShape: the pod shape draind runs in.
+	// PodShape names the pod shape draind runs in.
 	PodShape Event = "pod_shape"
-	// NetworkNamespace: the pod's network namespace.
+	// NetworkNamespace names the pod's network namespace.
 	NetworkNamespace Event = "network_namespace"
-	// OwnContainer: processes of draind's own container, never the app.
+	// OwnContainer names processes of draind's own container, never the
+	// app.
 	OwnContainer Event = "own_container"
-	// ProxyIsPilotAgent: the proxy is Istio's pilot-agent.
+	// ProxyIsPilotAgent says the proxy is Istio's pilot-agent.
 	ProxyIsPilotAgent Event = "proxy_is_pilot_agent"
-	// DeadlineDecided: the drain deadline and what decided it.
+	// DeadlineDecided names the drain deadline and what decided it.
 	DeadlineDecided Event = "deadline_decided"
-	// GraceWarning: the drain deadline does not fit the default grace period
-	// (field detail).
+	// GraceWarning says the drain deadline does not fit the default grace
+	// period (field detail).
 	GraceWarning Event = "grace_warning"
-	// DeadlinesReconciled: the deadlines given did not fit together and
+	// DeadlinesReconciled says the deadlines given did not fit together and
 	// were changed (field detail).
 	DeadlinesReconciled Event = "deadlines_reconciled"
-	// IstioSetting: an Istio setting draind reads is deprecated or
+	// IstioSetting says an Istio setting draind reads is deprecated or
 	// ignored (field detail).
 	IstioSetting Event = "istio_setting"
-	// Capabilities: draind's capabilities at a stage (field stage).
+	// Capabilities lists draind's capabilities at a stage (field stage).
 	Capabilities Event = "capabilities"
-	// CapabilityMissing: draind lacks a capability it would use after
+	// CapabilityMissing says draind lacks a capability it would use after
 	// start-up (field cap).
 	CapabilityMissing Event = "capability_missing"
-	// ReadinessFromReady: readiness comes from Envoy's GET /ready.
+	// ReadinessFromReady says readiness comes from Envoy's GET /ready.
 	ReadinessFromReady Event = "readiness_from_ready"
-	// NoInboundListener: no Envoy listener is INBOUND: every listener drains.
+	// NoInboundListener says no Envoy listener is INBOUND: every listener
+	// drains.
 	NoInboundListener Event = "no_inbound_listener"
-	// ListenersUnmatched: --exclude-listeners names that match no
+	// ListenersUnmatched lists --exclude-listeners names that match no
 	// listener of Envoy's; kept as stat names (field unmatched).
 	ListenersUnmatched Event = "listeners_unmatched"
-	// ListenersUnread: Envoy's listeners could not be read; listener
+	// ListenersUnread says Envoy's listeners could not be read; listener
 	// names match stat names only.
 	ListenersUnread Event = "listeners_unread"
-	// ArrivalsUncounted: --min-drain auto without an arrival counter
+	// ArrivalsUncounted marks --min-drain auto without an arrival counter
 	// (Envoy's or the kernel's): only the poll sees arrivals.
 	ArrivalsUncounted Event = "arrivals_uncounted"
-	// ExitOnZeroSubsumed: Istio's EXIT_ON_ZERO_ACTIVE_CONNECTIONS is set;
-	// draind's drain does what it asks and more.
+	// ExitOnZeroSubsumed says Istio's EXIT_ON_ZERO_ACTIVE_CONNECTIONS is
+	// set; draind's drain does what it asks and more.
 	ExitOnZeroSubsumed Event = "exit_on_zero_subsumed"
-	// LiveViewStopped: a view live during the drain stopped with an error
-	// (field part).
+	// LiveViewStopped says a view live during the drain stopped with an
+	// error (field part).
 	LiveViewStopped Event = "live_view_stopped"
-	// ListenersExcluded: Envoy listeners excluded from the drain by name.
+	// ListenersExcluded lists Envoy listeners excluded from the drain by
+	// name.
 	ListenersExcluded Event = "listeners_excluded"
-	// Resynced: the flow tracker resynced after lost events.
+	// Resynced says the flow tracker resynced after lost events.
 	Resynced Event = "resynced"
-	// KubeletLags: a native sidecar's late gate deadline came before its
-	// SIGTERM; it holds KubeletLagAllowance more for its app (fields
+	// KubeletLags says a native sidecar's late gate deadline came before
+	// its SIGTERM; it holds KubeletLagAllowance more for its app (fields
 	// after, allowance).
 	KubeletLags Event = "kubelet_lags"
-	// ResyncFailed: the resync after lost events failed; the next loss
+	// ResyncFailed says the resync after lost events failed; the next loss
 	// or snapshot tries again (fields lost, error).
 	ResyncFailed Event = "resync_failed"
-	// TrackerPolls: the eBPF probe failed to attach or failed after
+	// TrackerPolls says the eBPF probe failed to attach or failed after
 	// load; the tracker polls sock_diag instead (field error).
 	TrackerPolls Event = "tracker_polls"
 )
 
 // The pod's Kubernetes Events (package kubeevents, wired by agent).
 const (
-	// KubeEvents: at start, whether draind posts Events on its pod
+	// KubeEvents says, at start, whether draind posts Events on its pod
 	// (fields enabled, pod, namespace, uid, node, or why not).
 	KubeEvents Event = "kube_events"
-	// KubeEventsUnavailable: said once, the pod cannot post Events (field
-	// why: no-api-server, no-service-account-token,
+	// KubeEventsUnavailable says once that the pod cannot post Events
+	// (field why: no-api-server, no-service-account-token,
 	// service-account-files, denied, unreachable).
 	KubeEventsUnavailable Event = "kube_events_unavailable"
-	// KubeEventPostFailed: one Event was not posted (refused, timed out,
-	// or dropped with the queue full; field reason: the Event's).
+	// KubeEventPostFailed says one Event was not posted (refused, timed
+	// out, or dropped with the queue full; field reason: the Event's).
 	KubeEventPostFailed Event = "kube_event_post_failed"
 )
