@@ -86,10 +86,10 @@ type Container struct {
 
 // Coverage says whether a source sees every process of its namespace.
 type Coverage struct {
-	// Complete: the last snapshot saw every process of the namespace, and
-	// events keep the view current. When false, processes may be missing
-	// (never seen) and some that left may linger: a count of zero proves
-	// nothing.
+	// Complete is true when the last snapshot saw every process of the
+	// namespace, and events keep the view current. When false, processes
+	// may be missing (never seen) and some that left may linger: a count of
+	// zero proves nothing.
 	Complete bool
 	// Reason is one line for the log and metrics: how the processes are
 	// found, or why some may be missed.
@@ -137,13 +137,13 @@ type Exit struct {
 	// Process is the process as tracked; PPID is its parent when it
 	// exited (eBPF), or the one it was known by (inferred exits).
 	Process
-	// ParentOutside: its parent was not a process of the namespace. The
-	// app's processes whose parent is outside are its containers' main
-	// processes (the runtime's shim is their parent).
+	// ParentOutside is true when its parent was not a process of the
+	// namespace. The app's processes whose parent is outside are its
+	// containers' main processes (the runtime's shim is their parent).
 	ParentOutside bool
-	// Known: Status is the kernel's. False when the exit was inferred (a
-	// snapshot no longer found the process: its event was lost, or the
-	// backend polls /proc).
+	// Known is true when Status is the kernel's. False when the exit was
+	// inferred (a snapshot no longer found the process: its event was lost,
+	// or the backend polls /proc).
 	Known bool
 	// Status is the wait(2) status its parent reads, when Known.
 	Status ExitStatus
@@ -185,14 +185,14 @@ var Kinds = []Mode{ModeEBPF, ModeProc}
 type Via string
 
 const (
-	// ViaSchedTracepoints: eBPF programs on sched_process_fork, exec and
-	// exit, which run for every process of the node.
+	// ViaSchedTracepoints means eBPF programs on sched_process_fork, exec
+	// and exit, which run for every process of the node.
 	ViaSchedTracepoints Via = "sched-tracepoints"
-	// ViaCgroupEvents: eBPF's snapshot taken again whenever one of the
+	// ViaCgroupEvents means eBPF's snapshot taken again whenever one of the
 	// pod's containers' cgroups empties or fills (WithPodCgroup): nothing
 	// runs for other pods' processes.
 	ViaCgroupEvents Via = "cgroup-events"
-	// ViaProcPolling: /proc read on a period.
+	// ViaProcPolling means /proc read on a period.
 	ViaProcPolling Via = "proc-polling"
 )
 

@@ -14,9 +14,9 @@ import (
 type table struct {
 	rules Rules // the caller's, normalized
 	self  int   // the calling process, as the backend numbers it
-	// translate: rules' pids are in the caller's PID namespace, not the
-	// backend's (eBPF outside the initial PID namespace): they are mapped
-	// through nspids, and dropped when unknown.
+	// translate is true when rules' pids are in the caller's PID namespace,
+	// not the backend's (eBPF outside the initial PID namespace): they are
+	// mapped through nspids, and dropped when unknown.
 	translate bool
 	changed   chan struct{}
 
@@ -37,9 +37,9 @@ type table struct {
 	via       Via    // how changes are followed ("": dormant)
 	viaReason string // why that way
 
-	// dormant: opened WithDormant and not started; refresh then reads
-	// the kernel for each question (refreshMu: one at a time, and not
-	// with Start).
+	// dormant is true while opened WithDormant and not started; refresh
+	// then reads the kernel for each question (refreshMu: one at a time,
+	// and not with Start).
 	dormant   atomic.Bool
 	refreshMu sync.Mutex
 	refresh   func() error // the backend's snapshot, installed

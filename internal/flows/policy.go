@@ -32,10 +32,10 @@ type Policy struct {
 	// the proxy's whatever their uid (e.g. an Envoy not running as
 	// ProxyUID).
 	ProxyPorts []uint16
-	// ProxyRemotePorts: a connection made to a loopback address on one of
-	// these ports is the proxy's (Envoy's admin API: draind's own calls to
-	// it must not count as the app's outbound flows, whatever uid draind
-	// runs under).
+	// ProxyRemotePorts are remote ports that mark the proxy's connections:
+	// a connection made to a loopback address on one of these ports is the
+	// proxy's (Envoy's admin API: draind's own calls to it must not count
+	// as the app's outbound flows, whatever uid draind runs under).
 	ProxyRemotePorts []uint16
 	// ControlPorts are the pod's control-plane ports: Envoy's admin API,
 	// draind's status server, Envoy's status and metrics listeners. A
@@ -44,8 +44,8 @@ type Policy struct {
 	// never as the app's or the proxy's traffic. (Ports are matched on the
 	// listening side only: the other side's port is ephemeral.)
 	ControlPorts []uint16
-	// IdleTimeout: a flow idle for longer stops holding the drain
-	// (keep-alive pools). 0 turns it off.
+	// IdleTimeout is the idle time after which a flow stops holding the
+	// drain (keep-alive pools). 0 turns it off.
 	IdleTimeout time.Duration
 }
 

@@ -84,8 +84,8 @@ type Tracker struct {
 	// How long OpenTracker's two steps took (Opened).
 	probeLoad, firstSnapshot time.Duration
 
-	// live: the table is kept current (events or polls); false while
-	// Dormant, until Start. Set under mu, read anywhere.
+	// live is true when the table is kept current (events or polls); false
+	// while Dormant, until Start. Set under mu, read anywhere.
 	live atomic.Bool
 	// onDemand classifies the sockets of dumps taken while dormant.
 	onDemand *Classifier

@@ -119,10 +119,10 @@ const ReasonNoPodCgroup = "no pod cgroup given (--cgroup-root)"
 type TCPScope string
 
 const (
-	// ScopePodCgroup: only the pod's own sockets (a sock_ops program on
+	// ScopePodCgroup is only the pod's own sockets (a sock_ops program on
 	// the pod's cgroup): other pods pay nothing.
 	ScopePodCgroup TCPScope = "pod-cgroup"
-	// ScopeNode: every TCP state change of the node runs the programs
+	// ScopeNode means every TCP state change of the node runs the programs
 	// (the inet_sock_set_state tracepoint), which return first for another
 	// namespace.
 	ScopeNode TCPScope = "node"
@@ -153,8 +153,8 @@ type TCPEvent struct {
 	Local    netip.AddrPort
 	Remote   netip.AddrPort
 	UID      uint32
-	// More: other events were queued behind this one when it was read:
-	// the reader has not caught up with the kernel.
+	// More reports whether other events were queued behind this one when it
+	// was read: the reader has not caught up with the kernel.
 	More bool
 }
 

@@ -102,8 +102,8 @@ type ProcEvent struct {
 	Task ProcTask
 	// Status is a ProcExit's wait(2) status, as its parent reads it.
 	Status uint32
-	// More: other events were queued behind this one when it was read (a
-	// reader may apply them before acting on the batch).
+	// More reports whether other events were queued behind this one when it
+	// was read (a reader may apply them before acting on the batch).
 	More bool
 }
 
