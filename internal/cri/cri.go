@@ -21,12 +21,14 @@ import (
 
 // Errors callers branch on (errors.Is).
 var (
-	// ErrPodNotFound: no sandbox of that namespace and name in this
+	// ErrPodNotFound means no sandbox of that namespace and name in this
 	// node's runtime: the pod does not exist, or runs on another node.
 	ErrPodNotFound = errors.New("not on this node")
-	// ErrPodNotReady: the pod's sandboxes on this node are all stopped.
+	// ErrPodNotReady means the pod's sandboxes on this node are all
+	// stopped.
 	ErrPodNotReady = errors.New("its sandbox on this node is not ready")
-	// ErrNoRuntime: no socket at the endpoint, or nothing answers there.
+	// ErrNoRuntime means no socket at the endpoint, or nothing answers
+	// there.
 	ErrNoRuntime = errors.New("no container runtime")
 )
 
@@ -93,7 +95,8 @@ type Pod struct {
 	Ready     bool      `json:"ready"`
 	// IP is the pod's address ("" for hostNetwork pods).
 	IP string `json:"ip,omitempty"`
-	// HostNetwork: the pod runs in the node's network namespace.
+	// HostNetwork reports whether the pod runs in the node's network
+	// namespace.
 	HostNetwork bool `json:"host_network,omitempty"`
 	// PID is the sandbox process's PID on the node (0: the runtime did
 	// not say); its /proc/PID/ns/net is the pod's network namespace.
@@ -208,7 +211,8 @@ func (c *Client) Containers(ctx context.Context, pod *Pod) ([]Container, error) 
 	return out, nil
 }
 
-// isGone: the sandbox or container was removed between two calls.
+// isGone reports whether the sandbox or container was removed between two
+// calls.
 func isGone(err error) bool {
 	return status.Code(err) == codes.NotFound
 }

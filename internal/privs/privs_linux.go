@@ -154,15 +154,16 @@ func Drop(keep Set) (Sets, error) {
 // Needs says what draind still does after start-up that a capability may
 // guard.
 type Needs struct {
-	// SignalOtherUID: the proxy runs under a uid other than draind's, and
-	// draind signals it at the stop (SIGTERM, SIGKILL): CAP_KILL.
+	// SignalOtherUID is true when the proxy runs under a uid other than
+	// draind's, and draind signals it at the stop (SIGTERM, SIGKILL):
+	// CAP_KILL.
 	SignalOtherUID bool
-	// BPFObjects: eBPF maps and programs stay open and are read (counters,
-	// program statistics, iterator snapshots after a loss).
+	// BPFObjects is true when eBPF maps and programs stay open and are read
+	// (counters, program statistics, iterator snapshots after a loss).
 	BPFObjects bool
-	// OtherUsersProcs: the /proc poller follows the app's processes, whose
-	// /proc/PID/ns/net it may read only with ptrace access: CAP_SYS_PTRACE
-	// for another uid's.
+	// OtherUsersProcs is true when the /proc poller follows the app's
+	// processes, whose /proc/PID/ns/net it may read only with ptrace
+	// access: CAP_SYS_PTRACE for another uid's.
 	OtherUsersProcs bool
 }
 

@@ -58,7 +58,7 @@ func (p *Process) ShutdownSockets(inodes map[uint32]bool) (int, error) {
 	return shut, errors.Join(errs...)
 }
 
-// ErrNoAccess: draind may not take the proxy's sockets (ptrace access
+// ErrNoAccess means draind may not take the proxy's sockets (ptrace access
 // or seccomp; ShutdownSockets).
 var ErrNoAccess = errors.New("no access to the proxy's sockets (pidfd_getfd needs ptrace access: the same uid, none of the proxy's capabilities dropped, and a seccomp profile that allows it, which RuntimeDefault does only with CAP_SYS_PTRACE)")
 

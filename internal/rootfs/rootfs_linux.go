@@ -14,13 +14,13 @@ import (
 // Errors callers branch on (errors.Is). A missing file wraps
 // fs.ErrNotExist.
 var (
-	// ErrNotRegular: the path names a FIFO, a device, a socket or a
+	// ErrNotRegular means the path names a FIFO, a device, a socket or a
 	// directory.
 	ErrNotRegular = errors.New("not a regular file")
-	// ErrTooLarge: the file holds more than the limit.
+	// ErrTooLarge means the file holds more than the limit.
 	ErrTooLarge = errors.New("larger than the limit")
-	// ErrNoOpenat2: the kernel (before 5.6) or a seccomp filter refuses
-	// openat2.
+	// ErrNoOpenat2 means the kernel (before 5.6) or a seccomp filter
+	// refuses openat2.
 	ErrNoOpenat2 = errors.New("openat2 unavailable")
 )
 
