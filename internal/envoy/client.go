@@ -144,8 +144,9 @@ type request struct {
 	method string
 	path   string
 	query  string
-	// repeatable: safe to send again after a reset or a cut answer (the
-	// request may have reached Envoy). Dial failures are always retried.
+	// repeatable marks a request safe to send again after a reset or a cut
+	// answer (the request may have reached Envoy). Dial failures are always
+	// retried.
 	repeatable bool
 	// accept lists the status codes handed back to the caller; nil means
 	// 200 only. Others become a StatusError.

@@ -79,7 +79,7 @@ type Reporter struct {
 	mu     sync.Mutex
 	last   chan struct{}
 	closed bool
-	// off: the API server said no; nothing more is queued.
+	// off is set once the API server said no; nothing more is queued.
 	off atomic.Bool
 
 	pending, dropped, posted, failed atomic.Int64

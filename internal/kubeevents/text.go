@@ -19,12 +19,12 @@ const (
 // --field-selector reason=...` and alerts match on).
 const (
 	ReasonStarted = "DrainStarted"
-	// ReasonDrained: the gate opened (the app done, Envoy drained) and the
-	// proxy stopped when asked.
+	// ReasonDrained means the gate opened (the app done, Envoy drained) and
+	// the proxy stopped when asked.
 	ReasonDrained = "Drained"
-	// ReasonCut: the deadline ended the drain with work still open.
+	// ReasonCut means the deadline ended the drain with work still open.
 	ReasonCut = "DrainCut"
-	// ReasonIncomplete: the drain ended otherwise uncleanly (the proxy
+	// ReasonIncomplete means the drain ended otherwise uncleanly (the proxy
 	// left on its own, had to be killed, or was stopped by
 	// /quitquitquit).
 	ReasonIncomplete = "DrainIncomplete"
