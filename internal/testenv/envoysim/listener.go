@@ -675,8 +675,8 @@ func (c *conn) requestStarted() {
 	c.mu.Unlock()
 }
 
-// requestDone: a closing HTTP/1.1 connection (drain_timeout passed)
-// closes when its last request ends.
+// requestDone notes that a request ended: a closing HTTP/1.1 connection
+// (drain_timeout passed) closes when its last request ends.
 func (c *conn) requestDone() {
 	if c == nil {
 		return

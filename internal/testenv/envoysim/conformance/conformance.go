@@ -99,41 +99,41 @@ type Op string
 
 // Step operations. Each says which Step fields it reads.
 const (
-	// OpAdmin: Method (default GET) Path → Code, and Body (exact) or
-	// BodyPrefix when set.
+	// OpAdmin is an admin request: Method (default GET) Path → Code, and
+	// Body (exact) or BodyPrefix when set.
 	OpAdmin Op = "admin"
-	// OpDial: Listener → Want "accepted" or "refused" (Within: how long a
-	// change may take to show).
+	// OpDial is a dial: Listener → Want "accepted" or "refused" (Within:
+	// how long a change may take to show).
 	OpDial Op = "dial"
-	// OpOpen: opens connection Conn to Listener with Proto "tcp" (proved
+	// OpOpen opens connection Conn to Listener with Proto "tcp" (proved
 	// with an echo unless the upstream is stuck), "http1" or "h2c".
 	OpOpen Op = "open"
-	// OpRequest: GET Path on Conn → 200 and, for http1, Want "close"
-	// (Connection: close, then the server closes) or "keep-alive"; for
-	// h2c, Want "goaway" (a GOAWAY with last-stream-id 2^31-1 came before
-	// the response's headers) or "no-goaway".
+	// OpRequest is a request: GET Path on Conn → 200 and, for http1, Want
+	// "close" (Connection: close, then the server closes) or "keep-alive";
+	// for h2c, Want "goaway" (a GOAWAY with last-stream-id 2^31-1 came
+	// before the response's headers) or "no-goaway".
 	OpRequest Op = "request"
-	// OpGoAway: on h2c Conn, the final GOAWAY (last-stream-id the last
-	// stream sent, NO_ERROR) comes within Within; with Want "notice", the
-	// first one (last-stream-id 2^31-1, NO_ERROR).
+	// OpGoAway checks that, on h2c Conn, the final GOAWAY (last-stream-id
+	// the last stream sent, NO_ERROR) comes within Within; with Want
+	// "notice", the first one (last-stream-id 2^31-1, NO_ERROR).
 	OpGoAway Op = "goaway"
-	// OpQuiet: nothing comes on Conn for Within (an idle connection is left
-	// alone).
+	// OpQuiet checks that nothing comes on Conn for Within (an idle
+	// connection is left alone).
 	OpQuiet Op = "quiet"
-	// OpFill: writes to Conn until the proxy stops reading, leaving data
+	// OpFill writes to Conn until the proxy stops reading, leaving data
 	// unread in its socket.
 	OpFill Op = "fill"
-	// OpClosed: Conn ends with Want "fin" or "rst" within Within, or "open":
-	// it is still open.
+	// OpClosed checks that Conn ends with Want "fin" or "rst" within
+	// Within, or "open": it is still open.
 	OpClosed Op = "closed"
-	// OpStat: stat Stat (exact name) with UsedOnly → Want "present" (with
-	// Value, if set) or "absent".
+	// OpStat checks stat Stat (exact name) with UsedOnly → Want "present"
+	// (with Value, if set) or "absent".
 	OpStat Op = "stat"
-	// OpSignal: sends SIGTERM and waits for the proxy to exit.
+	// OpSignal sends SIGTERM and waits for the proxy to exit.
 	OpSignal Op = "sigterm"
-	// OpExit: waits for the proxy to exit (after /quitquitquit).
+	// OpExit waits for the proxy to exit (after /quitquitquit).
 	OpExit Op = "exit"
-	// OpSleep: waits Within.
+	// OpSleep waits Within.
 	OpSleep Op = "sleep"
 )
 
