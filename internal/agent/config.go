@@ -269,18 +269,20 @@ func SplitHostPort(addr string) (string, uint16, error) {
 	return host, uint16(n), nil
 }
 
-// istioResolved is what resolveIstio decided, for the log.
+// istioResolved is what applyIstio decided, for the log.
 type istioResolved struct {
 	settings istio.Settings
-	// deadlineFrom names the setting that decided the drain deadline.
-	deadlineFrom string
+	// deadlineFrom names the setting that decided the drain deadline;
+	// statusFrom and adminFrom those that decided StatusAddr and
+	// AdminAddr (Sources).
+	deadlineFrom, statusFrom, adminFrom string
 	// warnings are one line each.
 	warnings []string
 	// exitOnZero: EXIT_ON_ZERO_ACTIVE_CONNECTIONS was set.
 	exitOnZero bool
 }
 
-// pilotAgent says the proxy command is pilot-agent (after resolveIstio).
+// pilotAgent says the proxy command is pilot-agent (after applyIstio).
 func (c *Config) pilotAgent() bool { return c.ProxyKind == istio.ProxyPilotAgent }
 
 // lookupEnv reads a variable through LookupEnv (os.LookupEnv when nil).
@@ -291,24 +293,26 @@ func (c *Config) lookupEnv(key string) (string, bool) {
 	return os.LookupEnv(key)
 }
 
-// resolveIstio applies Istio's settings (README.md, "Istio"): it tells
-// the proxy kind, takes the drain deadline from ProxyConfig
+// resolveIstio is applyIstio on the environment and the annotations file
+// c names (LookupEnv, IstioAnnotations), the file read here.
+func (c *Config) resolveIstio() (istioResolved, error) {
+	return c.applyIstio(c.lookupEnv, ReadAnnotations(c.IstioAnnotations))
+}
+
+// applyIstio applies Istio's settings (README.md, "Istio"), read from
+// the environment lookup and the pod's annotations ann: it tells the
+// proxy kind, takes the drain deadline from ProxyConfig
 // terminationDrainDuration when no draind setting gave one and it is
 // longer (a pod sized for a long drain; a shorter one never cuts draind's
 // default), and, under pilot-agent, leaves pilot-agent its status port and
 // Envoy's admin port as ProxyConfig says, signals pilot-agent alone, and
-// puts draind's status server where no Istio port is. Errors are
-// configuration errors.
-func (c *Config) resolveIstio() (istioResolved, error) {
-	lookup := c.lookupEnv
-	path := c.IstioAnnotations
-	if path == "" {
-		path = istio.PodAnnotations
-	}
+// puts draind's status server where no Istio port is. It reads no file and
+// no variable of its own. Errors are configuration errors.
+func (c *Config) applyIstio(lookup func(string) (string, bool), ann Annotations) (istioResolved, error) {
 	var r istioResolved
 	c.ProxyKind = c.ProxyKind.Of(c.Command)
 	var err error
-	if r.settings, err = istio.Read(lookup, path); err != nil {
+	if r.settings, err = istio.ReadFrom(lookup, ann.Path, ann.read); err != nil {
 		return r, configErr("%v", err)
 	}
 	ist := r.settings
@@ -334,13 +338,18 @@ func (c *Config) resolveIstio() (istioResolved, error) {
 	case ist.TerminationDrainFrom != "":
 		r.deadlineFrom = fmt.Sprintf("default: terminationDrainDuration %s (%s) is not longer, and never shortens the drain", ist.TerminationDrain, ist.TerminationDrainFrom)
 	default:
-		r.deadlineFrom = "default"
+		r.deadlineFrom = fromDefault
 	}
 	c.Drain.Grace = c.GracePeriod
 	if v, ok := lookup(istio.ExitOnZeroEnv); ok {
 		r.exitOnZero, _ = strconv.ParseBool(v) // as Istio reads it; a bad value is Istio's to refuse
 	}
-	c.StatusAddr = istio.StatusAddrOf(c.statusInput(ist)).Addr
+	status := istio.StatusAddrOf(c.statusInput(ist))
+	c.StatusAddr, r.statusFrom = status.Addr, status.From
+	r.adminFrom = fromDefault
+	if c.AdminAddrSet {
+		r.adminFrom = fromAdminAddrGiven
+	}
 	if !c.pilotAgent() {
 		return r, nil
 	}
@@ -350,6 +359,7 @@ func (c *Config) resolveIstio() (istioResolved, error) {
 	c.Drain.ProxyExitStands = true
 	if !c.AdminAddrSet && ist.AdminPortSet {
 		c.AdminAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(ist.AdminPort)))
+		r.adminFrom = fromIstioAdminPort
 	}
 	if _, p, err := SplitHostPort(c.StatusAddr); c.StatusAddrSet && err == nil && p == ist.StatusPort {
 		return r, configErr("--status-addr %s: port %d is pilot-agent's status port (ProxyConfig statusPort%s): it serves Istio's readiness and the app probes Istio rewrote; leave --status-addr unset (draind then takes %d) or pick another",

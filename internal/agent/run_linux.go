@@ -6,13 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"os/signal"
 	"runtime"
 	"runtime/debug"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -70,7 +68,7 @@ type agent struct {
 // drains on SIGTERM/SIGINT or POST /drain, until the proxy is stopped.
 // Cancelling ctx stops the proxy at once (no drain). Errors are start-up
 // failures; a *ConfigError is the operator's to fix.
-func Run(ctx context.Context, cfg Config) (res Result, err error) {
+func Run(ctx context.Context, cfg Config) (Result, error) {
 	begun := time.Now()
 	if err := cfg.Validate(); err != nil {
 		return Result{}, err
@@ -80,22 +78,19 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if _, err := capsUnsupported(privs.Supported(), cfg.lookupEnv); err != nil {
 		return Result{}, err
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = zap.NewNop()
-	}
-	ist, err := cfg.resolveIstio()
+	r, err := Resolve(cfg, cfg.lookupEnv, ReadAnnotations(cfg.IstioAnnotations))
 	if err != nil {
 		return Result{}, err
 	}
-	if d, warn := cfg.Drain.Reconcile(cfg.DeadlineSet); warn != "" {
-		cfg.Drain = d
-		log.Warn("deadlines reconciled", logevent.DeadlinesReconciled.Field(), zap.String("detail", warn))
-	}
-	logIstio(log, &cfg, ist)
-	if warn := cfg.Drain.GraceWarning(cfg.GracePeriod); warn != "" {
-		log.Warn("drain deadline past the grace period", logevent.GraceWarning.Field(), zap.String("detail", warn))
-	}
+	return run(ctx, r, begun)
+}
+
+// run wires the parts of a resolved configuration and runs the drain
+// machine (Run; begun: when Run began).
+func run(ctx context.Context, r Resolved, begun time.Time) (res Result, err error) {
+	cfg := r.Config
+	log := cmp.Or(cfg.Logger, zap.NewNop())
+	r.log(log)
 	a := &agent{cfg: cfg, log: log}
 	if os.Getenv("GOGC") == "" {
 		// The heap is mostly the flow table, which makes no garbage once
@@ -157,8 +152,8 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		ExcludePorts: cfg.ExcludePorts, IdleTimeout: cfg.Drain.IdleTimeout}
 	if cfg.pilotAgent() {
 		// draind's readiness asks pilot-agent's over loopback.
-		pod.ProxyLoopbackPorts = []uint16{ist.settings.StatusPort}
-		a.pilotAgent = istio.NewReadiness(ist.settings.StatusPort)
+		pod.ProxyLoopbackPorts = []uint16{r.Istio.StatusPort}
+		a.pilotAgent = istio.NewReadiness(r.Istio.StatusPort)
 		closers = append(closers, a.pilotAgent.Close)
 	}
 	client := envoy.New(cfg.AdminAddr, envoy.WithTimeout(time.Second), envoy.WithExclude(envoy.ExcludeSet{Ports: cfg.ExcludePorts, Names: cfg.ExcludeListeners}))
@@ -288,7 +283,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	tracking := &liveViews{a: a, ctx: runCtx, wg: &wg}
 	parts := drain.Parts{Flows: fv, Admin: a.admin, Proxy: a.proxy, Log: log, Begun: begun, Tracking: tracking}
 	if cfg.Drain.MinDrainAuto {
-		ac := arrivalsConfig{probePorts: portSet(append(pod.ControlPorts(), cfg.ProbePorts...)), nodeIP: a.nodeIP()}
+		ac := arrivalsConfig{probePorts: portSet(append(pod.ControlPorts(), cfg.ProbePorts...)), nodeIP: r.NodeIP}
 		if cfg.pilotAgent() {
 			ac.outbound = envoy.IstioOutbound()
 		}
@@ -341,19 +336,6 @@ func signalAction(sig os.Signal) string {
 	return "drain"
 }
 
-// NodeIPEnv is the node's address as the downward API gives it
-// (status.hostIP): Istio's injected proxy has it, and so do deploy/'s
-// manifests. The out-of-rotation rule counts connections from it as the
-// node's.
-const NodeIPEnv = "HOST_IP"
-
-// nodeIP is NodeIPEnv's address (zero: unset or not an address).
-func (a *agent) nodeIP() netip.Addr {
-	v, _ := a.cfg.lookupEnv(NodeIPEnv)
-	ip, _ := netip.ParseAddr(strings.TrimSpace(v))
-	return ip
-}
-
 // startEvents starts the reporter of the pod's Kubernetes Events (nil:
 // none), saying once why not when it cannot post: not in a cluster, no
 // service account token, or its files unreadable. A denied or
@@ -393,26 +375,6 @@ func (a *agent) flushEvents(r *kubeevents.Reporter) {
 	all := r.Flush(wait)
 	a.log.Info("kubernetes events at exit", logevent.KubeEvents.Field(), zap.Bool("all_posted", all), zap.Duration("waited", time.Since(t0)),
 		zap.Int64("posted", r.Posted()), zap.Int64("failed", r.Failed()), zap.Int64("dropped", r.Dropped()))
-}
-
-// logIstio says what Istio's settings decided: the drain deadline and
-// which setting gave it, the warnings, and under pilot-agent the ports.
-func logIstio(log *zap.Logger, cfg *Config, ist istioResolved) {
-	for _, w := range ist.warnings {
-		log.Warn("Istio setting", logevent.IstioSetting.Field(), zap.String("detail", w))
-	}
-	log.Info("drain deadline", logevent.DeadlineDecided.Field(), zap.Duration("deadline", cfg.Drain.Deadline), zap.String("decided_by", ist.deadlineFrom))
-	if ist.exitOnZero {
-		// draind always waits for the drained connections and the app's work.
-		log.Info("EXIT_ON_ZERO_ACTIVE_CONNECTIONS is subsumed", logevent.ExitOnZeroSubsumed.Field(), zap.String("env", istio.ExitOnZeroEnv), zap.Duration("min_drain", cfg.Drain.MinDrain), zap.Duration("deadline", cfg.Drain.Deadline))
-	}
-	if cfg.pilotAgent() {
-		// It keeps its status port; draind signals its PID alone and
-		// stops Envoy through Envoy's admin API.
-		log.Info("proxy is pilot-agent", logevent.ProxyIsPilotAgent.Field(),
-			zap.Uint16("pilot_agent_status_port", ist.settings.StatusPort), zap.String("status_port_from", cmp.Or(ist.settings.StatusPortFrom, "default")),
-			zap.String("status_addr", cfg.StatusAddr), zap.String("admin_addr", cfg.AdminAddr))
-	}
 }
 
 // defaultGCPercent is draind run's GOGC unless the environment sets one.
