@@ -107,6 +107,45 @@ func TestLateStopNativeSidecar(t *testing.T) {
 	}
 }
 
+// A native sidecar whose pod's grace period is spent before its app's
+// SIGTERM (the app's own preStop held it, or the kubelet lagged under a
+// burst of deletions): the kubelet then SIGTERMs the app and the sidecar
+// together, the sidecar's wait for its turn over, and SIGKILLs both 2 s
+// later. Past its gate deadline (4.5 s, as above), draind takes that
+// SIGTERM with the app still running as the grace period spent
+// (drain.GraceSpent): the proxy stays for the app's last calls (11, 65 ms
+// apart) and stops once the app has exited, inside the kubelet's 2 s.
+func TestLateStopGraceSpent(t *testing.T) {
+	p := newPod(t)
+	p.startApp("--on-term", "graceful", "--outbound-count", "11", "--outbound-pause", "65ms")
+	p.startDraind([]string{"--min-drain", "1s", "--drain-deadline", "14s", "--stop-timeout", "4s", "--tracker", "ebpf", "--app-procs", "ebpf"})
+	p.wantSources("ebpf", "ebpf")
+
+	if code, out := p.nativeHook(); code != 0 {
+		t.Fatalf("draind drain: exit %d (%s)", code, out)
+	}
+	p.waitLog(10*time.Second, logevent.GateDeadlineLate, nil)
+	termAt := time.Now()
+	p.app.Signal(syscall.SIGTERM)
+	p.draind.Signal(syscall.SIGTERM)
+	if !p.app.wait(20 * time.Second) {
+		t.Fatal("the app did not exit")
+	}
+	p.drainedAt = termAt
+	exit, took := p.waitExit(10 * time.Second)
+	ok, closed, fail, appExit := p.appCalls()
+	spent := p.waitLog(time.Second, logevent.GraceSpent, nil)
+	quit := p.phaseTime("stopping")
+	t.Logf("grace period spent: %d calls ok, %d failed; app exited %s after the SIGTERM; hold %v; quitquitquit %s after the app's exit; draind exit %d %s after the SIGTERM",
+		ok, fail, appExit.Sub(termAt), spent["hold"], quit.Sub(appExit), exit, took)
+	if ok != 11 || closed != 0 || fail != 0 {
+		t.Errorf("outbound calls: %d ok, %d told to close, %d failed; want 11, 0, 0", ok, closed, fail)
+	}
+	if quit.Before(appExit) || exit != 0 {
+		t.Errorf("quit at %s, the app's exit at %s; exit %d; log:\n%s", quit, appExit, exit, p.draindLog.String())
+	}
+}
+
 // A Job with a classic sidecar and --exit-with-app: the app works 2 s and
 // exits; no app change, no quitquitquit call from it.
 func TestJobExitWithApp(t *testing.T) {

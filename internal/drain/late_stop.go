@@ -106,6 +106,24 @@ func (c Config) lateEnd() time.Duration {
 // allowance bounds a SIGTERM that never comes (a drain asked by hand).
 const KubeletLagAllowance = 30 * time.Second
 
+// GraceSpent reports whether a native sidecar's SIGTERM past its gate
+// deadline, taken with in, came with the pod's grace period spent: an app
+// process still runs. The kubelet SIGTERMs a sidecar before its app has
+// exited only once the grace period is over (kuberuntime's waitForTurn),
+// the app's own SIGTERM often just as late (its preStop, or the kubelet
+// lagging), and SIGKILLs both KubeletSidecarGrace later. (A classic
+// sidecar drained by the hook gets its SIGTERM right after it, before
+// any gate deadline, the app running.)
+func GraceSpent(in GateInput) bool {
+	return in.ProcView != ProcsUnseen && in.AppProcs > 0
+}
+
+// GraceSpentHold is how long after a SIGTERM with the grace period spent
+// (GraceSpent) the gate holds for the app's last calls through the proxy:
+// the stop's quit, the proxy's exit and the SIGKILL step then still fit in
+// KubeletSidecarGrace. The app exits sooner: the gate opens then.
+const GraceSpentHold = KubeletSidecarGrace - 2*KillWait
+
 // lateState is the loop's state for the late stop.
 type lateState struct {
 	// lagging is set once the late gate deadline came with the SIGTERM
@@ -172,7 +190,9 @@ func (m *Machine) holdPastLateGateDeadline() bool {
 
 // lateAppGone runs after each evaluation that left the gate shut: past the
 // gate deadline only the app held, and once it is gone (the SIGTERM, or
-// seen gone) the gate gets LateAppGoneWait, then the deadline's stop.
+// seen gone) the gate gets LateAppGoneWait, then the deadline's stop. A
+// SIGTERM with an app process still running (GraceSpent) gets
+// GraceSpentHold from the SIGTERM instead.
 func (m *Machine) lateAppGone() {
 	if !m.late.held || m.native.awaitSignal || m.late.appGone {
 		return
@@ -182,6 +202,11 @@ func (m *Machine) lateAppGone() {
 	wait := LateAppGoneWait
 	if !m.late.lagging {
 		wait = max(0, min(wait, m.cfg.LateGateDeadline()-time.Since(m.started)))
+	}
+	if in, _ := m.baseInput(); !m.native.signalAt.IsZero() && GraceSpent(in) {
+		wait = max(0, time.Until(m.native.signalAt.Add(GraceSpentHold)))
+		m.log.Warn("SIGTERM with the app running: grace period spent", logevent.GraceSpent.Field(),
+			zap.Int("app_processes", in.AppProcs), zap.Duration("since_drain", time.Since(m.started)), zap.Duration("hold", wait))
 	}
 	m.end.deadline = time.NewTimer(wait)
 }

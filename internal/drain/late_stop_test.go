@@ -27,6 +27,26 @@ func TestPastGateDeadline(t *testing.T) {
 	}
 }
 
+func TestGraceSpent(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   GateInput
+		want bool
+	}{
+		{"an app process still running", GateInput{ProcView: ProcsComplete, AppProcs: 1}, true},
+		{"seen in a partial view", GateInput{ProcView: ProcsPartial, AppProcs: 2}, true},
+		{"every app process gone", GateInput{ProcView: ProcsComplete}, false},
+		{"no process view: the SIGTERM says the app exited", GateInput{ProcView: ProcsUnseen, AppListeners: 1}, false},
+	} {
+		if got := GraceSpent(tc.in); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if GraceSpentHold+2*KillWait > KubeletSidecarGrace {
+		t.Errorf("hold %s: the quit, the exit and the SIGKILL step no longer fit in the kubelet's %s", GraceSpentHold, KubeletSidecarGrace)
+	}
+}
+
 func TestLateStopReserveFits(t *testing.T) {
 	c := DefaultConfig()
 	if c.LateGateDeadline() <= c.GateDeadline() || c.LateGateDeadline()+c.LateStopReserve() != GracePeriod {
@@ -170,6 +190,47 @@ func TestLateStop(t *testing.T) {
 		r.notDone(time.Second)
 		r.m.Trigger(CauseSignal)
 		r.wantResult(r.result(), 0, true, "drained")
+	}))
+	// The grace period spent: the kubelet SIGTERMs the sidecar at its end
+	// with the app still running (its SIGTERM came as late), and SIGKILLs
+	// both 2 s later. The proxy stays for the app's last calls.
+	t.Run("the SIGTERM with the app running: it exits in the hold", inBubble(func(t *testing.T) {
+		r := newRig(t, withConfig(deadline))
+		r.waitPhase(Ready)
+		start := time.Now()
+		r.m.Trigger(CausePreStop)
+		r.waitPhase(Gating)
+		time.Sleep(r.m.Config().GateDeadline() + 10*time.Millisecond)
+		r.notDone(time.Second)
+		sigAt := time.Since(start)
+		r.m.Trigger(CauseSignal)
+		r.notDone(GraceSpentHold - 100*time.Millisecond)
+		if r.count(logevent.GraceSpent) != 1 {
+			t.Fatalf("no grace_spent line; log:\n%s", r.log())
+		}
+		r.apps.exit()
+		r.wantResult(r.result(), 0, true, "drained")
+		if took := time.Since(start) - sigAt; took > KubeletSidecarGrace {
+			t.Errorf("ended %s after the SIGTERM, past the kubelet's %s", took, KubeletSidecarGrace)
+		}
+	}))
+	t.Run("the SIGTERM with the app running: the hold ends it", inBubble(func(t *testing.T) {
+		r := newRig(t, withConfig(deadline), setup(func(r *rig) { r.proxy.noExitOn = true }))
+		r.waitPhase(Ready)
+		start := time.Now()
+		r.m.Trigger(CausePreStop)
+		r.waitPhase(Gating)
+		time.Sleep(r.m.Config().GateDeadline() + 10*time.Millisecond)
+		r.notDone(time.Second)
+		sigAt := time.Since(start)
+		r.m.Trigger(CauseSignal)
+		r.wantResult(r.result(), 137, false, "deadline")
+		if st := r.m.State(); st.End == nil || st.End.Took != sigAt+GraceSpentHold {
+			t.Errorf("stopping began %v after the trigger, want %s after the SIGTERM (%s)", st.End, GraceSpentHold, sigAt)
+		}
+		if took := time.Since(start) - sigAt; took > KubeletSidecarGrace {
+			t.Errorf("ended %s after the SIGTERM, past the kubelet's %s", took, KubeletSidecarGrace)
+		}
 	}))
 	t.Run("without SIGTERM the late stop ends after the lag allowance", inBubble(func(t *testing.T) {
 		// The app never exits, and no SIGTERM comes (the kubelet sends it

@@ -163,6 +163,11 @@ const (
 	// its SIGTERM; it holds KubeletLagAllowance more for its app (fields
 	// after, allowance).
 	KubeletLags Event = "kubelet_lags"
+	// GraceSpent says a native sidecar's SIGTERM came with an app process
+	// still running: the kubelet's grace period is spent, and the gate
+	// holds for the app GraceSpentHold at most (fields app_processes,
+	// since_drain, hold).
+	GraceSpent Event = "grace_spent"
 	// ResyncFailed says the resync after lost events failed; the next loss
 	// or snapshot tries again (fields lost, error).
 	ResyncFailed Event = "resync_failed"
