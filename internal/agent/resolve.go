@@ -131,9 +131,9 @@ func Resolve(cfg Config, env func(string) (string, bool), ann Annotations) (Reso
 		r.Sources.GracePeriod = cmp.Or(cfg.GracePeriodSource, "--grace-period")
 	}
 	// A change Reconcile makes without a word (the default ceiling cut to
-	// a short deadline) is not applied, as Run never applied it: the gate
-	// deadline comes before that ceiling anyway.
-	if d, warn := cfg.Drain.Reconcile(cfg.DeadlineSet); warn != "" {
+	// a short deadline) applies too: the drain's start line then shows the
+	// ceiling the gate deadline allows.
+	if d, warn := cfg.Drain.Reconcile(cfg.DeadlineSet); d != cfg.Drain {
 		for _, c := range []struct {
 			name    string
 			changed bool

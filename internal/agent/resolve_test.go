@@ -58,6 +58,14 @@ func TestResolve(t *testing.T) {
 	fixedMinDrain := func(c *Config) { c.Drain.MinDrainAuto, c.Drain.MinDrain = false, 30*time.Second }
 	ceiling := func(c *Config) { c.Drain.RotationCeiling, c.Drain.RotationCeilingSet = 30*time.Second, true }
 	proxyConfig := func(doc string) map[string]string { return map[string]string{istio.ProxyConfigEnv: doc} }
+	// deadline20 is a 20 s deadline's resolution: the default ceiling is
+	// cut, without a word, to what its gate deadline allows.
+	deadline20 := func(w *resolveWant, from string) {
+		short := drain.DefaultConfig()
+		short.Deadline = 20 * time.Second
+		w.deadline, w.src.Deadline = short.Deadline, from
+		w.ceiling, w.src.Reconciled = short.GateDeadline(), []string{ReconciledCeiling}
+	}
 
 	tests := []struct {
 		name string
@@ -77,12 +85,13 @@ func TestResolve(t *testing.T) {
 		// terminationDrainDuration, the default.
 		{name: "--drain-deadline beats terminationDrainDuration", cmd: pa, set: []func(*Config){deadline(20*time.Second, "--drain-deadline")},
 			env:  proxyConfig(`{"terminationDrainDuration":"40s"}`),
-			want: want(func(w *resolveWant) { pilotAgent(w); w.deadline, w.src.Deadline = 20*time.Second, "--drain-deadline" })},
+			want: want(func(w *resolveWant) { pilotAgent(w); deadline20(w, "--drain-deadline") })},
 		{name: "DRAIND_DRAIN_DEADLINE", cmd: "envoy", set: []func(*Config){deadline(20*time.Second, "DRAIND_DRAIN_DEADLINE")},
-			want: want(func(w *resolveWant) { w.deadline, w.src.Deadline = 20*time.Second, "DRAIND_DRAIN_DEADLINE" })},
+			want: want(func(w *resolveWant) { deadline20(w, "DRAIND_DRAIN_DEADLINE") })},
 		{name: "TERMINATION_DRAIN_DURATION_SECONDS, deprecated", cmd: "envoy", set: []func(*Config){deadline(20*time.Second, istio.TerminationDrainEnv)},
 			want: want(func(w *resolveWant) {
-				w.deadline, w.src.Deadline, w.warnings = 20*time.Second, istio.TerminationDrainEnv, []logevent.Event{logevent.IstioSetting}
+				deadline20(w, istio.TerminationDrainEnv)
+				w.warnings = []logevent.Event{logevent.IstioSetting}
 			})},
 		{name: "terminationDrainDuration 40s (PROXY_CONFIG)", cmd: pa, env: proxyConfig(`{"terminationDrainDuration":"40s"}`),
 			want: want(func(w *resolveWant) {
