@@ -694,7 +694,8 @@ func terminationSummary(t *testing.T, st rolloutStrategy, pods []*podLife, t0 ti
 			// timeline says when, these lines say why.
 			for _, l := range strings.Split(p.log(p.proxy), "\n") {
 				if strings.Contains(l, `"level":"warn"`) || strings.Contains(l, `"event":"phase"`) || strings.Contains(l, `"event":"gate_holds"`) ||
-					strings.Contains(l, `"event":"app_gone_ends_await"`) || strings.Contains(l, `"event":"gate_deadline_late"`) || strings.Contains(l, `"event":"sigterm_after_prestop"`) {
+					strings.Contains(l, `"event":"app_gone_ends_await"`) || strings.Contains(l, `"event":"gate_deadline_late"`) || strings.Contains(l, `"event":"sigterm_after_prestop"`) ||
+					strings.Contains(l, `"event":"signal"`) || strings.Contains(l, `"event":"sigterm_ends_min_drain"`) {
 					t.Logf("    %s draind: %s", p.name, l)
 				}
 			}
