@@ -34,30 +34,33 @@ type AppState uint8
 
 // The app's states under --exit-with-app.
 const (
-	// AppUntold: the view cannot prove the app gone (no complete view).
+	// AppUntold means the view cannot prove the app gone (no complete
+	// view).
 	AppUntold AppState = iota
-	// AppRunning: it has processes.
+	// AppRunning means it has processes.
 	AppRunning
-	// AppSucceeded: gone, its main process exited 0.
+	// AppSucceeded means the app is gone, its main process exited 0.
 	AppSucceeded
-	// AppFailed: gone after a failure (non-zero, a signal), under any.
+	// AppFailed means the app is gone after a failure (non-zero, a signal),
+	// under any.
 	AppFailed
-	// AppFailedKept: gone after a failure under success: kept for the
-	// kubelet's restart (restartPolicy OnFailure).
+	// AppFailedKept means the app is gone after a failure under success:
+	// kept for the kubelet's restart (restartPolicy OnFailure).
 	AppFailedKept
-	// AppExitUnknown: gone, its main process's exit status unknown (an
-	// exit inferred from a snapshot after lost events, /proc's polling).
+	// AppExitUnknown means the app is gone, its main process's exit status
+	// unknown (an exit inferred from a snapshot after lost events, /proc's
+	// polling).
 	AppExitUnknown
-	// AppNeverSeen: no app process now and no main exit since draind began
-	// watching. It has not started yet, or it ran and left before draind
-	// could watch (an app container started next to draind, shorter than
-	// draind's start-up): nothing in the kernel tells the two apart. A
+	// AppNeverSeen means no app process now and no main exit since draind
+	// began watching. It has not started yet, or it ran and left before
+	// draind could watch (an app container started next to draind, shorter
+	// than draind's start-up): nothing in the kernel tells the two apart. A
 	// process taken for the app for a moment and then for another
 	// container's (one exec'd into the proxy's container enters the pod's
 	// network namespace before its mount namespace) changes nothing.
 	AppNeverSeen
-	// AppNotStarted: never seen, and --app-start-timeout is 0: the app is
-	// awaited without limit.
+	// AppNotStarted means the app was never seen, and --app-start-timeout
+	// is 0: the app is awaited without limit.
 	AppNotStarted
 )
 
@@ -75,7 +78,8 @@ func (s AppState) String() string {
 
 // Completion is one verdict of AppCompletion.
 type Completion struct {
-	// Done: the app's work is over, once it has stayed so for After.
+	// Done is true when the app's work is over, once it has stayed so for
+	// After.
 	Done  bool
 	After time.Duration
 	// Seq is the main exit the verdict rests on (0: none). With State it

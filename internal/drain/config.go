@@ -18,13 +18,14 @@ type Config struct {
 	// RotationCeiling.
 	MinDrainAuto                   bool
 	RotationFloor, RotationCeiling time.Duration
-	// RotationCeilingSet: the ceiling was chosen (--min-drain-ceiling),
-	// so Reconcile says when the deadline cuts it; the default ceiling is
-	// cut to a shorter deadline without a word.
+	// RotationCeilingSet is true when the ceiling was chosen
+	// (--min-drain-ceiling), so Reconcile says when the deadline cuts it;
+	// the default ceiling is cut to a shorter deadline without a word.
 	RotationCeilingSet bool
 	// Settle is how long the gate must stay open before the proxy stops.
 	Settle time.Duration
-	// IdleTimeout: a flow idle longer stops holding the drain (0: off).
+	// IdleTimeout is the idle time after which a flow stops holding the
+	// drain (0: off).
 	IdleTimeout time.Duration
 	// AppExit is the --app-exit policy; Gateway drains every listener and
 	// waits for no app.

@@ -21,13 +21,13 @@ const (
 type ProcView uint8
 
 const (
-	// ProcsUnseen: no process tracking (no eBPF and no shared PID
+	// ProcsUnseen means no process tracking (no eBPF and no shared PID
 	// namespace, a hostNetwork pod, or --app-procs off).
 	ProcsUnseen ProcView = iota
-	// ProcsComplete: every process of the namespace is seen.
+	// ProcsComplete means every process of the namespace is seen.
 	ProcsComplete
-	// ProcsPartial: processes are seen, but the kernel could not promise
-	// all of them (a truncated walk): a count of zero is not proof.
+	// ProcsPartial means processes are seen, but the kernel could not
+	// promise all of them (a truncated walk): a count of zero is not proof.
 	ProcsPartial
 )
 
@@ -47,12 +47,12 @@ type GateInput struct {
 	// The kernel's view of the app's sockets.
 	AppListeners int
 	AppHolding   int // app flows holding the drain (idle-expired excluded)
-	// SocketsOnlyUntil: with no process view (ProcsUnseen), an app with no
-	// socket open is not done before then (SocketsOnly): between two of
-	// its connections it has none, and nothing else shows it alive. Zero:
-	// no such hold.
+	// SocketsOnlyUntil is the time before which, with no process view
+	// (ProcsUnseen), an app with no socket open is not done (SocketsOnly):
+	// between two of its connections it has none, and nothing else shows it
+	// alive. Zero: no such hold.
 	SocketsOnlyUntil time.Time
-	// NoProxy: there is no Envoy to wait for (prestop).
+	// NoProxy is true when there is no Envoy to wait for (prestop).
 	NoProxy bool
 	// EnvoyKnown is set when the admin API answered with listener gauges;
 	// EnvoyActive is then the sum of downstream_cx_active over the traffic
@@ -70,10 +70,10 @@ type GateInput struct {
 	// was gone, with nothing left to deliver (flows.Idle); the idle-expired
 	// ones count too. The machine sets it only from such a snapshot.
 	DownstreamParked int
-	// AwaitSignal: the drain began at a native sidecar's preStop hook, and
-	// the kubelet's SIGTERM (sent once every app container has exited) has
-	// not come yet, nor has the app been seen gone (AppSeenGone): the
-	// sidecar stays until one of them does.
+	// AwaitSignal is true when the drain began at a native sidecar's
+	// preStop hook, and the kubelet's SIGTERM (sent once every app
+	// container has exited) has not come yet, nor has the app been seen
+	// gone (AppSeenGone): the sidecar stays until one of them does.
 	AwaitSignal bool
 }
 
@@ -213,8 +213,8 @@ func AppDone(in GateInput) (bool, Hold) {
 	return true, Hold{}
 }
 
-// socketsOnlyHeld: the app, seen only by its sockets, has none open before
-// SocketsOnlyUntil.
+// socketsOnlyHeld reports whether the app, seen only by its sockets, has
+// none open before SocketsOnlyUntil.
 func socketsOnlyHeld(in GateInput) bool {
 	return in.ProcView == ProcsUnseen && in.Now.Before(in.SocketsOnlyUntil)
 }
@@ -227,9 +227,9 @@ func socketsOnlyHeld(in GateInput) bool {
 // jiffy-grained times.
 const ParkedAfter = 200 * time.Millisecond
 
-// AppGone: the app is done and nothing listens behind Envoy any more, so a
-// request Envoy receives now can only fail (a 503). Never for a gateway,
-// whose upstreams live elsewhere.
+// AppGone reports whether the app is done and nothing listens behind Envoy
+// any more, so a request Envoy receives now can only fail (a 503). Never
+// for a gateway, whose upstreams live elsewhere.
 func AppGone(in GateInput) bool {
 	if in.Gateway || in.AppListeners > 0 {
 		return false
@@ -238,10 +238,10 @@ func AppGone(in GateInput) bool {
 	return done
 }
 
-// AppSeenGone: every process of the app is seen gone, in a view that
-// proves it (ProcsComplete), and nothing of it listens or holds. A native
-// sidecar's SIGTERM says the same (the kubelet sends it once every app
-// container has exited), only later: the kubelet's turn to stop the
+// AppSeenGone reports whether every process of the app is seen gone, in a
+// view that proves it (ProcsComplete), and nothing of it listens or holds.
+// A native sidecar's SIGTERM says the same (the kubelet sends it once every
+// app container has exited), only later: the kubelet's turn to stop the
 // sidecar came 0.03–0.7 s after the app's exit in `make bench-rollout`, a
 // wait in which Envoy could only answer 503. A view that cannot prove it
 // (sockets only: an idle app has none; a partial walk) waits for the
@@ -251,14 +251,14 @@ func AppSeenGone(in GateInput) bool {
 	return in.ProcView == ProcsComplete && in.AppProcs == 0 && AppGone(in)
 }
 
-// EnvoyDrained: downstream_cx_active is 0, or every downstream flow the
-// kernel still sees is idle past --idle-timeout, or, the app being gone,
-// parked (a client's pooled keep-alive: Envoy's drain closes an HTTP/1.1
-// connection only after its next request, which would now get a 503;
-// stopping Envoy closes it, and the client's next request goes to another
-// pod). When the admin API does not answer, or Envoy keeps no listener
-// gauges, the kernel's view of Envoy's downstream sockets decides alone
-// (an admin that hangs must not hold the pod).
+// EnvoyDrained reports whether downstream_cx_active is 0, or every
+// downstream flow the kernel still sees is idle past --idle-timeout, or,
+// the app being gone, parked (a client's pooled keep-alive: Envoy's drain
+// closes an HTTP/1.1 connection only after its next request, which would
+// now get a 503; stopping Envoy closes it, and the client's next request
+// goes to another pod). When the admin API does not answer, or Envoy keeps
+// no listener gauges, the kernel's view of Envoy's downstream sockets
+// decides alone (an admin that hangs must not hold the pod).
 func EnvoyDrained(in GateInput) (bool, Hold) {
 	if in.NoProxy || in.EnvoyKnown && in.EnvoyActive == 0 {
 		return true, Hold{}

@@ -32,13 +32,13 @@ type Cause int32
 // Causes. CauseNone means no drain has started.
 const (
 	CauseNone Cause = iota
-	// CauseSignal: SIGTERM or SIGINT (the kubelet's termination).
+	// CauseSignal is SIGTERM or SIGINT (the kubelet's termination).
 	CauseSignal
-	// CausePOST: POST /drain from a caller in the pod.
+	// CausePOST is POST /drain from a caller in the pod.
 	CausePOST
-	// CausePreStop: `draind drain`, the native sidecar's preStop hook.
+	// CausePreStop is `draind drain`, the native sidecar's preStop hook.
 	CausePreStop
-	// CauseAppDone: the app's last process exited (--exit-with-app).
+	// CauseAppDone means the app's last process exited (--exit-with-app).
 	CauseAppDone
 )
 

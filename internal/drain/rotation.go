@@ -18,10 +18,10 @@ import (
 
 // Defaults of the adaptive wait, each in this one place.
 const (
-	// DefaultRotationFloor: the fastest endpoint removal measured (the
-	// real cluster: kube-proxy's rule gone 0.1 s after SIGTERM) is ten
-	// times shorter; a pod whose clients pause right at the trigger still
-	// waits this long.
+	// DefaultRotationFloor is the shortest wait: the fastest endpoint
+	// removal measured (the real cluster: kube-proxy's rule gone 0.1 s
+	// after SIGTERM) is ten times shorter; a pod whose clients pause right
+	// at the trigger still waits this long.
 	DefaultRotationFloor = time.Second
 	// DefaultRotationCeiling bounds the wait however slow the pod's
 	// traffic (and a pod with none): it leaves 4.5 s of the default gate
@@ -31,9 +31,9 @@ const (
 	// Poisson arrivals a gap longer than k means comes with probability
 	// e^-k (e^-8 = 3.4e-4).
 	QuietGaps = 8
-	// QuietMargin: a silence as long as one already seen to end in a new
-	// connection since the trigger is no proof; the window is at least
-	// this many times the longest gap seen since the trigger.
+	// QuietMargin widens the window: a silence as long as one already seen
+	// to end in a new connection since the trigger is no proof; the window
+	// is at least this many times the longest gap seen since the trigger.
 	QuietMargin = 2
 	// MinQuiet is the shortest window: scheduling noise on the clients'
 	// side and the kernel's event path make shorter silences meaningless.
@@ -94,21 +94,21 @@ type PeerKind uint8
 // Kinds of peer. A probe is told by its target (a probe port), not by its
 // source: every other kind counts as traffic.
 const (
-	// PeerPod: an address on the pod's own link (another pod on the node's
-	// bridge).
+	// PeerPod is an address on the pod's own link (another pod on the
+	// node's bridge).
 	PeerPod PeerKind = iota + 1
-	// PeerNode: the node, by the pod's default gateway or the node's own
+	// PeerNode is the node, by the pod's default gateway or the node's own
 	// address: what the node forwards with masquerade (a NodePort, a
 	// ClusterIP from the node, a hostNetwork pod).
 	PeerNode
-	// PeerOther: any other address: an outside client kept by
+	// PeerOther is any other address: an outside client kept by
 	// externalTrafficPolicy Local, a pod on another node or behind a
 	// routed CNI.
 	PeerOther
-	// PeerProbe: a connection to a probe port (draind's status port,
+	// PeerProbe is a connection to a probe port (draind's status port,
 	// Istio's ports, --probe-ports): never counted as traffic.
 	PeerProbe
-	// PeerUnknown: a polled counter's step (sock_diag mode), whose
+	// PeerUnknown is a polled counter's step (sock_diag mode), whose
 	// connections' peers were never seen.
 	PeerUnknown
 )

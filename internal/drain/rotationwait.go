@@ -21,8 +21,9 @@ const DefaultDrainBeginWait = 10 * time.Second
 // RotationWaitVerdict is what a caller waiting for the pod to leave
 // rotation is told.
 type RotationWaitVerdict struct {
-	// Done: answer now, with Outcome; otherwise wait for the next State,
-	// or until Until when it is not zero (the end of the begin wait).
+	// Done says to answer now, with Outcome; otherwise wait for the next
+	// State, or until Until when it is not zero (the end of the begin
+	// wait).
 	Done    bool
 	Outcome RotationWaitOutcome
 	Account string
@@ -34,12 +35,13 @@ type RotationWaitOutcome uint8
 
 // Outcomes of the wait.
 const (
-	// WaitOutOfRotation: the min-drain is over (fixed, or auto and out).
+	// WaitOutOfRotation means the min-drain is over (fixed, or auto and
+	// out).
 	WaitOutOfRotation RotationWaitOutcome = iota + 1
-	// WaitNoRotation: the drain has no rotation to leave (the app's
+	// WaitNoRotation means the drain has no rotation to leave (the app's
 	// completion, a prestop-only drain): nothing to wait for.
 	WaitNoRotation
-	// WaitNoDrain: no drain began within the begin wait.
+	// WaitNoDrain means no drain began within the begin wait.
 	WaitNoDrain
 )
 

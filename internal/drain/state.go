@@ -43,7 +43,7 @@ type StateEnd struct {
 	Clean bool
 	// Took is from the trigger to the proxy's stop.
 	Took time.Duration
-	// Cut: the deadline ended the drain with these still open.
+	// Cut is true when the deadline ended the drain with these still open.
 	Cut           bool
 	OpenFlows     int
 	AppProcesses  int
@@ -65,8 +65,8 @@ type holdTimes struct {
 	held  []HeldFor
 }
 
-// observe: until now, what held was the previous kinds; from now on it is
-// kinds.
+// observe records that until now, what held was the previous kinds; from
+// now on it is kinds.
 func (h *holdTimes) observe(now time.Time, kinds []HoldKind) {
 	if !h.last.IsZero() {
 		d := now.Sub(h.last)

@@ -77,7 +77,7 @@ type UntoldClosed struct {
 	// ToldFrom is the toldFrom Untold was given (zero: every parked
 	// flow was picked), for UntoldRule.
 	ToldFrom time.Time
-	// Found: the flows Untold picked; Closed of them were shut
+	// Found counts the flows Untold picked; Closed of them were shut
 	// (a FIN sent to their client).
 	Found, Closed int
 	// Picked describes each flow picked ("client ADDR idle 1.2s"), for
