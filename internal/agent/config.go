@@ -97,14 +97,14 @@ type Config struct {
 	// the drain's start and end (--events): auto when in a cluster whose
 	// API server lets the pod's service account, off never ("": auto).
 	Events EventsMode
-	// CloseIdleKeepalives: as the min-drain ends, close Envoy's
-	// downstream keep-alives idle since before its drain began
-	// (drain.Untold; --close-idle-keepalives, on by default: a client
-	// sees the FIN before its next request and dials again, where
-	// without it that request meets an app that stopped accepting;
-	// docs/benchmarks.md, make bench-keepalive).
+	// CloseIdleKeepalives says whether, as the min-drain ends, to close
+	// Envoy's downstream keep-alives idle since before its drain began
+	// (drain.Untold; --close-idle-keepalives, on by default: a client sees
+	// the FIN before its next request and dials again, where without it
+	// that request meets an app that stopped accepting; docs/benchmarks.md,
+	// make bench-keepalive).
 	CloseIdleKeepalives bool
-	// DrainBeginWait: how long the app's out-of-rotation wait waits for a
+	// DrainBeginWait is how long the app's out-of-rotation wait waits for a
 	// drain that has not begun (--drain-begin-wait;
 	// drain.DefaultDrainBeginWait).
 	DrainBeginWait time.Duration
@@ -278,7 +278,7 @@ type istioResolved struct {
 	deadlineFrom, statusFrom, adminFrom string
 	// warnings are one line each.
 	warnings []string
-	// exitOnZero: EXIT_ON_ZERO_ACTIVE_CONNECTIONS was set.
+	// exitOnZero is true when EXIT_ON_ZERO_ACTIVE_CONNECTIONS was set.
 	exitOnZero bool
 }
 

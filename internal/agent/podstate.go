@@ -17,9 +17,9 @@ const PodStateVersion = 1
 type PodState struct {
 	Version int       `json:"version"`
 	Now     time.Time `json:"now"`
-	// Phase: starting, ready, draining, gating, stopping, exited.
+	// Phase is one of starting, ready, draining, gating, stopping, exited.
 	Phase string `json:"phase"`
-	// PodShape: the kind of pod (drain.PodShape.Name).
+	// PodShape is the kind of pod (drain.PodShape.Name).
 	PodShape string `json:"pod_shape"`
 	// Trigger and the times: empty before the drain.
 	Trigger     string     `json:"trigger,omitempty"`
@@ -53,8 +53,8 @@ type PodRotation struct {
 	FromOther   int64  `json:"from_other"`
 	FromUnknown int64  `json:"from_unknown,omitempty"`
 	Probes      int64  `json:"probes_left_out"`
-	// RateKnown: the rate before the trigger was read (RateSource says
-	// from where), ConnectionsBefore over BeforeMS.
+	// RateKnown is true when the rate before the trigger was read
+	// (RateSource says from where), ConnectionsBefore over BeforeMS.
 	RateKnown         bool   `json:"rate_known"`
 	RateSource        string `json:"rate_source,omitempty"`
 	ConnectionsBefore int64  `json:"connections_before"`

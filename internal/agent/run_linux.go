@@ -51,15 +51,15 @@ type agent struct {
 	proxy      *proxy.Process
 	machine    *drain.Machine
 	metrics    *metrics
-	// hostNet: the pod shares the node's network namespace.
+	// hostNet is true when the pod shares the node's network namespace.
 	hostNet bool
-	// cgroups: the pod's cgroup and draind's own under --cgroup-root
+	// cgroups holds the pod's cgroup and draind's own under --cgroup-root
 	// (nil without it).
 	cgroups *podcgroup.Found
 	exits   *earlyExits // nil: not recording (openEarlyExits)
 	// pilotAgent asks pilot-agent's readiness (nil: the proxy is Envoy).
 	pilotAgent *istio.Readiness
-	// early: drain requests before the machine is built; the status
+	// early holds drain requests before the machine is built; the status
 	// server reads the fields above only once it is attached.
 	early earlyControls
 }
@@ -513,8 +513,9 @@ func (a *agent) findPodCgroup() (*probes.PodCgroup, error) {
 	return &probes.PodCgroup{Path: f.Pod.Path, ID: f.Pod.ID}, nil
 }
 
-// watchesAppWhileReady: --exit-with-app ends the drain-free life of the
-// pod on the app's completion, which only a live process source sees.
+// watchesAppWhileReady reports whether the app is watched while ready:
+// --exit-with-app ends the drain-free life of the pod on the app's
+// completion, which only a live process source sees.
 func (a *agent) watchesAppWhileReady() bool {
 	return a.cfg.Drain.ExitWithApp.WatchesApp()
 }
@@ -605,11 +606,12 @@ func detectHostNet(flag HostNetwork, ns *namespace.Net, src appprocs.Source) hos
 	return hostNetVerdict{false, "cannot tell without eBPF from a container's PID namespace: set --host-network true for a hostNetwork pod"}
 }
 
-// readiness: the proxy LIVE with workers started, nothing asked to drain,
-// and the app listening on --app-ports. Before the machine exists (the
-// eBPF objects still loading) only --app-ports waits for it (the tracker
-// is what reads the app's listeners), and --exit-with-app (the app's
-// process source, live from then on, is what sees a Job's app run).
+// readiness reports whether draind is ready: the proxy LIVE with workers
+// started, nothing asked to drain, and the app listening on --app-ports.
+// Before the machine exists (the eBPF objects still loading) only
+// --app-ports waits for it (the tracker is what reads the app's listeners),
+// and --exit-with-app (the app's process source, live from then on, is what
+// sees a Job's app run).
 func (a *agent) readiness(ctx context.Context) (bool, string) {
 	m, _ := a.early.machine()
 	if m != nil {

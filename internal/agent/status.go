@@ -71,7 +71,7 @@ type statusLimits struct {
 	// by these, as every caller is.
 	MaxConns  int
 	PerSource int
-	// DrainBeginWait: how long a caller of /wait/out-of-rotation waits
+	// DrainBeginWait is how long a caller of /wait/out-of-rotation waits
 	// for a drain that has not begun (--drain-begin-wait).
 	DrainBeginWait time.Duration
 }
@@ -81,10 +81,10 @@ type statusLimits struct {
 // connection unanswered (a slowloris costs a slot that long).
 const StatusReadHeaderTimeout = 5 * time.Second
 
-// defaultStatusLimits: probes, scrapes and hooks send small requests and
-// get their answer within the admin call's 1 s timeout; /metrics and
-// /debug/flows at 100k flows write a few MB over loopback or the pod
-// network.
+// defaultStatusLimits are the status server's default limits: probes,
+// scrapes and hooks send small requests and get their answer within the
+// admin call's 1 s timeout; /metrics and /debug/flows at 100k flows write a
+// few MB over loopback or the pod network.
 var defaultStatusLimits = statusLimits{
 	ReadHeader: StatusReadHeaderTimeout,
 	Read:       10 * time.Second,

@@ -58,8 +58,8 @@ func (f *readyFlight) do(ctx context.Context, check func(context.Context) (bool,
 	return c.ok, c.why
 }
 
-// draining: the drain has begun, or was asked for before the machine
-// took it up (what readiness reads first, without a call).
+// draining reports whether the drain has begun, or was asked for before the
+// machine took it up (what readiness reads first, without a call).
 func (a *agent) draining() (string, bool) {
 	if m, _ := a.early.machine(); m != nil {
 		if p := m.Phase(); p != drain.Ready && p != drain.Starting {

@@ -244,18 +244,20 @@ func (a adminView) shared() *adminShared {
 // adminShared is what draind learns about Envoy once and keeps.
 type adminShared struct {
 	log *zap.Logger
-	// inboundOnly: the drain the machine asks for is inbound only (not
-	// --gateway); the LIVE check then looks for inbound listeners.
+	// inboundOnly is true when the drain the machine asks for is inbound
+	// only (not --gateway); the LIVE check then looks for inbound
+	// listeners.
 	inboundOnly bool
-	// readyFallback: server.state or workers_started is absent (a
-	// stats_matcher rejects it): readiness asks GET /ready instead.
+	// readyFallback is true when server.state or workers_started is absent
+	// (a stats_matcher rejects it): readiness asks GET /ready instead.
 	readyFallback atomic.Bool
-	// liveSeen: Live once said LIVE with the workers started, from the
-	// stats. Workers never stop: from then on readiness asks GET /ready,
-	// which costs Envoy nothing, where /stats walks every stat it has.
+	// liveSeen is true when Live once said LIVE with the workers started,
+	// from the stats. Workers never stop: from then on readiness asks
+	// GET /ready, which costs Envoy nothing, where /stats walks every stat
+	// it has.
 	liveSeen atomic.Bool
-	// drainAll: no listener has traffic_direction INBOUND, so an
-	// inbound-only drain would drain nothing; every listener is drained
+	// drainAll is true when no listener has traffic_direction INBOUND, so
+	// an inbound-only drain would drain nothing; every listener is drained
 	// instead, without ever stopping them (graceful&skip_exit).
 	drainAll atomic.Bool
 	// flows, once set, learns the ports of listeners excluded by name.
@@ -264,9 +266,10 @@ type adminShared struct {
 	arrivals *arrivals
 }
 
-// Live: server.state LIVE and workers started, from /stats, until that is
-// so once; then, or when a stats_matcher rejects either stat (said once),
-// Envoy's own GET /ready, which reads no stat.
+// Live reports whether Envoy is live: server.state LIVE and workers
+// started, from /stats, until that is so once; then, or when a
+// stats_matcher rejects either stat (said once), Envoy's own GET /ready,
+// which reads no stat.
 func (a adminView) Live(ctx context.Context) (bool, string) {
 	sh := a.shared()
 	if sh.readyFallback.Load() || sh.liveSeen.Load() {
@@ -356,8 +359,9 @@ func directionName(d string) string {
 	return d
 }
 
-// DrainListeners: inbound only, unless asked for all or no listener is
-// inbound (see AtLive); then every listener, never stopped.
+// DrainListeners drains Envoy's listeners: inbound only, unless asked for
+// all or no listener is inbound (see AtLive); then every listener, never
+// stopped.
 func (a adminView) DrainListeners(ctx context.Context, inboundOnly bool) error {
 	if inboundOnly && a.shared().drainAll.Load() {
 		return a.c.DrainListeners(ctx, envoy.DrainOptions{Graceful: true, SkipExit: true})
