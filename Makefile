@@ -38,7 +38,7 @@ test: ## run every test of the product (as root for the kernel tests); installs 
 # why). As root, unit and unit-race run them as nobody, with Go caches of
 # its own in UNIT_CACHE, so that they are the rootless tests wherever run.
 UNIT_PKGS ?= ./internal/agent ./internal/appprocs ./internal/cli ./internal/drain ./internal/envoy \
-	./internal/flows ./internal/istio ./internal/namespace ./internal/podcgroup ./internal/privs ./internal/probes ./internal/proxy ./internal/sockdiag ./internal/tcpstate
+	./internal/flows ./internal/istio ./internal/logevent ./internal/namespace ./internal/podcgroup ./internal/privs ./internal/probes ./internal/proxy ./internal/sockdiag ./internal/tcpstate
 UNIT_CACHE ?= /var/tmp/draind-unit
 UNIT_AS = $(if $(filter 0,$(shell id -u)),setpriv --reuid=65534 --regid=65534 --clear-groups \
 	env HOME=$(UNIT_CACHE) GOCACHE=$(UNIT_CACHE)/go-build GOPATH=$(UNIT_CACHE)/go GOFLAGS=-buildvcs=false PATH="$(PATH)")

@@ -79,7 +79,7 @@ func Prestop(ctx context.Context, ns *namespace.Net, cfg PrestopConfig) (drain.R
 		if err == nil {
 			err = errors.New("stopped")
 		}
-		log.Error("tracker stopped: the app's flows can no longer be seen", zap.Error(err))
+		log.Error("tracker stopped: the app's flows can no longer be seen", logevent.TrackerStopped.Field(), zap.Error(err))
 		return res, fmt.Errorf("tracker: %w", err)
 	}
 	return res, nil

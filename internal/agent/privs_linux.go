@@ -73,7 +73,7 @@ func (a *agent) raisePrivileges() error {
 	}
 	before, after, err := privs.RaiseEffective()
 	if err != nil {
-		a.log.Warn("capabilities: raise", zap.Error(err))
+		a.log.Warn("capabilities: raise", logevent.CapabilitiesFailed.Field(), zap.String("action", "raise"), zap.Error(err))
 	}
 	a.log.Info("capabilities", append(capFields(after), logevent.Capabilities.Field(), zap.String("stage", "start"),
 		zap.Stringer("raised", after.Effective&^before.Effective))...)
@@ -98,7 +98,7 @@ func (a *agent) limitProxyPrivileges() error {
 	}
 	after, err := privs.LimitInherited(give)
 	if err != nil {
-		a.log.Warn("capabilities: limit what the proxy inherits", zap.Error(err))
+		a.log.Warn("capabilities: limit what the proxy inherits", logevent.CapabilitiesFailed.Field(), zap.String("action", "limit"), zap.Error(err))
 		return nil
 	}
 	a.log.Info("capabilities", logevent.Capabilities.Field(), zap.String("stage", "proxy"), zap.Stringer("proxy_caps", give),
@@ -120,7 +120,7 @@ func (a *agent) dropPrivileges() {
 	}
 	cur, err := privs.Current()
 	if err != nil {
-		a.log.Warn("capabilities: not dropped", zap.Error(err))
+		a.log.Warn("capabilities: not dropped", logevent.CapabilitiesFailed.Field(), zap.String("action", "drop"), zap.Error(err))
 		return
 	}
 	mode, _ := a.tracker.Mode()
@@ -138,7 +138,7 @@ func (a *agent) dropPrivileges() {
 	}
 	after, err := privs.Drop(privs.KeptSet(kept))
 	if err != nil {
-		a.log.Warn("capabilities: not dropped", zap.Error(err))
+		a.log.Warn("capabilities: not dropped", logevent.CapabilitiesFailed.Field(), zap.String("action", "drop"), zap.Error(err))
 		return
 	}
 	why := make([]string, len(kept))

@@ -116,7 +116,7 @@ func run(ctx context.Context, r Resolved, begun time.Time) (res Result, err erro
 			errs = append(errs, c())
 		}
 		if cerr := errors.Join(errs...); cerr != nil && err == nil {
-			log.Warn("cleanup", zap.Error(cerr))
+			log.Warn("cleanup", logevent.CleanupFailed.Field(), zap.Error(cerr))
 		}
 	}()
 
@@ -202,7 +202,7 @@ func run(ctx context.Context, r Resolved, begun time.Time) (res Result, err erro
 	}()
 	wg.Go(func() {
 		if err := status.serve(); err != nil {
-			log.Error("status server", zap.Error(err))
+			log.Error("status server", logevent.StatusServerFailed.Field(), zap.Error(err))
 		}
 	})
 	wg.Go(func() {
@@ -347,7 +347,7 @@ func (a *agent) startEvents() *kubeevents.Reporter {
 	}
 	ic, err := kubeevents.LoadInCluster(a.cfg.LookupEnv, a.cfg.ServiceAccountDir)
 	if err != nil {
-		a.log.Warn("no Kubernetes Events on the pod: "+err.Error(), logevent.KubeEventsUnavailable.Field(), zap.String("why", kubeevents.WhyUnavailable(err)))
+		a.log.Warn("no Kubernetes Events", logevent.KubeEventsUnavailable.Field(), zap.String("why", kubeevents.WhyUnavailable(err)), zap.Error(err))
 		return nil
 	}
 	r := kubeevents.Start(kubeevents.Config{API: ic, Pod: kubeevents.PodFromEnv(a.cfg.LookupEnv), Log: a.log})

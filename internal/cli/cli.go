@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/privs"
 )
 
@@ -130,7 +131,7 @@ func (c capsRaise) warn(w io.Writer, cmd string) {
 // log logs the raise, as `draind run` logs its own at start.
 func (c capsRaise) log(log *zap.Logger) {
 	if c.err != nil {
-		log.Warn("capabilities: raise", zap.Error(c.err), zap.Stringer("effective", c.after.Effective), zap.Stringer("permitted", c.after.Permitted))
+		log.Warn("capabilities: raise", logevent.CapabilitiesFailed.Field(), zap.String("action", "raise"), zap.Error(c.err), zap.Stringer("effective", c.after.Effective), zap.Stringer("permitted", c.after.Permitted))
 		return
 	}
 	log.Info("capabilities", zap.Stringer("effective", c.after.Effective), zap.Stringer("raised", c.after.Effective&^c.before.Effective))

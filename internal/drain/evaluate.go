@@ -113,7 +113,7 @@ func (m *Machine) onWake() {
 	if !m.eval.refreshAt.IsZero() && !time.Now().Before(m.eval.refreshAt) {
 		m.eval.lastRefresh = time.Now()
 		if err := m.flows.Refresh(); err != nil {
-			m.log.Warn("re-reading flows for idle times", zap.Error(err))
+			m.log.Warn("re-reading flows for idle times", logevent.FlowsRefreshFailed.Field(), zap.Error(err))
 		}
 	}
 }

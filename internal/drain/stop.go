@@ -105,15 +105,15 @@ func (m *Machine) stop(why string, clean bool) Result {
 	if err != nil {
 		// Envoy did not take the quit: SIGTERM (the same to Envoy) now,
 		// not after a wait for an exit that was never asked.
-		m.log.Warn("quitquitquit failed: signalling at once", zap.Error(err))
+		m.log.Warn("quitquitquit failed: signalling at once", logevent.QuitFailed.Field(), zap.Error(err))
 		steps = []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}
 	}
 	killed := false
 	for _, sig := range steps {
 		if sig != 0 {
-			m.log.Warn("proxy still running: signalling", zap.Stringer("signal", sig))
+			m.log.Warn("proxy still running: signalling", logevent.ProxySignalled.Field(), zap.Stringer("signal", sig))
 			if err := m.proxy.Signal(sig); err != nil {
-				m.log.Warn("signalling the proxy failed", zap.Stringer("signal", sig), zap.Error(err))
+				m.log.Warn("signalling the proxy failed", logevent.ProxySignalled.Field(), zap.Stringer("signal", sig), zap.Error(err))
 			}
 			killed = sig == syscall.SIGKILL
 		}

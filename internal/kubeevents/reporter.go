@@ -295,10 +295,11 @@ func (r *Reporter) allowed(ctx context.Context) bool {
 	return true
 }
 
-// unavailable says once why the pod gets no Events; what to do about each
-// why is in docs/kubernetes.md ("What happens without it").
-func (r *Reporter) unavailable(why, msg string, fields ...zap.Field) {
-	r.log.Warn(msg, append([]zap.Field{logevent.KubeEventsUnavailable.Field(), zap.String("why", why)}, fields...)...)
+// unavailable says once why the pod gets no Events (detail: in words);
+// what to do about each why is in docs/kubernetes.md ("What happens
+// without it").
+func (r *Reporter) unavailable(why, detail string, fields ...zap.Field) {
+	r.log.Warn("no Kubernetes Events", append([]zap.Field{logevent.KubeEventsUnavailable.Field(), zap.String("why", why), zap.String("detail", detail)}, fields...)...)
 }
 
 // event is a core/v1 Event, the fields draind sets.

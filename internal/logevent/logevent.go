@@ -168,6 +168,26 @@ const (
 	// holds for the app GraceSpentHold at most (fields app_processes,
 	// since_drain, hold).
 	GraceSpent Event = "grace_spent"
+	// QuitFailed says the proxy did not take quitquitquit: draind signals
+	// it at once (field error).
+	QuitFailed Event = "quit_failed"
+	// ProxySignalled says the proxy outlived a stop step: draind signals
+	// it (field signal), or failed to (field error too).
+	ProxySignalled Event = "proxy_signalled"
+	// FlowsRefreshFailed says a re-read of the flows' idle times failed;
+	// the next wake tries again (field error).
+	FlowsRefreshFailed Event = "flows_refresh_failed"
+	// TrackerStopped says the flow tracker stopped before the drain's end:
+	// the app's flows can no longer be seen (field error).
+	TrackerStopped Event = "tracker_stopped"
+	// CapabilitiesFailed says a change to draind's capabilities failed
+	// (fields error, action: raise, limit, drop).
+	CapabilitiesFailed Event = "capabilities_failed"
+	// CleanupFailed says closing a part at exit failed (field error).
+	CleanupFailed Event = "cleanup_failed"
+	// StatusServerFailed says the status server stopped serving (field
+	// error).
+	StatusServerFailed Event = "status_server_failed"
 	// ResyncFailed says the resync after lost events failed; the next loss
 	// or snapshot tries again (fields lost, error).
 	ResyncFailed Event = "resync_failed"
