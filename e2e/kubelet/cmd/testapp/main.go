@@ -18,6 +18,9 @@
 // made meanwhile. Run with no arguments it serves HTTP on :8080 (/,
 // /readyz, /slow?ms=N) and exits at once on SIGTERM, as agnhost does.
 //
+// --grpc-port N also serves grpc.health.v1.Health (plaintext HTTP/2) on N
+// for e2e/kubelet/cmd/xdsload; graceful stops it with the HTTP server.
+//
 // Every outcome is a line on stdout and, with --result, in that file:
 // "ok N", "fail N ERROR", "term UNIXNANO", "exit UNIXNANO CODE".
 package main
@@ -32,10 +35,15 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/draind/draind/internal/testenv/testapp"
 )
@@ -81,6 +89,7 @@ func run(args []string) int {
 	exitCode := fs.Int("exit-code", 0, "batch mode: exit code")
 	failOnce := fs.String("fail-once", "", "batch mode: exit 1 when this file does not exist yet (and create it): the restarted container then exits --exit-code")
 	delayShutdown := fs.Duration("delay-shutdown", 0, "graceful: at SIGTERM answer 503 on /readyz and keep serving this long before stopping (agnhost netexec --delay-shutdown)")
+	grpcPort := fs.Int("grpc-port", 0, "also serve grpc.health.v1.Health (plaintext HTTP/2) on this port of --listen's address; 0: no gRPC")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -138,6 +147,11 @@ func run(args []string) int {
 	srv := &http.Server{Handler: mux}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
+	gsrv, grpcServed, err := serveGRPC(*listen, *grpcPort)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testapp:", err)
+		return 1
+	}
 	rec.line("ready %d", time.Now().UnixNano())
 
 	for {
@@ -156,14 +170,26 @@ func run(args []string) int {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		time.Sleep(*delayShutdown)
+		var stops sync.WaitGroup
+		if gsrv != nil {
+			// As Shutdown below: stop accepting, tell each connection to
+			// go (GOAWAY), and wait for the calls in flight.
+			stops.Go(gsrv.GracefulStop)
+		}
 		if err := srv.Shutdown(context.Background()); err != nil {
 			rec.line("shutdown %v", err)
 		}
+		stops.Wait()
 	})
 	wg.Go(func() { callOut(0, *calls, *pause) })
 	wg.Wait()
 	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		rec.line("serve %v", err)
+	}
+	if gsrv != nil {
+		if err := <-grpcServed; err != nil {
+			rec.line("grpc serve %v", err)
+		}
 	}
 	rec.line("drained %d", time.Now().UnixNano())
 	if *tailCalls > 0 {
@@ -172,4 +198,28 @@ func run(args []string) int {
 	}
 	rec.line("exit %d 0", time.Now().UnixNano())
 	return 0
+}
+
+// serveGRPC serves the gRPC health service on port (0: nothing) of
+// listen's host. Its answer stays SERVING until the server stops: the
+// checks are the load's own calls, which succeed while the app serves,
+// as its HTTP / does. The server ends with GracefulStop (or the process);
+// served then has Serve's result.
+func serveGRPC(listen string, port int) (srv *grpc.Server, served chan error, err error) {
+	if port == 0 {
+		return nil, nil, nil
+	}
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--listen %q: %w", listen, err)
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return nil, nil, fmt.Errorf("grpc listener: %w", err)
+	}
+	srv = grpc.NewServer()
+	healthgrpc.RegisterHealthServer(srv, health.NewServer()) // "" SERVING
+	served = make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	return srv, served, nil
 }
