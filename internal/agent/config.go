@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -29,10 +30,12 @@ type Config struct {
 	StatusAddr string
 	// AdminAddrSet and StatusAddrSet say they were given (flag or
 	// variable): Istio's settings then do not move them.
-	// StatusAddrSource names the setting that gave StatusAddr ("":
-	// --status-addr).
+	// StatusAddrSource, AdminAddrSource and ProxySource name the
+	// setting that gave each ("": the flag, or no flag or variable).
 	AdminAddrSet, StatusAddrSet bool
 	StatusAddrSource            string
+	AdminAddrSource             string
+	ProxySource                 string
 	// ProxyKind is what the proxy command is: istio.ProxyEnvoy,
 	// istio.ProxyPilotAgent (Istio's agent, which runs Envoy), or
 	// istio.ProxyAuto (pilot-agent when the command's file name is
@@ -348,7 +351,7 @@ func (c *Config) applyIstio(lookup func(string) (string, bool), ann Annotations)
 	c.StatusAddr, r.statusFrom = status.Addr, status.From
 	r.adminFrom = fromDefault
 	if c.AdminAddrSet {
-		r.adminFrom = fromAdminAddrGiven
+		r.adminFrom = cmp.Or(c.AdminAddrSource, fromAdminAddrGiven)
 	}
 	if !c.pilotAgent() {
 		return r, nil

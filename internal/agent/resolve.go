@@ -119,7 +119,7 @@ func Resolve(cfg Config, env func(string) (string, bool), ann Annotations) (Reso
 	cfg.LookupEnv = env
 	proxyFrom := fromProxyCommand
 	if cfg.ProxyKind != istio.ProxyAuto {
-		proxyFrom = fromProxyGiven
+		proxyFrom = cmp.Or(cfg.ProxySource, fromProxyGiven)
 	}
 	ist, err := cfg.applyIstio(env, ann)
 	if err != nil {

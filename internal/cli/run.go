@@ -178,6 +178,7 @@ func runConfig(args []string, stdout io.Writer) (agent.Config, logFormat, error)
 	cfg.GracePeriodSource = fs.sourceOf("grace-period")
 	cfg.StatusAddrSet, cfg.AdminAddrSet = fs.isSet("status-addr"), fs.isSet("admin-addr")
 	cfg.StatusAddrSource = fs.sourceOf("status-addr")
+	cfg.AdminAddrSource, cfg.ProxySource = fs.sourceOf("admin-addr"), fs.sourceOf("proxy")
 	cfg.ProxyKind = proxyKind.val
 	cfg.AppPorts = appPorts
 	cfg.ProbePorts = probePorts
