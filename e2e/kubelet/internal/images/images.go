@@ -36,7 +36,9 @@ const (
 	TestApp = "docker.io/draind/testapp:dev"
 	// LoadClient sends requests at a fixed rate with no retries
 	// (e2e/kubelet/cmd/loadclient): the client pod of the rollout
-	// measurements.
+	// measurements. It also holds /usr/local/bin/xdsload
+	// (e2e/kubelet/cmd/xdsload), the mesh's client through istiod (issue
+	// 45), run with that command.
 	LoadClient = "docker.io/draind/loadclient:dev"
 	// Pause is the sandbox image.
 	Pause = "docker.io/draind/e2e-pause:dev"
@@ -78,6 +80,7 @@ func Build(ctx context.Context, src Sources, dir string) ([]string, error) {
 		{src.KubeletDir, "./cmd/testapp", bin("testapp")},
 		{src.KubeletDir, "./cmd/pause", bin("pause")},
 		{src.KubeletDir, "./cmd/loadclient", bin("loadclient")},
+		{src.KubeletDir, "./cmd/xdsload", bin("xdsload")},
 	} {
 		if err := GoBuild(ctx, b.dir, b.pkg, b.out); err != nil {
 			return nil, err
@@ -100,7 +103,7 @@ func Build(ctx context.Context, src Sources, dir string) ([]string, error) {
 			User:       "1337",
 		},
 		{Ref: TestApp, Files: []ociimage.File{{Src: bin("testapp"), Dst: "/usr/local/bin/testapp"}}, Dirs: []string{"/tmp"}, Entrypoint: []string{"/usr/local/bin/testapp"}, User: "1000"},
-		{Ref: LoadClient, Files: []ociimage.File{{Src: bin("loadclient"), Dst: "/usr/local/bin/loadclient"}}, Entrypoint: []string{"/usr/local/bin/loadclient"}, User: "1000"},
+		{Ref: LoadClient, Files: []ociimage.File{{Src: bin("loadclient"), Dst: "/usr/local/bin/loadclient"}, {Src: bin("xdsload"), Dst: "/usr/local/bin/xdsload"}}, Entrypoint: []string{"/usr/local/bin/loadclient"}, User: "1000"},
 		{Ref: Pause, Files: []ociimage.File{{Src: bin("pause"), Dst: "/pause"}}, Entrypoint: []string{"/pause"}, User: "65535"},
 	}
 	// Without pilot-agent (a cluster without istiod), no ProxyV2.
