@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/draind/draind/e2e/kubelet/internal/images"
+	"github.com/draind/draind/e2e/kubelet/internal/loadline"
 	"github.com/draind/draind/internal/agent"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/istio"
@@ -634,10 +635,7 @@ func parseLoad(log string) (sum loadSummary, fails []loadFailure, err error) {
 			}
 			break
 		}
-		var f struct {
-			T                          int64
-			Class, Err, Local, Reached string
-		}
+		var f loadline.Call
 		if json.Unmarshal([]byte(body), &f) == nil && f.T != 0 {
 			fails = append(fails, loadFailure{at: time.Unix(0, f.T), class: f.Class, err: f.Err, local: f.Local, reached: f.Reached})
 		}
@@ -645,10 +643,7 @@ func parseLoad(log string) (sum loadSummary, fails []loadFailure, err error) {
 	return sum, fails, nil
 }
 
-type loadSummary struct {
-	Sent, OK, Failed int
-	ByClass          map[string]int `json:"by_class"`
-}
+type loadSummary = loadline.Summary
 
 type loadFailure struct {
 	at         time.Time

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/draind/draind/e2e/kubelet/internal/images"
+	"github.com/draind/draind/e2e/kubelet/internal/loadline"
 	"github.com/draind/draind/internal/drain"
 	"github.com/draind/draind/internal/logevent"
 	"github.com/draind/draind/internal/testenv/envoysim"
@@ -104,11 +105,9 @@ spec:
 // xdsCall is one line of xdsload: a call (ok with --log-ok, or failed),
 // or, with Peers, its summary.
 type xdsCall struct {
-	T                          int64
-	Class, Err, Local, Reached string
-	Peer                       string
-	Sent, OK, Failed           int
-	Peers                      map[string]struct{ Sent, OK, Failed, First, Last int64 }
+	loadline.Call
+	loadline.Summary
+	Peers map[string]struct{ Sent, OK, Failed, First, Last int64 }
 }
 
 func parseXDSLine(line string) (xdsCall, bool) {

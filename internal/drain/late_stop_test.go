@@ -183,11 +183,7 @@ func TestLateStop(t *testing.T) {
 	}))
 	t.Run("past the gate deadline the app gone, the gate opens within the wait", inBubble(func(t *testing.T) {
 		r := newRig(t, withoutApps(), withConfig(func(c *Config) { deadline(c); c.Settle = 100 * time.Millisecond }))
-		r.waitPhase(Ready)
-		r.m.Trigger(CausePreStop)
-		r.waitPhase(Gating)
-		time.Sleep(r.m.Config().GateDeadline() + 10*time.Millisecond)
-		r.notDone(time.Second)
+		r.holdLate()
 		r.m.Trigger(CauseSignal)
 		r.wantResult(r.result(), 0, true, "drained")
 	}))
@@ -196,12 +192,7 @@ func TestLateStop(t *testing.T) {
 	// both 2 s later. The proxy stays for the app's last calls.
 	t.Run("the SIGTERM with the app running: it exits in the hold", inBubble(func(t *testing.T) {
 		r := newRig(t, withConfig(deadline))
-		r.waitPhase(Ready)
-		start := time.Now()
-		r.m.Trigger(CausePreStop)
-		r.waitPhase(Gating)
-		time.Sleep(r.m.Config().GateDeadline() + 10*time.Millisecond)
-		r.notDone(time.Second)
+		start := r.holdLate()
 		sigAt := time.Since(start)
 		r.m.Trigger(CauseSignal)
 		r.notDone(GraceSpentHold - 100*time.Millisecond)
@@ -216,12 +207,7 @@ func TestLateStop(t *testing.T) {
 	}))
 	t.Run("the SIGTERM with the app running: the hold ends it", inBubble(func(t *testing.T) {
 		r := newRig(t, withConfig(deadline), setup(func(r *rig) { r.proxy.noExitOn = true }))
-		r.waitPhase(Ready)
-		start := time.Now()
-		r.m.Trigger(CausePreStop)
-		r.waitPhase(Gating)
-		time.Sleep(r.m.Config().GateDeadline() + 10*time.Millisecond)
-		r.notDone(time.Second)
+		start := r.holdLate()
 		sigAt := time.Since(start)
 		r.m.Trigger(CauseSignal)
 		r.wantResult(r.result(), 137, false, "deadline")
@@ -285,4 +271,18 @@ func TestLateStop(t *testing.T) {
 			t.Errorf("ended %s after the trigger, want the gate deadline %s", took, r.m.Config().GateDeadline())
 		}
 	}))
+}
+
+// holdLate starts a drain from the preStop hook and lets its gate deadline
+// pass, the machine still running (the late hold); it returns when the
+// drain was triggered.
+func (r *rig) holdLate() time.Time {
+	r.t.Helper()
+	r.waitPhase(Ready)
+	start := time.Now()
+	r.m.Trigger(CausePreStop)
+	r.waitPhase(Gating)
+	time.Sleep(r.m.Config().GateDeadline() + 10*time.Millisecond)
+	r.notDone(time.Second)
+	return start
 }

@@ -33,6 +33,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/draind/draind/e2e/kubelet/internal/loadline"
 )
 
 func main() {
@@ -43,21 +45,6 @@ func main() {
 		fmt.Fprintln(os.Stderr, "loadclient:", err)
 		os.Exit(2)
 	}
-}
-
-type summary struct {
-	Sent    int            `json:"sent"`
-	OK      int            `json:"ok"`
-	Failed  int            `json:"failed"`
-	ByClass map[string]int `json:"by_class"`
-}
-
-type failure struct {
-	T       int64  `json:"t"`
-	Class   string `json:"class"`
-	Err     string `json:"err"`
-	Local   string `json:"local,omitempty"`
-	Reached string `json:"reached,omitempty"`
 }
 
 // A request's steps, as far as it reached them.
@@ -143,19 +130,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	if *stopAddr != "" {
-		ln, err := net.Listen("tcp", *stopAddr)
+		closeStop, err := loadline.ServeStop(*stopAddr, stop)
 		if err != nil {
 			return err
 		}
-		mux := http.NewServeMux()
-		mux.HandleFunc("/stop", func(w http.ResponseWriter, r *http.Request) {
-			io.WriteString(w, "stopping\n")
-			w.(http.Flusher).Flush() // before the run ends and closes the server
-			stop()
-		})
-		srv := &http.Server{Handler: mux}
-		go srv.Serve(ln) // ends with Close below
-		defer srv.Close()
+		defer closeStop()
 	}
 	if *url == "" || *qps <= 0 {
 		return errors.New("--url and a positive --qps are required")
@@ -176,7 +155,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	client := &http.Client{Transport: tr, Timeout: *timeout}
 	var mu sync.Mutex
-	sum := summary{ByClass: map[string]int{}}
+	sum := loadline.Summary{ByClass: map[string]int{}}
 	enc := json.NewEncoder(stdout)
 	var wg sync.WaitGroup
 	tick := time.NewTicker(time.Duration(float64(time.Second) / *qps))
@@ -206,7 +185,7 @@ loop:
 			sum.Failed++
 			sum.ByClass[class]++
 			local, reached := trace.get()
-			enc.Encode(failure{T: start.UnixNano(), Class: class, Err: err.Error(), Local: local, Reached: reached})
+			enc.Encode(loadline.Call{T: start.UnixNano(), Class: class, Err: err.Error(), Local: local, Reached: reached})
 		})
 	}
 	wg.Wait()

@@ -89,7 +89,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -106,6 +105,8 @@ import (
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/xds"
+
+	"github.com/draind/draind/e2e/kubelet/internal/loadline"
 )
 
 func main() {
@@ -178,11 +179,9 @@ func bootstrapJSON(server string, n node) ([]byte, error) {
 	return json.Marshal(b)
 }
 
+// summary is loadline's, with the retries and each endpoint's calls.
 type summary struct {
-	Sent    int            `json:"sent"`
-	OK      int            `json:"ok"`
-	Failed  int            `json:"failed"`
-	ByClass map[string]int `json:"by_class"`
+	loadline.Summary
 	// TransparentRetries are the calls gRPC sent again because the server
 	// never saw the first attempt (see the package doc).
 	TransparentRetries int                   `json:"transparent_retries"`
@@ -198,15 +197,8 @@ type peerCalls struct {
 	Last   int64 `json:"last"`
 }
 
-// outcome is a call's line: loadclient's failure, with the endpoint.
-type outcome struct {
-	T       int64  `json:"t"`
-	Class   string `json:"class"`
-	Err     string `json:"err,omitempty"`
-	Local   string `json:"local,omitempty"`
-	Reached string `json:"reached,omitempty"`
-	Peer    string `json:"peer,omitempty"`
-}
+// outcome is a call's line, with the endpoint.
+type outcome = loadline.Call
 
 // A call's steps, as far as it reached them (the names of loadclient's,
 // but a gRPC call dials nothing: its first step is the balancer's pick).
@@ -312,19 +304,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	if *stopAddr != "" {
-		ln, err := net.Listen("tcp", *stopAddr)
+		closeStop, err := loadline.ServeStop(*stopAddr, stop)
 		if err != nil {
-			return fmt.Errorf("stop address: %w", err)
+			return err
 		}
-		mux := http.NewServeMux()
-		mux.HandleFunc("/stop", func(w http.ResponseWriter, r *http.Request) {
-			io.WriteString(w, "stopping\n")
-			w.(http.Flusher).Flush() // before the run ends and closes the server
-			stop()
-		})
-		srv := &http.Server{Handler: mux}
-		go srv.Serve(ln) // ends with Close below
-		defer srv.Close()
+		defer closeStop()
 	}
 
 	opts := []grpc.DialOption{
@@ -345,7 +329,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	defer cc.Close()
 
-	sum := summary{ByClass: map[string]int{}, Peers: map[string]*peerCalls{}}
+	sum := summary{Summary: loadline.Summary{ByClass: map[string]int{}}, Peers: map[string]*peerCalls{}}
 	enc := json.NewEncoder(stdout)
 	if err := waitReady(ctx, cc, *warmup); err != nil {
 		if ctx.Err() != nil {
