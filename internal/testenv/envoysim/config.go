@@ -214,6 +214,32 @@ type ListenerConfig struct {
 	// socket, as Envoy's transparent listener option for TPROXY
 	// interception; it needs CAP_NET_ADMIN.
 	Transparent bool
+	// FilterChains are filter chains matched on the destination port: a
+	// connection whose original destination port (as "original_dst" reads
+	// it: SO_ORIGINAL_DST after a REDIRECT, else the accepted socket's
+	// local port) is a chain's DestinationPort goes to that chain's
+	// Upstream with its UpstreamProtocol; any other connection uses the
+	// listener's own Upstream and UpstreamProtocol (Envoy's
+	// default_filter_chain). Stats and drain stay the listener's.
+	FilterChains []FilterChain
+}
+
+// FilterChain is a listener's filter chain with a filter_chain_match of
+// destination_port only, as Istio's virtualInbound has one per inbound
+// service port (Envoy: FilterChainManagerImpl::findFilterChain,
+// source/common/listener_manager/filter_chain_manager_impl.cc).
+type FilterChain struct {
+	// DestinationPort is the original destination port the chain matches
+	// (1..65535; one chain per port).
+	DestinationPort uint16
+	// Upstream is the chain's upstream, of the forms of
+	// [ListenerConfig.Upstream] (required: a chain is whole, it takes
+	// nothing from the listener's).
+	Upstream string
+	// UpstreamProtocol is "http1" (default) or "h2c", as the listener's:
+	// "h2c" is an Istio cluster for a grpc or http2 port
+	// (http2_protocol_options).
+	UpstreamProtocol string
 }
 
 // AdminFault is how the admin API misbehaves.
@@ -431,6 +457,9 @@ func (l *ListenerConfig) withDefaults(i int, names map[string]bool) error {
 	if _, err := parseUpstream(l.Upstream); err != nil {
 		return fmt.Errorf("listener %q: upstream %q: %w", l.Name, l.Upstream, err)
 	}
+	if err := l.filterChainsWithDefaults(); err != nil {
+		return fmt.Errorf("listener %q: %w", l.Name, err)
+	}
 	if l.DrainTimeout == 0 {
 		l.DrainTimeout = DefaultDrainTimeout
 	}
@@ -441,6 +470,39 @@ func (l *ListenerConfig) withDefaults(i int, names map[string]bool) error {
 		l.FilterStatPrefix = l.StatPrefix
 		if l.FilterStatPrefix == "" {
 			l.FilterStatPrefix = l.Name
+		}
+	}
+	return nil
+}
+
+// filterChainsWithDefaults checks the filter chains: a port once (Envoy
+// refuses two chains with the same filter_chain_match), not 0 (Envoy's
+// "any port": the listener's own upstream is that here), and an upstream
+// and protocol each.
+func (l *ListenerConfig) filterChainsWithDefaults() error {
+	l.FilterChains = slices.Clone(l.FilterChains)
+	seen := map[uint16]int{}
+	for i := range l.FilterChains {
+		fc := &l.FilterChains[i]
+		if fc.DestinationPort == 0 {
+			return fmt.Errorf("filter chain %d: destination port 0 (missing?): want 1..65535; connections to unlisted ports use the listener's own upstream", i)
+		}
+		if j, ok := seen[fc.DestinationPort]; ok {
+			return fmt.Errorf("filter chains %d and %d: both match destination port %d", j, i, fc.DestinationPort)
+		}
+		seen[fc.DestinationPort] = i
+		if fc.Upstream == "" {
+			return fmt.Errorf("filter chain %d (port %d): no upstream", i, fc.DestinationPort)
+		}
+		if _, err := parseUpstream(fc.Upstream); err != nil {
+			return fmt.Errorf("filter chain %d (port %d): upstream %q: %w", i, fc.DestinationPort, fc.Upstream, err)
+		}
+		switch fc.UpstreamProtocol {
+		case "":
+			fc.UpstreamProtocol = "http1"
+		case "http1", "h2c":
+		default:
+			return fmt.Errorf("filter chain %d (port %d): upstream protocol %q: want http1 or h2c", i, fc.DestinationPort, fc.UpstreamProtocol)
 		}
 	}
 	return nil
@@ -486,6 +548,14 @@ type fileListener struct {
 	DrainType        string  `json:"drain_type"`
 	DrainTimeoutMs   float64 `json:"drain_timeout_ms"`
 	Transparent      bool    `json:"transparent"`
+
+	FilterChains []fileFilterChain `json:"filter_chains"`
+}
+
+type fileFilterChain struct {
+	DestinationPort  int    `json:"destination_port"`
+	Upstream         string `json:"upstream"`
+	UpstreamProtocol string `json:"upstream_protocol"`
 }
 
 // fileFault is the JSON form of Fault, in the config and in the
@@ -582,6 +652,14 @@ func ParseConfig(b []byte) (Config, error) {
 		}
 		if l.DrainTimeout, err = seconds(fl.DrainTimeoutMs/1e3, "drain_timeout_ms"); err != nil {
 			return Config{}, fmt.Errorf("envoysim config: listener %q: %w", fl.Name, err)
+		}
+		for i, fc := range fl.FilterChains {
+			if fc.DestinationPort < 0 || fc.DestinationPort > math.MaxUint16 {
+				return Config{}, fmt.Errorf("envoysim config: listener %q: filter chain %d: destination_port %d: want 1..65535", fl.Name, i, fc.DestinationPort)
+			}
+			l.FilterChains = append(l.FilterChains, FilterChain{
+				DestinationPort: uint16(fc.DestinationPort), Upstream: fc.Upstream, UpstreamProtocol: fc.UpstreamProtocol,
+			})
 		}
 		c.Listeners = append(c.Listeners, l)
 	}

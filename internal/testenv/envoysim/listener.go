@@ -30,7 +30,10 @@ type listener struct {
 	addr    net.Addr // bound address
 	port    uint16   // bound port
 	scope   string   // listener.<scope>. in stats
-	upKind  upstreamKind
+	// def is the listener's own upstream (Envoy's default_filter_chain),
+	// chains its filter chains by destination port (nil: none).
+	def    filterChain
+	chains map[uint16]*filterChain
 
 	// guarded by s.mu
 	ln      net.Listener // once listening
@@ -46,8 +49,24 @@ type listener struct {
 	workersOnce                  sync.Once
 	filter                       filterStats
 
-	handler   http.Handler // HTTP listeners: the connection manager and router
-	transport *http.Transport
+	handler http.Handler // HTTP listeners: the connection manager and router
+	// the upstream pools, HTTP/1.1 and h2c (HTTP listeners)
+	h1, h2c *http.Transport
+}
+
+// filterChain is where a filter chain's connections or requests go.
+type filterChain struct {
+	upstream string // as ListenerConfig.Upstream
+	kind     upstreamKind
+	h2c      bool // HTTP: requests go upstream over h2c
+}
+
+func newFilterChain(upstream, protocol string) (*filterChain, error) {
+	kind, err := parseUpstream(upstream)
+	if err != nil {
+		return nil, err
+	}
+	return &filterChain{upstream: upstream, kind: kind, h2c: protocol == "h2c"}, nil
 }
 
 type workerStats struct{ active, total *metric }
@@ -71,15 +90,26 @@ func (s *Sim) newListener(lc ListenerConfig) (*listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	upKind, err := parseUpstream(lc.Upstream)
+	def, err := newFilterChain(lc.Upstream, lc.UpstreamProtocol)
 	if err != nil {
 		return nil, err
+	}
+	var chains map[uint16]*filterChain
+	for _, fc := range lc.FilterChains {
+		c, err := newFilterChain(fc.Upstream, fc.UpstreamProtocol)
+		if err != nil {
+			return nil, err
+		}
+		if chains == nil {
+			chains = map[uint16]*filterChain{}
+		}
+		chains[fc.DestinationPort] = c
 	}
 	sock, err := bindSocket(ap, lc.Transparent)
 	if err != nil {
 		return nil, err
 	}
-	l := &listener{s: s, cfg: lc, inbound: lc.Direction == "inbound", sock: sock, port: sock.addr.Port(), upKind: upKind}
+	l := &listener{s: s, cfg: lc, inbound: lc.Direction == "inbound", sock: sock, port: sock.addr.Port(), def: *def, chains: chains}
 	l.addr = net.TCPAddrFromAddrPort(sock.addr)
 	// Envoy names the listener by its configured address; a port-0
 	// listener is named by its bound port here so that several coexist.
@@ -112,37 +142,60 @@ func (s *Sim) newListener(lc ListenerConfig) (*listener, error) {
 	return l, nil
 }
 
-// upstreamKey carries a request's upstream address in its context.
+// upstreamKey carries a request's upstream in its context.
 type upstreamKey struct{}
 
-// newHTTP builds the HTTP connection manager and router of an HTTP listener.
-func (l *listener) newHTTP() {
+// upstreamRoute is a request's upstream: its address and protocol.
+type upstreamRoute struct {
+	addr string
+	h2c  bool
+}
+
+// newTransport is an upstream pool: HTTP/1.1, or h2c (HTTP/2 cleartext
+// with prior knowledge, a cluster with http2_protocol_options).
+func newTransport(h2c bool) *http.Transport {
 	dialer := &net.Dialer{Timeout: 5 * time.Second} // a cluster's default connect_timeout
-	l.transport = &http.Transport{
+	t := &http.Transport{
 		Proxy:               nil,
 		DialContext:         dialer.DialContext,
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     time.Hour,
 		DisableCompression:  true,
 	}
-	if l.cfg.UpstreamProtocol == "h2c" {
+	if h2c {
 		p := new(http.Protocols)
 		p.SetUnencryptedHTTP2(true)
-		l.transport.Protocols = p
-		l.transport.DialTLSContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		t.Protocols = p
+		t.DialTLSContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 			return dialer.DialContext(ctx, network, addr) // never TLS here
 		}
-		l.transport.TLSClientConfig = &tls.Config{}
+		t.TLSClientConfig = &tls.Config{}
 	}
+	return t
+}
+
+// roundTripper sends each request through the pool of its route's protocol.
+type roundTripper struct{ h1, h2c *http.Transport }
+
+func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
+	if route, _ := r.Context().Value(upstreamKey{}).(upstreamRoute); route.h2c {
+		return rt.h2c.RoundTrip(r)
+	}
+	return rt.h1.RoundTrip(r)
+}
+
+// newHTTP builds the HTTP connection manager and router of an HTTP listener.
+func (l *listener) newHTTP() {
+	l.h1, l.h2c = newTransport(false), newTransport(true)
 	f := &l.filter
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			up, _ := pr.In.Context().Value(upstreamKey{}).(string)
-			pr.SetURL(&url.URL{Scheme: "http", Host: up})
+			route, _ := pr.In.Context().Value(upstreamKey{}).(upstreamRoute)
+			pr.SetURL(&url.URL{Scheme: "http", Host: route.addr})
 			pr.Out.Host = pr.In.Host // Envoy keeps the authority
 			pr.Out.Header.Set("X-Forwarded-Proto", "http")
 		},
-		Transport: l.transport,
+		Transport: roundTripper{l.h1, l.h2c},
 		ModifyResponse: func(r *http.Response) error {
 			r.Header.Set("Server", "envoy")
 			return nil
@@ -210,27 +263,51 @@ func (l *listener) stopLocked() bool {
 	return true
 }
 
-// shutdown ends the upstream pool at stop.
+// shutdown ends the upstream pools at stop.
 func (l *listener) shutdown() {
-	if l.transport != nil {
-		l.transport.CloseIdleConnections()
+	for _, t := range []*http.Transport{l.h1, l.h2c} {
+		if t != nil {
+			t.CloseIdleConnections()
+		}
 	}
 }
 
-// upstream is where c's connection or requests go.
-func (l *listener) upstream(c *conn) (string, error) {
-	if l.upKind == upstreamFixed {
-		return l.cfg.Upstream, nil
+// filterChain is c's filter chain, as Envoy's
+// FilterChainManagerImpl::findFilterChain picks it with destination_port
+// matches only (source/common/listener_manager/filter_chain_manager_impl.cc):
+// the chain of the connection's destination port, else the default filter
+// chain (here the listener's own upstream). Envoy matches the socket's
+// local address, which the original_dst listener filter (Istio's
+// virtualInbound has it) has set to the original destination: as
+// [conn.originalDst].
+func (l *listener) filterChain(c *conn) *filterChain {
+	if l.chains != nil {
+		if fc, ok := l.chains[c.originalDst().Port()]; ok {
+			return fc
+		}
+	}
+	return &l.def
+}
+
+// upstream is where c's connection or requests go, and over which
+// protocol (HTTP listeners).
+func (l *listener) upstream(c *conn) (upstreamRoute, error) {
+	fc := l.filterChain(c)
+	route := upstreamRoute{addr: fc.upstream, h2c: fc.h2c}
+	if fc.kind == upstreamFixed {
+		return route, nil
 	}
 	dst := c.originalDst()
 	if dst.Port() == l.port {
-		return "", fmt.Errorf("original destination %v is the listener itself", dst)
+		return route, fmt.Errorf("original destination %v is the listener itself", dst)
 	}
-	if l.upKind == upstreamOriginalDst {
-		return dst.String(), nil
+	if fc.kind == upstreamOriginalDst {
+		route.addr = dst.String()
+		return route, nil
 	}
-	host, _, _ := net.SplitHostPort(l.cfg.Upstream)
-	return net.JoinHostPort(host, strconv.Itoa(int(dst.Port()))), nil
+	host, _, _ := net.SplitHostPort(fc.upstream)
+	route.addr = net.JoinHostPort(host, strconv.Itoa(int(dst.Port())))
+	return route, nil
 }
 
 // drainClose is Envoy's decision, when a response is sent, whether it
@@ -536,7 +613,7 @@ func (l *listener) proxyTCP(down *conn) {
 		return
 	}
 	d := net.Dialer{Timeout: 5 * time.Second} // a cluster's default connect_timeout
-	upc, err := d.DialContext(l.s.ctx, "tcp", up)
+	upc, err := d.DialContext(l.s.ctx, "tcp", up.addr)
 	if err != nil {
 		l.filter.upstreamFail.inc()
 		return

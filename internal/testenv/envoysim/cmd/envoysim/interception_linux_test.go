@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -163,4 +164,65 @@ func TestProgramREDIRECT(t *testing.T) {
 			t.Errorf("listener %s: %q", l, body)
 		}
 	}
+}
+
+// serveProto serves HTTP on ln, answering "<name> <request protocol>":
+// HTTP/1.1 only, or, with h2c, HTTP/2 cleartext with prior knowledge only,
+// as a gRPC server.
+func serveProto(t *testing.T, ln net.Listener, name string, h2c bool) {
+	p := new(http.Protocols)
+	if h2c {
+		p.SetUnencryptedHTTP2(true)
+	} else {
+		p.SetHTTP1(true)
+	}
+	srv := &http.Server{Protocols: p, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s", name, r.Proto)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+}
+
+// Filter chains by destination port behind REDIRECT, as Istio's
+// virtualInbound: one listener gets the pod's ports 8081 (an HTTP/1.1 app)
+// and 9090 (a gRPC-like h2c app); SO_ORIGINAL_DST picks the chain, so
+// 9090's requests go upstream over h2c and 8081's over the listener's
+// HTTP/1.1, whatever the client speaks.
+func TestProgramREDIRECTFilterChains(t *testing.T) {
+	testutil.RequireRoot(t)
+	ip := newInterceptionPod(t)
+	serveProto(t, ip.pod.Listen(t, "tcp4", "0.0.0.0:8081"), "web", false)
+	serveProto(t, ip.pod.Listen(t, "tcp4", "0.0.0.0:9090"), "grpc", true)
+	for _, port := range []string{"8081", "9090"} {
+		ip.run(t, "iptables", "-t", "nat", "-A", "PREROUTING", "-i", "veth-a", "-p", "tcp", "--dport", port, "-j", "REDIRECT", "--to-ports", "15006")
+	}
+	ip.start(t, `{"name":"virtualInbound","address":"0.0.0.0:15006","direction":"inbound","protocol":"http",
+		"upstream":"127.0.0.1:original_dst_port",
+		"filter_chains":[{"destination_port":9090,"upstream":"127.0.0.1:9090","upstream_protocol":"h2c"}]}`)
+	h1 := &http.Client{Transport: &http.Transport{DialContext: ip.remote.Dialer()}, Timeout: 10 * time.Second}
+	p := new(http.Protocols)
+	p.SetUnencryptedHTTP2(true)
+	h2 := &http.Client{Transport: &http.Transport{DialContext: ip.remote.Dialer(), Protocols: p}, Timeout: 10 * time.Second}
+	for _, tc := range []struct {
+		client *http.Client
+		port   string
+		want   string
+	}{
+		{h1, "8081", "web HTTP/1.1"},
+		{h2, "8081", "web HTTP/1.1"},
+		{h1, "9090", "grpc HTTP/2.0"},
+		{h2, "9090", "grpc HTTP/2.0"},
+	} {
+		resp, err := tc.client.Get("http://" + podIP + ":" + tc.port + "/")
+		if err != nil {
+			t.Fatalf("port %s: %v", tc.port, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != tc.want {
+			t.Errorf("port %s, client %s: %d %q, want %q", tc.port, resp.Proto, resp.StatusCode, b, tc.want)
+		}
+	}
+	h1.CloseIdleConnections()
+	h2.CloseIdleConnections()
 }
