@@ -151,7 +151,8 @@ e2e-kubelet-vm: ## e2e-kubelet-short in a cgroup-v2-only VM (docs/kubernetes.md)
 
 # ---- cluster: a single-node cluster with istiod on this machine (e2e/kubelet/internal/cluster, docs/kubernetes.md) ----
 # The components are built once per version into DRAIND_KUBELET_CACHE and
-# DRAIND_PEERS_CACHE (e2e/kubelet/hack/build-k8s.sh and build-etcd.sh, tools/peers).
+# DRAIND_PEERS_CACHE (e2e/kubelet/hack/build-k8s.sh, build-etcd.sh and
+# build-coredns.sh, tools/peers).
 cluster: ## start a single-node Kubernetes cluster with istiod on this machine, as root; prints the KUBECONFIG
 	KUBELET_VERSION=$(KUBELET_VERSION) bash e2e/kubelet/hack/cluster.sh up
 cluster-down: ## remove everything make cluster made (processes, mounts, netns, iptables rules, sysctls, files)

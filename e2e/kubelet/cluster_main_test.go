@@ -38,7 +38,7 @@ func clusterConfig() (cluster.Config, error) {
 		dst *string
 		env string
 	}{
-		{&cfg.K8sDir, "DRAIND_CLUSTER_K8S_DIR"}, {&cfg.Etcd, "DRAIND_CLUSTER_ETCD"},
+		{&cfg.K8sDir, "DRAIND_CLUSTER_K8S_DIR"}, {&cfg.Etcd, "DRAIND_CLUSTER_ETCD"}, {&cfg.CoreDNS, "DRAIND_CLUSTER_COREDNS"},
 	} {
 		if *v.dst = os.Getenv(v.env); *v.dst == "" {
 			return cfg, fmt.Errorf("%s is not set: run the cluster tests with `sudo make e2e-cluster`", v.env)

@@ -1,8 +1,8 @@
 // Command cluster starts and stops make cluster's single-node Kubernetes
-// cluster (package cluster): `cluster up` returns once the node is Ready
-// and istiod's webhook answers, leaving every component running, and
-// prints the KUBECONFIG to use; `cluster down` removes all of it.
-// hack/cluster.sh builds what it runs and calls it.
+// cluster (package cluster): `cluster up` returns once the node is Ready,
+// the cluster's DNS answers and istiod's webhook answers, leaving every
+// component running, and prints the KUBECONFIG to use; `cluster down`
+// removes all of it. hack/cluster.sh builds what it runs and calls it.
 package main
 
 import (
@@ -53,6 +53,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("cluster "+args[0], flag.ContinueOnError)
 	fs.StringVar(&cfg.K8sDir, "k8s-dir", "", "directory of kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet and kubectl (hack/build-k8s.sh)")
 	fs.StringVar(&cfg.Etcd, "etcd", "", "etcd binary (hack/build-etcd.sh)")
+	fs.StringVar(&cfg.CoreDNS, "coredns", "", "coredns binary, the cluster's DNS (hack/build-coredns.sh)")
 	fs.StringVar(&cfg.Istiod, "istiod", "", "pilot-discovery binary (tools/peers/pilot-agent.sh pilot-discovery); empty: no istiod")
 	fs.StringVar(&cfg.Istioctl, "istioctl", "", "istioctl binary, to render Istio's charts")
 	pilotAgent := fs.String("pilot-agent", "", "pilot-agent binary, for the proxyv2 image")
@@ -70,7 +71,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	default:
 		return usageError{fmt.Errorf("unknown command %q: up or down", args[0])}
 	}
-	for name, v := range map[string]string{"--k8s-dir": cfg.K8sDir, "--etcd": cfg.Etcd} {
+	for name, v := range map[string]string{"--k8s-dir": cfg.K8sDir, "--etcd": cfg.Etcd, "--coredns": cfg.CoreDNS} {
 		if v == "" {
 			return usageError{fmt.Errorf("%s is required", name)}
 		}
@@ -99,8 +100,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "cluster: up in %s; node %s at %s; images %s, %s, %s\n",
-		time.Since(t0).Round(time.Millisecond), c.Config.Node.NodeName, c.NodeIP, images.Draind, images.ProxyV2, images.TestApp)
+	fmt.Fprintf(stdout, "cluster: up in %s; node %s at %s; cluster DNS at %s; images %s, %s, %s\n",
+		time.Since(t0).Round(time.Millisecond), c.Config.Node.NodeName, c.NodeIP, c.DNSServiceIP(), images.Draind, images.ProxyV2, images.TestApp)
 	var total int64
 	var parts []string
 	rss := c.RSS()

@@ -1,17 +1,19 @@
 // Package cluster runs a single-node Kubernetes cluster on this machine,
 // every component a plain process as kubernetes' local-up-cluster script
 // runs them: etcd, kube-apiserver (TLS, RBAC, admission webhooks),
-// kube-controller-manager, kube-scheduler, the node (containerd and a
-// kubelet registered with the API server: package node), kube-proxy in
-// iptables mode, and istiod (pilot-discovery) with its sidecar-injection
-// webhook registered from Istio's own rendered charts.
+// kube-controller-manager, kube-scheduler, CoreDNS (the cluster's DNS,
+// behind the Service kube-dns), the node (containerd and a kubelet
+// registered with the API server: package node), kube-proxy in iptables
+// mode, and istiod (pilot-discovery) with its sidecar-injection webhook
+// registered from Istio's own rendered charts.
 //
 // # Lifetime
 //
-// Up starts it and returns once the node is Ready and istiod's webhook
-// answers; with Config.Node.Detach its processes outlive the caller (make
-// cluster). Down stops what Up made, from the same Config in any process
-// (make cluster-down): every process it recorded, its pods' sandboxes,
+// Up starts it and returns once the node is Ready, the cluster's DNS
+// answers through its Service and istiod's webhook answers; with
+// Config.Node.Detach its processes outlive the caller (make cluster).
+// Down stops what Up made, from the same Config in any process (make
+// cluster-down): every process it recorded, its pods' sandboxes,
 // mounts, network namespaces, the CNI bridge, the iptables chains of
 // kube-proxy and the kubelet, the sysctls it changed (restored), its
 // cgroups and its directories. Inventory lists what Down must leave gone,
@@ -21,7 +23,7 @@
 //
 // Nothing here is reached from outside the machine: pods on 198.18.64.0/24,
 // Services on 198.18.128.0/24 (RFC 2544's benchmarking range), the API
-// server and istiod on the node's own address.
+// server, CoreDNS and istiod on the node's own address.
 package cluster
 
 import (
@@ -51,6 +53,7 @@ type Config struct {
 	Node        node.Config // containerd and the kubelet (package node, in StateDir/node and DataDir/node); Detach and API set by Up
 	K8sDir      string      // kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubectl (hack/build-k8s.sh)
 	Etcd        string      // etcd (hack/build-etcd.sh)
+	CoreDNS     string      // coredns (hack/build-coredns.sh): the cluster's DNS
 	Istiod      string      // pilot-discovery ("": no istiod)
 	Istioctl    string      // istioctl, to render Istio's charts (needed with Istiod)
 	IstioValues []string    // IstioOperator files for `istioctl manifest generate -f`, in order
@@ -120,13 +123,14 @@ func (c Config) Kubectl() string { return filepath.Join(c.K8sDir, "kubectl") }
 func (c Config) bin(name string) string { return filepath.Join(c.K8sDir, name) }
 
 // daemonNames are the processes Up starts, in order.
-var daemonNames = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd", "kubelet", "kube-proxy", "pilot-discovery"}
+var daemonNames = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "coredns", "containerd", "kubelet", "kube-proxy", "pilot-discovery"}
 
 // Cluster is a running cluster.
 type Cluster struct {
 	Config
-	// NodeIP is the node's address: the API server's, the kubelet's and
-	// istiod's (the Service istiod's endpoint).
+	// NodeIP is the node's address: the API server's, the kubelet's,
+	// CoreDNS's and istiod's (the endpoint of the Services kube-dns and
+	// istiod).
 	NodeIP string
 	Node   *node.Node
 	Phases []node.Phase
@@ -183,9 +187,15 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	}
 
 	t0 = time.Now()
+	if err := c.startDNS(ctx); err != nil {
+		return nil, fmt.Errorf("cluster DNS: %w", err)
+	}
+	c.phase("CoreDNS", t0)
+
+	t0 = time.Now()
 	ncfg := cfg.Node
 	ncfg.Detach = true
-	ncfg.API = &node.APIAccess{KubeConfig: cfg.kubeconfig("kubelet"), ClientCAFile: p.path("ca.crt"), NodeIP: c.NodeIP}
+	ncfg.API = &node.APIAccess{KubeConfig: cfg.kubeconfig("kubelet"), ClientCAFile: p.path("ca.crt"), NodeIP: c.NodeIP, ClusterDNS: cfg.DNSServiceIP()}
 	c.Config.Node = ncfg
 	if c.Node, err = node.Start(ctx, ncfg); err != nil {
 		return nil, err
@@ -206,6 +216,12 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		return nil, err
 	}
 	c.phase("kube-proxy", t0)
+
+	t0 = time.Now()
+	if err := c.waitDNSService(ctx); err != nil {
+		return nil, err
+	}
+	c.phase("DNS through kube-dns", t0)
 
 	if cfg.Istiod != "" {
 		t0 = time.Now()
@@ -428,11 +444,5 @@ func (c *Cluster) getJSON(ctx context.Context, path string, v any) error {
 	return json.NewDecoder(resp.Body).Decode(v)
 }
 
-func firstServiceIP(cidr string) net.IP {
-	_, n, err := net.ParseCIDR(cidr)
-	if err != nil {
-		return nil
-	}
-	ip := n.IP.To4()
-	return net.IPv4(ip[0], ip[1], ip[2], ip[3]+1)
-}
+// firstServiceIP is the Service kubernetes' ClusterIP.
+func firstServiceIP(cidr string) net.IP { return serviceIP(cidr, 1) }

@@ -106,11 +106,11 @@ func restore(cfg Config) error {
 }
 
 // Down removes everything Up made, in any process, also after an
-// interrupted Up: the recorded daemons (istiod first, etcd last), the
-// pods' sandboxes through containerd while it still runs, then package
-// node's sweep (runc containers, shims, mounts, the bridge, cgroups,
-// directories), kube-proxy's and the kubelet's iptables chains, and the
-// sysctls. Safe to run when nothing is there.
+// interrupted Up: the recorded daemons (istiod and CoreDNS first, etcd
+// last), the pods' sandboxes through containerd while it still runs,
+// then package node's sweep (runc containers, shims, mounts, the bridge,
+// cgroups, directories), kube-proxy's and the kubelet's iptables chains,
+// and the sysctls. Safe to run when nothing is there.
 func Down(cfg Config) error {
 	var errs []error
 	n, d := cfg.Node, cfg.daemons()
@@ -118,6 +118,7 @@ func Down(cfg Config) error {
 		errs = append(errs, node.StopRecorded(c, name, grace))
 	}
 	stop(d, "pilot-discovery", 10*time.Second)
+	stop(d, "coredns", 5*time.Second)
 	stop(d, "kube-proxy", 5*time.Second)
 	// The kubelet first, so that it restarts nothing; then the sandboxes
 	// through containerd (CNI DEL), then containerd.

@@ -35,6 +35,7 @@ type APIAccess struct {
 	KubeConfig   string // the kubelet's client credentials (system:node:NodeName)
 	ClientCAFile string // the CA of the clients it serves (the API server's)
 	NodeIP       string // the node's address: the kubelet serves there
+	ClusterDNS   string // the cluster DNS Service's ClusterIP: its pods' nameserver ("": none)
 }
 
 // DefaultConfig is what make e2e-kubelet uses.
@@ -168,15 +169,20 @@ authorization: {mode: AlwaysAllow}`
 		// authenticates (x509 from ClientCAFile, bearer tokens by
 		// TokenReview) and asks to authorize (SubjectAccessReview), on the
 		// node's address; its status every 4 s (the default 10 s slows
-		// Ready).
+		// Ready). Its ClusterFirst pods ask ClusterDNS, searching their
+		// namespace's Services.
+		dns := ""
+		if a.ClusterDNS != "" {
+			dns = fmt.Sprintf("\nclusterDNS: [%q]", a.ClusterDNS)
+		}
 		access = fmt.Sprintf(`address: %q
 authentication:
   anonymous: {enabled: false}
   webhook: {enabled: true}
   x509: {clientCAFile: %q}
 authorization: {mode: Webhook}
-clusterDomain: cluster.local
-nodeStatusUpdateFrequency: 4s`, a.NodeIP, a.ClientCAFile)
+clusterDomain: cluster.local%s
+nodeStatusUpdateFrequency: 4s`, a.NodeIP, a.ClientCAFile, dns)
 	}
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
