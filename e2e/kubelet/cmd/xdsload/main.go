@@ -74,11 +74,13 @@
 // a failure then is the server's or its proxy's status, class status, as
 // a health answer other than SERVING is). The last line is the summary,
 // {"sent", "ok", "failed", "by_class", "transparent_retries", "peers"},
-// where peers has, for each endpoint, the calls it got (sent, ok, failed)
-// and the start of the first and the last (first, last: UNIXNANO): the
-// client's last call to a deleted pod. --log-ok also prints a line for
-// each call that succeeded, {"t", "class": "ok", "local", "reached",
-// "peer"}; loadclient's parser would count it as a failure.
+// where peers has, for each endpoint, the calls it got (sent, ok, failed),
+// the start of the first and the last (first, last: UNIXNANO): the
+// client's last call to a deleted pod, and the connections they went over
+// (conns: the client's end, with its first call's start). --log-ok also
+// prints a line for each call that succeeded, {"t", "class": "ok",
+// "local", "reached", "peer"}; loadclient's parser would count it as a
+// failure.
 package main
 
 import (
@@ -195,6 +197,10 @@ type peerCalls struct {
 	Failed int   `json:"failed"`
 	First  int64 `json:"first"`
 	Last   int64 `json:"last"`
+	// Conns are the connections the calls went over, each by the
+	// client's end, with its first call's start: a connection to a pod
+	// opened after its deletion is one the pod's drain sees arrive.
+	Conns map[string]int64 `json:"conns"`
 }
 
 // outcome is a call's line, with the endpoint.
@@ -365,11 +371,14 @@ loop:
 			if o.Peer != "" {
 				p := sum.Peers[o.Peer]
 				if p == nil {
-					p = &peerCalls{First: o.T}
+					p = &peerCalls{First: o.T, Conns: map[string]int64{}}
 					sum.Peers[o.Peer] = p
 				}
 				p.Sent++
 				p.Last = max(p.Last, o.T)
+				if first, ok := p.Conns[o.Local]; o.Local != "" && (!ok || o.T < first) {
+					p.Conns[o.Local] = o.T
+				}
 				if o.Class == "ok" {
 					p.OK++
 				} else {

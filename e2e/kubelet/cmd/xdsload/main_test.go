@@ -151,8 +151,8 @@ func TestPassthroughCalls(t *testing.T) {
 		t.Errorf("sent %d, ok %d, failed %d, %d failure lines: want both outcomes, each failure a line",
 			sum.Sent, sum.OK, sum.Failed, len(fails))
 	}
-	if p := sum.Peers[addr]; p == nil || p.OK == 0 || p.First == 0 || p.Last < p.First {
-		t.Errorf("peers %v: want %s with its calls", sum.Peers, addr)
+	if p := sum.Peers[addr]; p == nil || p.OK == 0 || p.First == 0 || p.Last < p.First || len(p.Conns) == 0 {
+		t.Errorf("peers %v: want %s with its calls and connections", sum.Peers, addr)
 	}
 	for _, f := range fails {
 		// The calls in flight at the stop may be reset; the later ones
