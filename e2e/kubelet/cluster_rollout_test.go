@@ -209,10 +209,11 @@ var rolloutStrategies = []rolloutStrategy{
 // the ClusterIP (a new connection each request, keep-alive, HTTP/2), and
 // two clients the node forwards with masquerade (issue 41): the node
 // itself through the ClusterIP ("node", as a hostNetwork pod or an
-// ingress on the node's network would), and an outside host through a
+// ingress on the node's network would), an outside host through a
 // NodePort under externalTrafficPolicy Cluster ("nodeport", as a cloud
-// load balancer in instance mode), a new connection each request.
-var rolloutShapes = []string{"newconn", "keepalive", "h2", "node", "nodeport"}
+// load balancer in instance mode), a new connection each request, and
+// gRPC calls from a client fed by istiod ([xdsShape], issue 45).
+var rolloutShapes = []string{"newconn", "keepalive", "h2", "node", "nodeport", xdsShape}
 
 // hostShape: the shape's client runs on the node, not in a pod.
 func hostShape(shape string) bool { return shape == "node" || shape == "nodeport" }
@@ -308,8 +309,10 @@ kind: Service
 metadata: {name: web}
 spec:
   selector: {app: web}
-  ports: [{name: http, port: 80, targetPort: %d}]
-`, st.targetPort), "-n", ns, "apply", "-f", "-")
+  ports:
+  - {name: http, port: 80, targetPort: %d}
+  - {name: grpc, port: %d, targetPort: %d, appProtocol: grpc}
+`, st.targetPort, images.GRPCPort, grpcTargetPort(st)), "-n", ns, "apply", "-f", "-")
 	kubectl(t, nodePortService("web-np", "Cluster", st.targetPort), "-n", ns, "apply", "-f", "-")
 	waitPodsReady(t, ns, "app=up", 3*time.Minute)
 	waitPodsReady(t, ns, "app=web", 3*time.Minute)
@@ -393,6 +396,10 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 			hostLoads = append(hostLoads, r.startHostLoad(t, shape))
 			continue
 		}
+		if shape == xdsShape {
+			loads = append(loads, r.startXDSLoad(t, ev))
+			continue
+		}
 		name := "load-" + ev + "-" + shape
 		kubectl(t, nil, "-n", ns, "run", name, "--image", images.LoadClient, "--restart=Never", "--labels", "role=load,sidecar.istio.io/inject=false",
 			"--override-type=strategic", "--overrides", fmt.Sprintf(`{"spec":{"containers":[{"name":%q,"resources":{"requests":{"cpu":%q}}}]}}`, name, standInCPU),
@@ -401,6 +408,12 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	}
 	waitPodsReady(t, ns, "role=load", time.Minute)
 	time.Sleep(5 * time.Second)
+	eps := watchSlices(t, ns, "web")
+	defer eps.stop()
+	pushesBefore, err := istiodConvergence()
+	if err != nil {
+		t.Logf("%s %s: %v", st.name, ev, err)
+	}
 
 	t0, cpu := time.Now(), watchCPU()
 	defer cpu.String() // stops it on a failure; safe twice
@@ -450,6 +463,11 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 	}
 	took := time.Since(t0)
 	load := cpu.String()
+	pushesAfter, err := istiodConvergence()
+	if err != nil {
+		t.Logf("%s %s: %v", st.name, ev, err)
+	}
+	eps.stop()
 	time.Sleep(3 * time.Second)
 	// Each load client ends with its summary on /stop; its pod completes
 	// and keeps its log.
@@ -486,9 +504,14 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 		byStep := map[string]int{}
 		for _, f := range fails {
 			// The pod the failed connection went to (the node's
-			// conntrack), else every pod terminating then.
+			// conntrack, or the peer the gRPC client picked), else
+			// every pod terminating then.
 			var where, key string
-			if ip, ok := flows.podFor(clients[i], f.local, f.at); ok {
+			ip, ok := flows.podFor(clients[i], f.local, f.at)
+			if peer, err := netip.ParseAddrPort(f.peer); !ok && err == nil {
+				ip, ok = peer.Addr(), true
+			}
+			if ok {
 				where, key = lives.podStepAt(ip, f.at)
 				key = "on " + key
 				if f.class == "timeout" {
@@ -514,6 +537,14 @@ func (r *rolloutNS) event(t *testing.T, ev string) []string {
 		}
 		t.Log(line)
 		table = append(table, line)
+		if shape == xdsShape {
+			lines := strings.Split(strings.TrimSpace(logs[i]), "\n")
+			c, _ := parseXDSLine(lines[len(lines)-1])
+			line := fmt.Sprintf("sync %-4s round %d %-24s %-7s %s", fmtDur(theCluster.Config.ProxySyncPeriod), r.round, st.name, ev,
+				xdsFigures(st, pods, eps, c.Peers, convergenceSummary(pushesBefore, pushesAfter)))
+			t.Log(line)
+			table = append(table, line)
+		}
 	}
 	line := fmt.Sprintf("sync %-4s round %d %-24s %-7s took %s; %s; %s", fmtDur(theCluster.Config.ProxySyncPeriod), r.round, st.name, ev, fmtDur(took),
 		terminationSummary(t, st, pods, t0), load)
@@ -637,7 +668,7 @@ func parseLoad(log string) (sum loadSummary, fails []loadFailure, err error) {
 		}
 		var f loadline.Call
 		if json.Unmarshal([]byte(body), &f) == nil && f.T != 0 {
-			fails = append(fails, loadFailure{at: time.Unix(0, f.T), class: f.Class, err: f.Err, local: f.Local, reached: f.Reached})
+			fails = append(fails, loadFailure{at: time.Unix(0, f.T), class: f.Class, err: f.Err, local: f.Local, reached: f.Reached, peer: f.Peer})
 		}
 	}
 	return sum, fails, nil
@@ -649,8 +680,9 @@ type loadFailure struct {
 	at         time.Time
 	class, err string
 	// local is the client's end ("IP:PORT", "*:PORT" for a failed dial),
-	// reached the request's last step (loadclient's).
-	local, reached string
+	// reached the request's last step (loadclient's), peer the endpoint
+	// xdsload's balancer picked ("": none, or another client).
+	local, reached, peer string
 }
 
 // terminationSummary is an event's old pods' end: the app's outbound
@@ -827,7 +859,8 @@ func rolloutDeployment(t *testing.T, st rolloutStrategy, callURL string) []byte 
 			c := &cs[i]
 			switch {
 			case c.Name == "app":
-				c.Args = []string{"--on-term", "graceful", "--calls", strconv.Itoa(rolloutCalls), "--call-pause", "100ms", "--call-url", callURL}
+				c.Args = []string{"--on-term", "graceful", "--calls", strconv.Itoa(rolloutCalls), "--call-pause", "100ms", "--call-url", callURL,
+					"--grpc-port", strconv.Itoa(images.GRPCPort)}
 				pre := &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 5}}
 				if st.appHook.waitPort != 0 {
 					pre = &corev1.LifecycleHandler{HTTPGet: &corev1.HTTPGetAction{Path: agent.RotationWaitPath, Port: intstr.FromInt32(st.appHook.waitPort)}}

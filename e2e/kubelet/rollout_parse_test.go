@@ -125,3 +125,49 @@ func TestCPUWatch(t *testing.T) {
 		t.Errorf("watch = %q, want the node's load with this test's own command", got)
 	}
 }
+
+// TestConvergenceSummary checks the reading of istiod's convergence
+// histogram: an event's pushes are the difference of two reads, the
+// median interpolated within its bucket.
+func TestConvergenceSummary(t *testing.T) {
+	// Bounds .1, .5, 1, 3, 5, 10, 20, 30, +Inf; cumulative counts.
+	before := []float64{10, 12, 12, 12, 12, 12, 12, 12, 12}
+	for _, tc := range []struct {
+		name  string
+		after []float64
+		want  string
+	}{
+		{"none", before, "0 pushes"},
+		{"all under 100 ms", []float64{14, 16, 16, 16, 16, 16, 16, 16, 16}, "4 pushes p50 0.05s max ≤0.1s"},
+		{"spread", []float64{11, 14, 16, 20, 20, 20, 20, 20, 20}, "8 pushes p50 1.00s max ≤3s"},
+		{"past the last bound", []float64{10, 12, 12, 12, 12, 12, 12, 12, 14}, "2 pushes p50 +Infs max ≤+Inf"},
+	} {
+		if got := convergenceSummary(before, tc.after); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	if got := convergenceSummary(nil, before); got != "unknown" {
+		t.Errorf("no first read: %q, want unknown", got)
+	}
+}
+
+func TestDurQuantiles(t *testing.T) {
+	ms := func(ns ...int) (ds []time.Duration) {
+		for _, n := range ns {
+			ds = append(ds, time.Duration(n)*time.Millisecond)
+		}
+		return ds
+	}
+	for _, tc := range []struct {
+		in   []time.Duration
+		want string
+	}{
+		{nil, "none"},
+		{ms(300, 100, 200), "3 p50 200ms max 300ms"},
+		{ms(400, 100, 300, 200), "4 p50 200ms max 400ms"},
+	} {
+		if got := durQuantiles(tc.in); got != tc.want {
+			t.Errorf("durQuantiles(%v) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 
 	"github.com/draind/draind/e2e/kubelet/internal/ociimage"
@@ -129,11 +130,23 @@ func Build(ctx context.Context, src Sources, dir string) ([]string, error) {
 // app on :8080: what the ConfigMap envoy-sidecar of deploy/ holds in the
 // cluster, in place of deploy/envoy-config.yaml's Envoy configuration.
 // It is an Envoy-shaped sidecar: inbound on 15006 to the app, outbound on
-// 15001 (e2e/kubelet/testdata has the same for its pods).
+// 15001 (e2e/kubelet/testdata has the same for its pods), and inbound on
+// [GRPCInboundPort] to the app's gRPC port over HTTP/2.
 func EnvoysimConfig() []byte { return EnvoysimConfigOutbound(app) }
 
 // app is the test app's address in its pod.
 const app = "127.0.0.1:8080"
+
+// GRPCPort is the test app's gRPC port (testapp --grpc-port) in the
+// cluster's pods, and the port of the Services that carry gRPC: an
+// injected pod's inbound proxy sends connections to it over HTTP/2, as
+// Istio's inbound filter chain for a gRPC Service port does.
+const GRPCPort = 9090
+
+// GRPCInboundPort is the deploy/ sidecar's gRPC inbound listener: without
+// istio-init's redirect a Service targets the proxy's port itself, so the
+// gRPC port has a listener of its own (15006 sends HTTP/1.1 to :8080).
+const GRPCInboundPort = 15007
 
 // EnvoysimConfigOutbound is EnvoysimConfig with the outbound listener's
 // calls sent to upstream (host:port): a Service the app calls out to.
@@ -143,6 +156,8 @@ func EnvoysimConfigOutbound(upstream string) []byte {
 		"listeners": []map[string]any{
 			{"name": "virtualInbound", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": app},
 			{"name": "virtualOutbound", "address": "127.0.0.1:15001", "direction": "outbound", "protocol": "http", "upstream": upstream},
+			{"name": "inboundGRPC", "address": fmt.Sprintf("0.0.0.0:%d", GRPCInboundPort), "direction": "inbound", "protocol": "http",
+				"upstream": fmt.Sprintf("127.0.0.1:%d", GRPCPort), "upstream_protocol": "h2c"},
 		},
 	})
 	return b
@@ -174,16 +189,19 @@ func proxyV2(pilotAgent string, bin func(string) string) (ociimage.Spec, error) 
 // listener counter exists unless the mesh or the pod asks for it, as on a
 // real Istio pod.
 //
-// The listeners: inbound to the app, outbound where the app sent its
-// calls (istio-init's REDIRECT, then the original destination, as Envoy's
+// The listeners: inbound to the app (HTTP/1.1 to :8080, and HTTP/2 to the
+// app's gRPC port for a connection to [GRPCPort], as Istio's per-port
+// inbound filter chains), outbound where the app sent its calls
+// (istio-init's REDIRECT, then the original destination, as Envoy's
 // PassthroughCluster: the pod's calls out are what the drain must keep
 // working), and Envoy's readiness listener to pilot-agent.
-const proxyV2Bootstrap = `{
+var proxyV2Bootstrap = `{
   "admin_address": "127.0.0.1:15000",
   "xds": true,
   ` + envoysim.IstioStatsTemplate + `,
   "listeners": [
-    {"name": "virtualInbound", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": "` + app + `"},
+    {"name": "virtualInbound", "address": "0.0.0.0:15006", "direction": "inbound", "protocol": "http", "upstream": "` + app + `",
+     "filter_chains": [{"destination_port": ` + strconv.Itoa(GRPCPort) + `, "upstream": "127.0.0.1:` + strconv.Itoa(GRPCPort) + `", "upstream_protocol": "h2c"}]},
     {"name": "virtualOutbound", "address": "127.0.0.1:15001", "direction": "outbound", "protocol": "http", "upstream": "original_dst"},
     {"name": "0.0.0.0_15021", "address": "0.0.0.0:15021", "protocol": "http", "upstream": "127.0.0.1:15020"}
   ]
