@@ -163,7 +163,8 @@ func (sw *sliceWatch) stop() {
 // convergenceBounds are the buckets of istiod's pilot_proxy_convergence_time
 // (pilot/pkg/xds/monitoring.go in istio.io/istio): the time from the
 // config change istiod took in (an EndpointSlice's, here) to a proxy's
-// push done, recorded once per pushed proxy (ads.go, pushConnection).
+// push done, recorded once per pushed proxy (pushConnection in
+// pilot/pkg/xds/ads.go).
 var convergenceBounds = []float64{.1, .5, 1, 3, 5, 10, 20, 30}
 
 // istiodConvergence reads istiod's pilot_proxy_convergence_time histogram
