@@ -163,12 +163,18 @@ func (m *Machine) holdPastGateDeadline() bool {
 	}
 	m.late.held = true
 	m.end.deadline = time.NewTimer(left)
+	// The flows open now are those the grace period's end may cut: the
+	// kubelet kills the app there, and the stop that follows finds them
+	// closed. Named here, at draind's own deadline, as the deadline's
+	// stop names them.
+	open := m.flows.Holding()
 	fields := []zap.Field{logevent.GateDeadlineLate.Field(), zap.Duration("after", time.Since(m.started)),
-		zap.Duration("late_gate_deadline", m.cfg.LateGateDeadline())}
+		zap.Duration("late_gate_deadline", m.cfg.LateGateDeadline()), zap.Int("open_flows", len(open))}
 	if m.apps != nil {
 		fields = append(fields, zap.Int("app_processes", in.AppProcs), zap.Bool("app_processes_complete", in.ProcView == ProcsComplete))
 	}
 	m.log.Info("gate deadline before SIGTERM: held to the late gate deadline", fields...)
+	m.logOpenFlows(open)
 	m.publish(m.eval.curHolds, nil) // the State's deadline moved
 	return true
 }

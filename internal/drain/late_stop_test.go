@@ -88,7 +88,9 @@ func TestLateStopReserveFits(t *testing.T) {
 func TestLateStop(t *testing.T) {
 	deadline := func(c *Config) { c.Deadline = 2 * time.Second }
 	t.Run("a native sidecar keeps its proxy for the app past the gate deadline", inBubble(func(t *testing.T) {
-		r := newRig(t, withConfig(deadline))
+		r := newRig(t, withConfig(deadline), setup(func(r *rig) {
+			r.flows.holding = []OpenFlow{{Owner: "app", Direction: "inbound", State: "ESTABLISHED"}}
+		}))
 		r.waitPhase(Ready)
 		start := time.Now()
 		r.m.Trigger(CausePreStop)
@@ -103,6 +105,11 @@ func TestLateStop(t *testing.T) {
 		r.notDone(0)
 		if r.count(logevent.GateDeadlineLate) != 1 {
 			t.Fatalf("no late gate deadline line; log:\n%s", r.log())
+		}
+		// The flow the grace period's end may cut is named at draind's
+		// deadline: the stop that follows the app's end finds it closed.
+		if r.count(logevent.OpenFlowAtDeadline) != 1 {
+			t.Errorf("the open flow not named at the gate deadline; log:\n%s", r.log())
 		}
 		if st := r.m.State(); !st.Deadline.Equal(start.Add(cfg.LateGateDeadline())) {
 			t.Errorf("State's deadline %s after the trigger, want the late %s", st.Deadline.Sub(start), cfg.LateGateDeadline())

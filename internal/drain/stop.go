@@ -44,13 +44,18 @@ func (m *Machine) deadline() Result {
 	} else {
 		m.log.Warn("drain deadline reached: stopping with flows open", fields...)
 	}
+	m.logOpenFlows(open)
+	return m.stop("deadline", false)
+}
+
+// logOpenFlows names each flow still open at a deadline, a line each.
+func (m *Machine) logOpenFlows(open []OpenFlow) {
 	for _, f := range open {
 		m.log.Warn("open flow at deadline", logevent.OpenFlowAtDeadline.Field(),
 			zap.String("local", f.Local.String()), zap.String("remote", f.Remote.String()),
 			zap.String("owner", f.Owner), zap.String("direction", f.Direction), zap.String("state", f.State),
 			zap.Int64("idle_ms", f.IdleMS), zap.Duration("age", f.Age))
 	}
-	return m.stop("deadline", false)
 }
 
 // proxyDied ends the machine when the proxy left on its own. A sidecar
