@@ -39,7 +39,9 @@ import (
 //	nodeport-local the same under Local (the client's address kept)
 //
 // The outside client is a network namespace of its own routed through the
-// node, standing for a load balancer. None of their connections fails,
+// node, standing for a load balancer. The node and the outside also dial
+// the pod's own address 3 times each once its drain began, so that the
+// rule always has connections to count. None of their connections fails,
 // and every connection the deleted pod's rule counted came from the node
 // or the outside, none taken for a pod's. Which of them reached the pod
 // after its SIGTERM is kube-proxy's pick and its sync's timing (the
@@ -87,6 +89,36 @@ func TestClusterRotationNodeClients(t *testing.T) {
 	slow := getInFlight(t, "http://"+net.JoinHostPort(pod.Status.PodIP, "15006")+"/slow?ms=8000", 20*time.Second)
 	if err := kube.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
+	}
+	// Whether a client through kube-proxy reaches the pod after its drain
+	// began is the race between the kubelet's hook and kube-proxy's sync:
+	// once, kube-proxy had the pod out before the trigger, and the rule
+	// counted nothing. So the node and the outside also dial the pod's
+	// own address as soon as draind says it drains (its readiness 503):
+	// new connections the rule must count, and class, every run.
+	direct := []*pathClients{
+		{name: "node-direct", url: "http://" + net.JoinHostPort(pod.Status.PodIP, "15006") + "/", dial: (&net.Dialer{}).DialContext},
+		{name: "outside-direct", url: "http://" + net.JoinHostPort(pod.Status.PodIP, "15006") + "/", dial: outside.Dialer()},
+	}
+	ready := "http://" + net.JoinHostPort(pod.Status.PodIP, "15020") + "/healthz/ready"
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := (&http.Client{Timeout: time.Second}).Get(ready)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				break
+			}
+		}
+		if time.Now().After(end) {
+			t.Fatalf("draind's readiness at %s not 503 within 10 s of the deletion (last: %v)", ready, err)
+		}
+	}
+	for _, p := range direct {
+		for range 3 {
+			if err := p.once(); err != nil {
+				t.Errorf("%s during the drain: %v", p.name, err)
+			}
+		}
 	}
 	var seen *agent.PodRotation
 	waitUntil(t, 15*time.Second, "draind pods -o json showing the deleted pod's rotation", func() bool {
